@@ -1,0 +1,104 @@
+#include "common/dispatch.h"
+
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <cstdlib>
+
+namespace torch_lowbit {
+namespace {
+
+bool cpu_has_avx2() {
+#if defined(TORCH_LOWBIT_X86)
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+bool cpu_has_avx512() {
+#if defined(TORCH_LOWBIT_X86)
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
+bool can_run(CpuPath p) {
+  switch (p) {
+    case CpuPath::Scalar: return true;
+    case CpuPath::Avx2: return cpu_has_avx2();
+    case CpuPath::Avx512: return cpu_has_avx512();
+  }
+  return false;
+}
+
+CpuPath parse(const std::string& name) {
+  if (name == "scalar") return CpuPath::Scalar;
+  if (name == "avx2") return CpuPath::Avx2;
+  if (name == "avx512") return CpuPath::Avx512;
+  TORCH_CHECK(false, "torch_lowbit: unknown CPU path '", name,
+              "'; choose one of auto, scalar, avx2, avx512");
+}
+
+CpuPath best_path() {
+  if (cpu_has_avx512()) return CpuPath::Avx512;
+  if (cpu_has_avx2()) return CpuPath::Avx2;
+  return CpuPath::Scalar;
+}
+
+// -1: no override. Initialized from the environment on first use.
+std::atomic<int> forced{-2};
+
+int forced_from_env() {
+  const char* env = std::getenv("TORCH_LOWBIT_CPU_PATH");
+  if (env == nullptr || std::string(env).empty() || std::string(env) == "auto") return -1;
+  CpuPath p = parse(env);
+  TORCH_CHECK(can_run(p), "torch_lowbit: TORCH_LOWBIT_CPU_PATH=", env,
+              " but this CPU cannot run it; available: scalar",
+              cpu_has_avx2() ? ", avx2" : "", cpu_has_avx512() ? ", avx512" : "");
+  return static_cast<int>(p);
+}
+
+}  // namespace
+
+std::string cpu_path_name(CpuPath p) {
+  switch (p) {
+    case CpuPath::Scalar: return "scalar";
+    case CpuPath::Avx2: return "avx2";
+    case CpuPath::Avx512: return "avx512";
+  }
+  return "?";
+}
+
+std::vector<std::string> available_cpu_paths() {
+  std::vector<std::string> out;
+  if (cpu_has_avx512()) out.push_back("avx512");
+  if (cpu_has_avx2()) out.push_back("avx2");
+  out.push_back("scalar");
+  return out;
+}
+
+CpuPath active_cpu_path() {
+  int f = forced.load();
+  if (f == -2) {
+    f = forced_from_env();
+    forced.store(f);
+  }
+  return f >= 0 ? static_cast<CpuPath>(f) : best_path();
+}
+
+void set_cpu_path(const std::string& name) {
+  if (name == "auto") {
+    forced.store(-1);
+    return;
+  }
+  CpuPath p = parse(name);
+  TORCH_CHECK(can_run(p), "torch_lowbit: this CPU cannot run the '", name, "' path");
+  forced.store(static_cast<int>(p));
+}
+
+std::string get_cpu_path() { return cpu_path_name(active_cpu_path()); }
+
+}  // namespace torch_lowbit

@@ -1,0 +1,24 @@
+// Runtime choice of the CPU kernel path (ISA) for every torch_lowbit CPU kernel.
+//
+// One build runs on any x86-64: optimized kernels are compiled with per-function `target`
+// attributes and picked here from the CPU's features. TORCH_LOWBIT_CPU_PATH=scalar|avx2|avx512
+// (or torch_lowbit.use_backend("cpu", path=...)) forces a path so tests can check every path
+// against the portable scalar one on a single machine.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace torch_lowbit {
+
+enum class CpuPath { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+
+// Paths this CPU can execute, best first.
+std::vector<std::string> available_cpu_paths();
+// The path kernels use now: the forced one if set (and executable), else the best available.
+CpuPath active_cpu_path();
+std::string cpu_path_name(CpuPath p);
+// Force a path by name ("auto" clears the override). Throws if the CPU cannot run it.
+void set_cpu_path(const std::string& name);
+std::string get_cpu_path();
+
+}  // namespace torch_lowbit

@@ -1,0 +1,76 @@
+// AVX-512 lut4 kernels: the 16-entry lut lives in one zmm register and vpermps decodes 16 codes
+// at a time. (The int8-activation VNNI kernels over interleaved layouts are a separate family.)
+#if defined(TORCH_LOWBIT_X86)
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "common/lut4.h"
+
+#define TLB_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+
+namespace torch_lowbit {
+namespace {
+
+struct Decoded32 {
+  __m512 lo, hi;  // weights k..k+15 and k+16..k+31
+};
+
+TLB_AVX512 inline Decoded32 decode32(const Lut4Weights& w, __m512 lut, int64_t n, int64_t k) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.qweight + n * (w.K / 2) + k / 2));
+  const __m512i lo_idx = _mm512_cvtepu8_epi32(bytes);                       // vpermps reads 4 low bits
+  const __m512i hi_idx = _mm512_cvtepu8_epi32(_mm_srli_epi16(bytes, 4));    // high nibble -> low bits
+  const int64_t g = n * (w.K / w.group) + k / w.group;
+  const __m512 s = _mm512_set1_ps(static_cast<float>(w.scales[g]));
+  const __m512 m = _mm512_set1_ps(w.mins ? static_cast<float>(w.mins[g]) : 0.f);
+  return {_mm512_fmadd_ps(_mm512_permutexvar_ps(lo_idx, lut), s, m),
+          _mm512_fmadd_ps(_mm512_permutexvar_ps(hi_idx, lut), s, m)};
+}
+
+template <int MT>
+TLB_AVX512 void rows_block(const Lut4Weights& w, __m512 lut, const float* x, int64_t n0, int64_t n1,
+                           float* out, int64_t ldo) {
+  for (int64_t n = n0; n < n1; ++n) {
+    __m512 acc[MT];
+    for (int t = 0; t < MT; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < w.K; k += 32) {
+      const Decoded32 d = decode32(w, lut, n, k);
+      for (int t = 0; t < MT; ++t) {
+        const float* xr = x + t * w.K + k;
+        acc[t] = _mm512_fmadd_ps(d.lo, _mm512_loadu_ps(xr), acc[t]);
+        acc[t] = _mm512_fmadd_ps(d.hi, _mm512_loadu_ps(xr + 16), acc[t]);
+      }
+    }
+    for (int t = 0; t < MT; ++t) out[t * ldo + n] = _mm512_reduce_add_ps(acc[t]);
+  }
+}
+
+}  // namespace
+
+TLB_AVX512 void lut4_gemv_avx512(const Lut4Weights& w, const float* x, int64_t M, int64_t n0,
+                                 int64_t n1, float* out, int64_t ldo) {
+  const __m512 lut = _mm512_loadu_ps(w.lut);
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) rows_block<4>(w, lut, x + m * w.K, n0, n1, out + m * ldo, ldo);
+  switch (M - m) {
+    case 3: rows_block<3>(w, lut, x + m * w.K, n0, n1, out + m * ldo, ldo); break;
+    case 2: rows_block<2>(w, lut, x + m * w.K, n0, n1, out + m * ldo, ldo); break;
+    case 1: rows_block<1>(w, lut, x + m * w.K, n0, n1, out + m * ldo, ldo); break;
+    default: break;
+  }
+}
+
+TLB_AVX512 void lut4_dequant_avx512(const Lut4Weights& w, int64_t n0, int64_t n1, float* dst) {
+  const __m512 lut = _mm512_loadu_ps(w.lut);
+  for (int64_t n = n0; n < n1; ++n) {
+    float* row = dst + (n - n0) * w.K;
+    for (int64_t k = 0; k < w.K; k += 32) {
+      const Decoded32 d = decode32(w, lut, n, k);
+      _mm512_storeu_ps(row + k, d.lo);
+      _mm512_storeu_ps(row + k + 16, d.hi);
+    }
+  }
+}
+
+}  // namespace torch_lowbit
+#endif

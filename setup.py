@@ -1,0 +1,39 @@
+"""Build of torch_lowbit: Python packages plus the csrc/ C++ extension (torch_lowbit._C).
+
+One build runs on any x86-64: ISA-specific kernels carry per-function `target` attributes and are
+chosen at run time from CPU features (see csrc/common/dispatch.h), so no global -march is used.
+"""
+import glob
+import os
+import platform
+
+from setuptools import find_packages, setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+sources = sorted(glob.glob(os.path.join("csrc", "**", "*.cpp"), recursive=True))
+cxx_flags = ["-O3", "-std=c++17", "-fopenmp", "-Wall", "-Wno-unused-function"]
+if platform.machine() in ("x86_64", "AMD64"):
+    cxx_flags.append("-DTORCH_LOWBIT_X86=1")
+
+packages = [p for p in find_packages(include=["torch_lowbit", "torch_lowbit.*"])]
+packages.append("torch_lowbit.triton_kernels")
+
+setup(
+    packages=packages,
+    # triton_kernels/ sits at the repo top but installs as torch_lowbit.triton_kernels: a top-level
+    # `triton_kernels` module would collide with the PyPI package of that name.
+    package_dir={"torch_lowbit": "torch_lowbit", "torch_lowbit.triton_kernels": "triton_kernels"},
+    package_data={"torch_lowbit": ["eval/tasks/*.yaml"]},
+    ext_modules=[
+        CppExtension(
+            "torch_lowbit._C",
+            sources=sources,
+            include_dirs=[os.path.join(HERE, "csrc")],
+            extra_compile_args={"cxx": cxx_flags},
+            extra_link_args=["-fopenmp"],
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)

@@ -1,0 +1,20 @@
+"""torch_lowbit: low-bit weight formats for PyTorch LLMs.
+
+    import torch_lowbit as tl
+    tl.formats()                                   # registered format names
+    tl.quantize_(model, "q4_0")                    # swap nn.Linear -> QuantLinear (fused q/k/v, gate/up)
+    tl.save_quantized(model, "m.safetensors"); tl.load_quantized(skeleton, "m.safetensors")
+    with tl.use_backend("reference"): ...          # pure torch; "cpu" compiled kernels; "triton"
+"""
+from . import layouts as _layouts  # noqa: F401  (registers layouts)
+from . import ops as _ops  # noqa: F401  (loads the C++ extension, registers fake/CUDA impls)
+from .formats import Format, Int4, Q4_0, format_from_json, formats, get_format, register_format
+from .io import CheckpointError, load_quantized, save_quantized
+from .nn import ProjectionSlot, QuantLinear, quantize_
+from .ops import current_backend, use_backend
+
+__version__ = "0.1.0"
+
+__all__ = ["Format", "Int4", "Q4_0", "formats", "get_format", "register_format", "format_from_json",
+           "QuantLinear", "ProjectionSlot", "quantize_", "use_backend", "current_backend",
+           "save_quantized", "load_quantized", "CheckpointError", "__version__"]

@@ -1,0 +1,72 @@
+"""What every weight format is: a frozen config that quantizes a float matrix into codes and group
+parameters (pure torch) and holds the one reference dequantizer that every kernel is tested against.
+
+A format knows nothing about packing or kernels: layouts (torch_lowbit/layouts) pack its output per
+backend, and kernels read the packed buffers.
+"""
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class Format(ABC):
+    """Base of all format configs. Subclasses are frozen dataclasses whose fields are the settings."""
+
+    kind: ClassVar[str]  # family-level name used in checkpoints, e.g. "int4"
+    version: ClassVar[int] = 1  # bump when quantize/dequantize semantics change
+    layout_family: ClassVar[str]  # which layouts/kernels can run it, e.g. "lut4"
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """Registry name, e.g. "int4_g128"."""
+
+    @property
+    @abstractmethod
+    def group_size(self) -> int:
+        """Number of consecutive input features sharing one set of group parameters."""
+
+    @abstractmethod
+    def bits_per_weight(self) -> float:
+        """Storage cost per weight, counting codes and every group parameter."""
+
+    @abstractmethod
+    def quantize(self, weight: Tensor) -> dict[str, Tensor]:
+        """Quantize a float [out, in] weight into named tensors (unpacked codes, group parameters)."""
+
+    @abstractmethod
+    def dequantize(self, q: dict[str, Tensor]) -> Tensor:
+        """The reference dequantizer: the fp32 [out, in] weight the codes stand for."""
+
+    def check_weight(self, weight: Tensor, what: str = "weight") -> None:
+        """Rejects what the format cannot represent, naming the fix."""
+        if not isinstance(weight, Tensor) or weight.dim() != 2:
+            raise ValueError(f"{self.name}: {what} must be a 2-D [out_features, in_features] tensor, "
+                             f"got {type(weight).__name__} of shape {tuple(getattr(weight, 'shape', ()))}")
+        if not weight.is_floating_point():
+            raise TypeError(f"{self.name}: {what} must be floating point, got {weight.dtype}")
+        if weight.device.type == "meta":
+            raise ValueError(f"{self.name}: {what} is on the meta device; load real weights before quantizing "
+                             "(or use torch_lowbit.load_quantized for a saved checkpoint)")
+        in_features = weight.shape[1]
+        if in_features % self.group_size != 0:
+            raise ValueError(
+                f"{self.name}: in_features={in_features} of {what} is not divisible by the group size "
+                f"{self.group_size}; pick a format with a group size dividing {in_features} "
+                f"(e.g. a smaller group) or exclude this layer with filter_fn")
+        if not bool(torch.isfinite(weight).all()):
+            bad = int((~torch.isfinite(weight)).sum())
+            raise ValueError(f"{self.name}: {what} has {bad} NaN/Inf values; fix the checkpoint or the layer "
+                             "before quantizing (quantizing them would silently produce garbage)")
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "version": self.version, "params": dataclasses.asdict(self)}
+
+    def __str__(self) -> str:
+        return self.name

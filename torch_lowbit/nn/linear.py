@@ -1,0 +1,127 @@
+"""QuantLinear: an nn.Linear replacement holding one format's packed weight."""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..formats import Format, get_format
+from ..layouts import Layout, default_layout
+from ..ops import resolve_backend
+
+_ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class QuantLinear(nn.Module):
+    """y = x @ W.T + bias with W stored in a low-bit format.
+
+    The packed weight lives in persistent buffers named by the layout (saved by save_quantized);
+    `dequantize()` returns the fp32 weight the forward computes with. A fused module (q/k/v or
+    gate/up) concatenates several projections along out_features and records their split sizes.
+    """
+
+    def __init__(self, in_features: int, out_features: int, fmt: Union[str, Format],
+                 buffers: dict[str, Tensor], bias: Optional[Tensor] = None, *,
+                 layout: Optional[Layout] = None, split_sizes: Optional[Sequence[int]] = None):
+        super().__init__()
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.fmt = get_format(fmt)
+        self.layout = layout or default_layout(self.fmt)
+        self.split_sizes = list(split_sizes) if split_sizes is not None else None
+        if self.split_sizes is not None and sum(self.split_sizes) != self.out_features:
+            raise ValueError(f"split sizes {self.split_sizes} do not add up to out_features={out_features}")
+        self._buffer_names = tuple(buffers)
+        for name, t in buffers.items():
+            self.register_buffer(name, t)
+        device = next(iter(buffers.values())).device
+        runtime = self.layout.runtime_buffers(self.fmt)
+        self._kernel_buffer_names = self._buffer_names + tuple(runtime)
+        for name, t in runtime.items():
+            self.register_buffer(name, t.to(device if device.type != "meta" else "cpu"), persistent=False)
+        self.register_buffer("bias", bias)
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, fmt: Union[str, Format], *,
+                    layout: Optional[Layout] = None) -> "QuantLinear":
+        """Quantizes an nn.Linear (its weight and bias) into the given format (name or config)."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"from_linear expects an nn.Linear, got {type(linear).__name__}")
+        return cls.from_weights([linear.weight], [linear.bias], fmt, layout=layout)
+
+    @classmethod
+    def from_linears(cls, linears: Sequence[nn.Linear], fmt: Union[str, Format], *,
+                     layout: Optional[Layout] = None) -> "QuantLinear":
+        """One fused module for several projections of the same input (outputs split in order)."""
+        in_f = {l.in_features for l in linears}
+        if len(in_f) != 1:
+            raise ValueError(f"fused projections must share in_features, got {sorted(in_f)}")
+        return cls.from_weights([l.weight for l in linears], [l.bias for l in linears], fmt, layout=layout,
+                                split=len(linears) > 1)
+
+    @classmethod
+    def from_weights(cls, weights: Sequence[Tensor], biases: Sequence[Optional[Tensor]],
+                     fmt: Union[str, Format], *, layout: Optional[Layout] = None,
+                     split: bool = False) -> "QuantLinear":
+        fmt = get_format(fmt)
+        layout = layout or default_layout(fmt)
+        weight = torch.cat([w.detach() for w in weights], dim=0) if len(weights) > 1 else weights[0].detach()
+        fmt.check_weight(weight)
+        buffers = layout.pack(fmt, fmt.quantize(weight))
+        if any(b is not None for b in biases):
+            bias = torch.cat([b.detach() if b is not None else weight.new_zeros(w.shape[0])
+                              for w, b in zip(weights, biases)]).clone()
+        else:
+            bias = None
+        out_f, in_f = weight.shape
+        return cls(in_f, out_f, fmt, buffers, bias, layout=layout,
+                   split_sizes=[w.shape[0] for w in weights] if split else None)
+
+    @classmethod
+    def empty(cls, in_features: int, out_features: int, fmt: Union[str, Format], *, bias: bool,
+              bias_dtype: torch.dtype = torch.float32, layout: Optional[Layout] = None,
+              split_sizes: Optional[Sequence[int]] = None, device="meta") -> "QuantLinear":
+        """An unfilled module of the right shapes (checkpoint loading assigns its buffers)."""
+        fmt = get_format(fmt)
+        layout = layout or default_layout(fmt)
+        shapes = layout.buffer_shapes(fmt, out_features, in_features)
+        buffers = {k: torch.empty(shape, dtype=dt, device=device) for k, (shape, dt) in shapes.items()}
+        b = torch.empty(out_features, dtype=bias_dtype, device=device) if bias else None
+        return cls(in_features, out_features, fmt, buffers, b, layout=layout, split_sizes=split_sizes)
+
+    # -- use ---------------------------------------------------------------------------------
+    @property
+    def packed(self) -> dict[str, Tensor]:
+        return {name: getattr(self, name) for name in self._buffer_names}
+
+    def dequantize(self) -> Tensor:
+        """The fp32 [out_features, in_features] weight this module's forward is equivalent to."""
+        return self.fmt.dequantize(self.layout.unpack(self.fmt, self.packed))
+
+    def weight_nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.packed.values())
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"QuantLinear({self.fmt.name}): input has {x.shape[-1]} features, "
+                             f"expected in_features={self.in_features}")
+        if x.dtype not in _ACT_DTYPES:
+            raise TypeError(f"QuantLinear({self.fmt.name}): activations must be float32, bfloat16 or "
+                            f"float16, got {x.dtype}")
+        qweight = getattr(self, self._buffer_names[0])
+        if x.device != qweight.device:
+            raise RuntimeError(f"QuantLinear({self.fmt.name}): input is on {x.device} but the weight is on "
+                               f"{qweight.device}; move the model or the input with .to()")
+        backend = resolve_backend(x.device.type)
+        if backend == "reference":
+            bias = self.bias.to(x.dtype) if self.bias is not None else None
+            return F.linear(x, self.dequantize().to(x.dtype), bias)
+        buffers = {name: getattr(self, name) for name in self._kernel_buffer_names}
+        return self.layout.linear(self.fmt, buffers, x, self.bias, backend)
+
+    def extra_repr(self) -> str:
+        s = f"in_features={self.in_features}, out_features={self.out_features}, format={self.fmt.name}, " \
+            f"layout={self.layout.name}, bias={self.bias is not None}"
+        return s + (f", split_sizes={self.split_sizes}" if self.split_sizes else "")

@@ -1,0 +1,72 @@
+"""quantize_(model, fmt): swap a model's nn.Linear layers for QuantLinear, in place."""
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..formats import Format, get_format
+from .fusion import fusable_groups, install_fused
+from .linear import QuantLinear
+
+FilterFn = Callable[[nn.Module, str], bool]
+
+
+def default_filter(model: nn.Module) -> FilterFn:
+    """Every nn.Linear except the LM head / output embeddings (embeddings are not Linear)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+
+    def keep(module: nn.Module, fqn: str) -> bool:
+        return isinstance(module, nn.Linear) and module is not head and fqn.split(".")[-1] != "lm_head"
+
+    return keep
+
+
+def _set_child(model: nn.Module, fqn: str, new: nn.Module) -> None:
+    parent_name, _, child = fqn.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+
+
+def quantize_(model: nn.Module, fmt: Union[str, Format], *, filter_fn: Optional[FilterFn] = None,
+              fuse: bool = True, skip_incompatible: bool = False, progress: bool = True) -> nn.Module:
+    """Replaces the model's nn.Linear layers by QuantLinear in format `fmt` (name or config), in place.
+
+    filter_fn(module, fqn) -> bool picks layers (default: all Linear but lm_head / output embeddings).
+    fuse: q/k/v and gate/up projections of Llama-like blocks become one fused QuantLinear each.
+    skip_incompatible: leave layers whose in_features the group size does not divide in float
+    (default: raise, listing them). Returns the model.
+    """
+    fmt = get_format(fmt)
+    keep = filter_fn or default_filter(model)
+    targets = {fqn: m for fqn, m in model.named_modules() if isinstance(m, nn.Linear) and keep(m, fqn)}
+    bad = [f"{fqn} (in_features={m.in_features})" for fqn, m in targets.items()
+           if m.in_features % fmt.group_size]
+    if bad and not skip_incompatible:
+        raise ValueError(f"{fmt.name}: group size {fmt.group_size} does not divide in_features of "
+                         f"{len(bad)} layer(s): {', '.join(bad[:5])}{' …' if len(bad) > 5 else ''}; use a format "
+                         "with a smaller group, pass skip_incompatible=True to keep them in float, or exclude "
+                         "them with filter_fn")
+    targets = {fqn: m for fqn, m in targets.items() if m.in_features % fmt.group_size == 0}
+
+    jobs: list[tuple[str, list[str], Optional[str]]] = []  # (parent fqn, child names, fused name)
+    done: set[str] = set()
+    if fuse:
+        for pfqn, parent in model.named_modules():
+            for names, fused_name in fusable_groups(parent):
+                fqns = [f"{pfqn}.{n}" if pfqn else n for n in names]
+                if all(f in targets for f in fqns):
+                    jobs.append((pfqn, list(names), fused_name))
+                    done.update(fqns)
+    for fqn in targets:
+        if fqn not in done:
+            jobs.append((fqn, [], None))
+
+    for pfqn, names, fused_name in tqdm(jobs, desc=f"quantize {fmt.name}", disable=not progress, leave=False):
+        if fused_name is None:
+            _set_child(model, pfqn, QuantLinear.from_linear(targets[pfqn], fmt))
+        else:
+            parent = model.get_submodule(pfqn) if pfqn else model
+            fused = QuantLinear.from_linears([getattr(parent, n) for n in names], fmt)
+            install_fused(parent, tuple(names), fused_name, fused)
+    return model

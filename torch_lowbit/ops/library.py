@@ -1,0 +1,68 @@
+"""The torch_lowbit custom ops: schemas and CPU kernels come from the C++ extension (csrc/ops.cpp);
+here they get fake implementations (shape/dtype validation for torch.compile and meta tensors) and
+their CUDA implementations (Triton kernels)."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+_FLOAT_ACTS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_extension():
+    try:
+        from .. import _C
+    except ImportError as e:  # pragma: no cover - only on a broken install
+        raise ImportError("torch_lowbit's C++ extension is not built; reinstall with "
+                          "`pip install --no-build-isolation -e .` after installing torch") from e
+    return _C
+
+
+def _check(cond: bool, msg: str) -> None:
+    torch._check(cond, lambda: msg)
+
+
+def _lut4_check(qweight, scales, mins, lut, group_size):
+    _check(qweight.dtype == torch.uint8 and qweight.dim() == 2, "lut4: qweight must be 2-D uint8 [N, K/2]")
+    n, k = qweight.shape[0], qweight.shape[1] * 2
+    _check(group_size > 0 and group_size % 32 == 0 and k % group_size == 0,
+           f"lut4: group size {group_size} must be a multiple of 32 dividing K={k}")
+    _check(scales.dtype == torch.float16 and tuple(scales.shape) == (n, k // group_size),
+           f"lut4: scales must be fp16 [{n}, {k // group_size}]")
+    if mins is not None:
+        _check(mins.dtype == torch.float16 and mins.shape == scales.shape, "lut4: mins must match scales")
+    _check(lut.dtype == torch.float32 and lut.numel() == 16, "lut4: lut must be 16 fp32 values")
+    return n, k
+
+
+def _register() -> None:
+    cpu_extension()  # loads the schemas and CPU kernels
+
+    @torch.library.register_fake("torch_lowbit::lut4_linear")
+    def _lut4_linear_fake(x, qweight, scales, mins, lut, group_size, bias):
+        n, k = _lut4_check(qweight, scales, mins, lut, group_size)
+        _check(x.dtype in _FLOAT_ACTS, f"lut4_linear: x must be fp32/bf16/fp16, got {x.dtype}")
+        _check(x.shape[-1] == k, f"lut4_linear: x has {x.shape[-1]} features, weight has K={k}")
+        if bias is not None:
+            _check(bias.dim() == 1 and bias.shape[0] == n, f"lut4_linear: bias must have {n} elements")
+        return x.new_empty((*x.shape[:-1], n))
+
+    @torch.library.register_fake("torch_lowbit::lut4_dequantize")
+    def _lut4_dequantize_fake(qweight, scales, mins, lut, group_size):
+        n, k = _lut4_check(qweight, scales, mins, lut, group_size)
+        return qweight.new_empty((n, k), dtype=torch.float32)
+
+    @torch.library.impl("torch_lowbit::lut4_linear", "CUDA")
+    def _lut4_linear_cuda(x, qweight, scales, mins, lut, group_size, bias):
+        from ..triton_kernels.lut4 import lut4_linear
+        return lut4_linear(x, qweight, scales, mins, lut, group_size, bias)
+
+    @torch.library.impl("torch_lowbit::lut4_dequantize", "CUDA")
+    def _lut4_dequantize_cuda(qweight, scales, mins, lut, group_size):
+        from ..triton_kernels.lut4 import lut4_dequantize
+        return lut4_dequantize(qweight, scales, mins, lut, group_size)
+
+
+_register()
