@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import torch
 from torch import Tensor
@@ -37,8 +37,9 @@ class Format(ABC):
         """Storage cost per weight, counting codes and every group parameter."""
 
     @abstractmethod
-    def quantize(self, weight: Tensor) -> dict[str, Tensor]:
-        """Quantize a float [out, in] weight into named tensors (unpacked codes, group parameters)."""
+    def quantize(self, weight: Tensor, importance: Optional[Tensor] = None) -> dict[str, Tensor]:
+        """Quantize a float [out, in] weight into named tensors (unpacked codes, group parameters).
+        importance [in]: optional per-input-feature weights of the error (calibration statistics)."""
 
     @abstractmethod
     def dequantize(self, q: dict[str, Tensor]) -> Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import abstractmethod
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import torch
 from torch import Tensor
@@ -27,6 +27,52 @@ class ScalarCodebookFormat(Format):
     @abstractmethod
     def code_values(self) -> Tensor:
         """fp32 [2**code_bits]: the value each code stands for, before scaling."""
+
+    @abstractmethod
+    def fit_groups(self, x: Tensor, importance: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
+        """fp32 group parameters (scale [.., G, 1], min [.., G, 1] or None) for groups x [.., G, g].
+
+        importance (broadcastable to x, >= 0): per-weight weights of the squared error to minimize,
+        e.g. the mean squared calibration activation of each input feature (llama.cpp's imatrix).
+        None: the format's plain data-free rule."""
+
+    def encode(self, x: Tensor, scale: Tensor, mn: Optional[Tensor]) -> Tensor:
+        """uint8 codes of the nearest representable values to x, given (broadcastable) group params."""
+        values = self.code_values().to(x.device)
+        target = x if mn is None else x - mn
+        safe = torch.where(scale != 0, scale, torch.ones_like(scale))
+        # Table values are sorted: nearest code = number of midpoints below x / scale.
+        mids = (values[1:] + values[:-1]) / 2
+        return torch.bucketize(target / safe, mids).to(torch.uint8)
+
+    def quantize(self, weight: Tensor, importance: Optional[Tensor] = None) -> dict[str, Tensor]:
+        """Round-to-nearest: fit each group's parameters, store them in fp16, encode against those.
+        importance [in_features]: optional per-input-feature error weights (see fit_groups)."""
+        x = self._groups(weight)
+        scale, mn = self.fit_groups(x, self._importance_groups(importance, weight.shape[1]))
+        return self.pack_params(weight.shape, x, scale, mn)
+
+    def _importance_groups(self, importance: Optional[Tensor], in_features: int) -> Optional[Tensor]:
+        if importance is None:
+            return None
+        if importance.shape != (in_features,) or not bool(torch.isfinite(importance).all()) or \
+                bool((importance < 0).any()):
+            raise ValueError(f"{self.name}: importance must be {in_features} finite non-negative values "
+                             "(one per input feature)")
+        imp = importance.detach().float()
+        imp = imp / imp.mean().clamp_min(1e-30) + 1e-6  # scale-free; no group left without weight
+        return imp.reshape(in_features // self.group_size, self.group_size)
+
+    def pack_params(self, shape, x: Tensor, scale: Tensor, mn: Optional[Tensor]) -> dict[str, Tensor]:
+        """The format's tensors for groups x with fp32 params: params rounded to fp16, codes encoded
+        against the rounded params (what dequantize will see)."""
+        scale16 = scale.half()
+        mn16 = mn.half() if mn is not None else None
+        codes = self.encode(x, scale16.float(), mn16.float() if mn16 is not None else None)
+        q = {"codes": codes.reshape(shape), "scales": scale16.reshape(shape[0], -1)}
+        if self.has_mins:
+            q["mins"] = mn16.reshape(shape[0], -1)
+        return q
 
     def bits_per_weight(self) -> float:
         params = 16 * (2 if self.has_mins else 1)

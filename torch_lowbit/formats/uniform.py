@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import torch
 from torch import Tensor
@@ -35,13 +35,24 @@ class Q4_0(ScalarCodebookFormat):
     def code_values(self) -> Tensor:
         return torch.arange(16, dtype=torch.float32) - 8
 
-    def quantize(self, weight: Tensor) -> dict[str, Tensor]:
-        x = self._groups(weight)
+    def fit_groups(self, x: Tensor, importance: Optional[Tensor] = None) -> tuple[Tensor, None]:
         idx = x.abs().argmax(dim=-1, keepdim=True)  # first of ties, as ggml's strict '<' scan
-        d = x.gather(-1, idx) / -8.0
-        inv_d = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
-        codes = torch.trunc(x * inv_d + 8.5).clamp_(max=15)
-        return {"codes": codes.to(torch.uint8).reshape(weight.shape), "scales": d.squeeze(-1).half()}
+        signed_max = x.gather(-1, idx)
+        if importance is None:
+            return signed_max / -8.0, None
+        return _weighted_symmetric_scale(x, importance, signed_max), None
+
+    def encode(self, x: Tensor, scale: Tensor, mn: None = None) -> Tensor:
+        inv_d = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
+        return torch.trunc(x * inv_d + 8.5).clamp_(0, 15).to(torch.uint8)
+
+    def quantize(self, weight: Tensor, importance: Optional[Tensor] = None) -> dict[str, Tensor]:
+        if importance is not None:
+            return super().quantize(weight, importance)
+        # ggml encodes with the unrounded fp32 d and stores fp16(d): keep that order for bit-compatibility.
+        x = self._groups(weight)
+        d, _ = self.fit_groups(x)
+        return {"codes": self.encode(x, d).reshape(weight.shape), "scales": d.reshape(weight.shape[0], -1).half()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,16 +89,16 @@ class Int4(ScalarCodebookFormat):
     def code_values(self) -> Tensor:
         return torch.arange(16, dtype=torch.float32)
 
-    def quantize(self, weight: Tensor) -> dict[str, Tensor]:
-        x = self._groups(weight)
+    def fit_groups(self, x: Tensor, importance: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
         scale, mn = (hi - lo) / 15.0, lo
-        if self.rounding == "lsq":
-            scale, mn = _refine_affine(x, scale, mn, self.lsq_iters)
-        scale16, mn16 = scale.half(), mn.half()
-        codes = _nearest_codes(x, scale16.float(), mn16.float())
-        return {"codes": codes.reshape(weight.shape), "scales": scale16.squeeze(-1),
-                "mins": mn16.squeeze(-1)}
+        if self.rounding == "lsq" or importance is not None:
+            w = torch.ones_like(x) if importance is None else importance.expand_as(x)
+            scale, mn = _refine_affine(x, w, scale, mn, self.lsq_iters)
+        return scale, mn
+
+    def encode(self, x: Tensor, scale: Tensor, mn: Tensor) -> Tensor:
+        return _nearest_codes(x, scale, mn)
 
 
 def _nearest_codes(x: Tensor, scale: Tensor, mn: Tensor) -> Tensor:
@@ -95,28 +106,54 @@ def _nearest_codes(x: Tensor, scale: Tensor, mn: Tensor) -> Tensor:
     return torch.round((x - mn) / safe).clamp_(0, 15).to(torch.uint8)
 
 
-def _sq_err(x: Tensor, scale: Tensor, mn: Tensor) -> Tensor:
-    return ((_nearest_codes(x, scale, mn).float() * scale + mn - x) ** 2).sum(-1, keepdim=True)
+def _sq_err(x: Tensor, w: Tensor, scale: Tensor, mn: Tensor) -> Tensor:
+    return (w * (_nearest_codes(x, scale, mn).float() * scale + mn - x) ** 2).sum(-1, keepdim=True)
 
 
-def _refine_affine(x: Tensor, scale: Tensor, mn: Tensor, iters: int) -> tuple[Tensor, Tensor]:
-    """Alternating least squares for x ≈ scale * q + mn per group (keeps only improvements)."""
-    n = x.shape[-1]
-    err = _sq_err(x, scale, mn)
+def _refine_affine(x: Tensor, w: Tensor, scale: Tensor, mn: Tensor, iters: int) -> tuple[Tensor, Tensor]:
+    """Alternating (weighted) least squares for x ≈ scale * q + mn per group, keeping only
+    improvements, so the result is never worse than the starting point."""
+    n = w.sum(-1, keepdim=True)
+    err = _sq_err(x, w, scale, mn)
     for _ in range(iters):
         q = _nearest_codes(x, scale, mn).float()
-        sq, sqq = q.sum(-1, keepdim=True), (q * q).sum(-1, keepdim=True)
-        sx, sqx = x.sum(-1, keepdim=True), (q * x).sum(-1, keepdim=True)
+        sq, sqq = (w * q).sum(-1, keepdim=True), (w * q * q).sum(-1, keepdim=True)
+        sx, sqx = (w * x).sum(-1, keepdim=True), (w * q * x).sum(-1, keepdim=True)
         det = n * sqq - sq * sq
-        ok = det > 0
+        ok = det > 1e-12 * n * sqq
         new_scale = torch.where(ok, (n * sqx - sq * sx) / torch.where(ok, det, torch.ones_like(det)), scale)
         new_mn = torch.where(ok, (sx - new_scale * sq) / n, mn)
         ok &= new_scale > 0
-        new_err = _sq_err(x, new_scale, new_mn)
+        new_err = _sq_err(x, w, new_scale, new_mn)
         better = ok & (new_err < err)
         scale, mn = torch.where(better, new_scale, scale), torch.where(better, new_mn, mn)
         err = torch.where(better, new_err, err)
     return scale, mn
+
+
+def _weighted_symmetric_scale(x: Tensor, w: Tensor, signed_max: Tensor) -> Tensor:
+    """Scale d minimizing sum w (x - d * clamp(round(x / d), -8, 7))^2 per group: a grid of
+    candidate divisors of the signed max (ggml's own choice, -8, among them; positive divisors put
+    the largest magnitude on the +7 side), each also refit by weighted least squares on its codes
+    (llama.cpp's make_qx_quants search, importance-weighted)."""
+    w = w.expand_as(x)
+    best_err, best = None, None
+    divisors = torch.linspace(-9.5, -6.0, 36).tolist() + [-8.0] + torch.linspace(5.5, 7.5, 11).tolist()
+    for divisor in divisors:
+        d = signed_max / divisor
+        q = torch.round(x / torch.where(d != 0, d, torch.ones_like(d))).clamp_(-8, 7)
+        wqq = (w * q * q).sum(-1, keepdim=True)
+        refit = torch.where(wqq > 0, (w * q * x).sum(-1, keepdim=True) / wqq.clamp_min(1e-30), d)
+        for cand in (d, refit):
+            c16 = cand.half().float()  # judge the scale that will be stored
+            qc = torch.round(x / torch.where(c16 != 0, c16, torch.ones_like(c16))).clamp_(-8, 7)
+            err = (w * (qc * c16 - x) ** 2).sum(-1, keepdim=True)
+            if best is None:
+                best_err, best = err, c16
+            else:
+                better = err < best_err
+                best_err, best = torch.where(better, err, best_err), torch.where(better, c16, best)
+    return best
 
 
 register_format(Q4_0())

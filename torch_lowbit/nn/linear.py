@@ -44,32 +44,42 @@ class QuantLinear(nn.Module):
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
-    def from_linear(cls, linear: nn.Linear, fmt: Union[str, Format], *,
-                    layout: Optional[Layout] = None) -> "QuantLinear":
-        """Quantizes an nn.Linear (its weight and bias) into the given format (name or config)."""
+    def from_linear(cls, linear: nn.Linear, fmt: Union[str, Format], *, layout: Optional[Layout] = None,
+                    importance: Optional[Tensor] = None, hessian: Optional[Tensor] = None) -> "QuantLinear":
+        """Quantizes an nn.Linear (its weight and bias) into the given format (name or config).
+
+        importance [in]: per-input-feature error weights (E[x²] of calibration inputs) for
+        importance-weighted rounding; hessian [in, in] (E[x xᵀ]): GPTQ rounding instead."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"from_linear expects an nn.Linear, got {type(linear).__name__}")
-        return cls.from_weights([linear.weight], [linear.bias], fmt, layout=layout)
+        return cls.from_weights([linear.weight], [linear.bias], fmt, layout=layout, importance=importance,
+                                hessian=hessian)
 
     @classmethod
     def from_linears(cls, linears: Sequence[nn.Linear], fmt: Union[str, Format], *,
-                     layout: Optional[Layout] = None) -> "QuantLinear":
+                     layout: Optional[Layout] = None, importance: Optional[Tensor] = None,
+                     hessian: Optional[Tensor] = None) -> "QuantLinear":
         """One fused module for several projections of the same input (outputs split in order)."""
         in_f = {l.in_features for l in linears}
         if len(in_f) != 1:
             raise ValueError(f"fused projections must share in_features, got {sorted(in_f)}")
         return cls.from_weights([l.weight for l in linears], [l.bias for l in linears], fmt, layout=layout,
-                                split=len(linears) > 1)
+                                split=len(linears) > 1, importance=importance, hessian=hessian)
 
     @classmethod
     def from_weights(cls, weights: Sequence[Tensor], biases: Sequence[Optional[Tensor]],
-                     fmt: Union[str, Format], *, layout: Optional[Layout] = None,
-                     split: bool = False) -> "QuantLinear":
+                     fmt: Union[str, Format], *, layout: Optional[Layout] = None, split: bool = False,
+                     importance: Optional[Tensor] = None, hessian: Optional[Tensor] = None) -> "QuantLinear":
         fmt = get_format(fmt)
         layout = layout or default_layout(fmt)
         weight = torch.cat([w.detach() for w in weights], dim=0) if len(weights) > 1 else weights[0].detach()
         fmt.check_weight(weight)
-        buffers = layout.pack(fmt, fmt.quantize(weight))
+        if hessian is not None:
+            from ..calibrate.gptq import gptq_quantize
+            q = gptq_quantize(fmt, weight, hessian)
+        else:
+            q = fmt.quantize(weight, importance)
+        buffers = layout.pack(fmt, q)
         if any(b is not None for b in biases):
             bias = torch.cat([b.detach() if b is not None else weight.new_zeros(w.shape[0])
                               for w, b in zip(weights, biases)]).clone()

@@ -1,9 +1,10 @@
 """quantize_(model, fmt): swap a model's nn.Linear layers for QuantLinear, in place."""
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
+from typing import Callable, Iterable, Optional, Union
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..formats import Format, get_format
@@ -28,16 +29,41 @@ def _set_child(model: nn.Module, fqn: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
 
 
+ROUNDINGS = ("rtn", "imatrix", "gptq", "mixed")
+_MLP_NAMES = ("gate_proj", "up_proj", "down_proj", "fc1", "fc2", "w1", "w2", "w3")
+
+
+def _rounding_for(rounding: str, fqn: str) -> str:
+    """Per-layer rounding; "mixed" = GPTQ for MLP projections, imatrix for attention. On SmolLM2
+    GPTQ lowered MLP error but raised perplexity when applied to q/k/v/o (README, calibration)."""
+    if rounding != "mixed":
+        return rounding
+    return "gptq" if fqn.rsplit(".", 1)[-1] in _MLP_NAMES else "imatrix"
+
+
 def quantize_(model: nn.Module, fmt: Union[str, Format], *, filter_fn: Optional[FilterFn] = None,
-              fuse: bool = True, skip_incompatible: bool = False, progress: bool = True) -> nn.Module:
+              fuse: bool = True, skip_incompatible: bool = False,
+              calibration: Optional[Iterable[Tensor]] = None, rounding: Optional[str] = None,
+              progress: bool = True) -> nn.Module:
     """Replaces the model's nn.Linear layers by QuantLinear in format `fmt` (name or config), in place.
 
     filter_fn(module, fqn) -> bool picks layers (default: all Linear but lm_head / output embeddings).
     fuse: q/k/v and gate/up projections of Llama-like blocks become one fused QuantLinear each.
     skip_incompatible: leave layers whose in_features the group size does not divide in float
-    (default: raise, listing them). Returns the model.
+    (default: raise, listing them).
+    calibration: batches of token ids ([batch, seq] LongTensors) run through the float model to
+    weight the rounding by the layers' real inputs. rounding: "rtn" (data-free, the default
+    without calibration), "imatrix" (default with calibration: group scales chosen to minimize
+    the error weighted by each input feature's E[x²], as llama.cpp's imatrix), "gptq" (GPTQ
+    with act-order against E[x xᵀ]) or "mixed" (GPTQ for MLP projections, imatrix for attention).
+    Returns the model.
     """
     fmt = get_format(fmt)
+    rounding = rounding or ("imatrix" if calibration is not None else "rtn")
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"unknown rounding {rounding!r}; choose one of {', '.join(ROUNDINGS)}")
+    if rounding != "rtn" and calibration is None:
+        raise ValueError(f"rounding={rounding!r} needs calibration batches (token ids); pass calibration=...")
     keep = filter_fn or default_filter(model)
     targets = {fqn: m for fqn, m in model.named_modules() if isinstance(m, nn.Linear) and keep(m, fqn)}
     bad = [f"{fqn} (in_features={m.in_features})" for fqn, m in targets.items()
@@ -62,11 +88,27 @@ def quantize_(model: nn.Module, fmt: Union[str, Format], *, filter_fn: Optional[
         if fqn not in done:
             jobs.append((fqn, [], None))
 
+    stats: dict[str, Tensor] = {}
+    if rounding != "rtn":
+        from ..calibrate import collect_hessians
+        full = any(_rounding_for(rounding, f) == "gptq" for f in targets)
+        stats = collect_hessians(model, calibration, targets, diagonal_only=not full, progress=progress)
+
+    def data_args(fqn: str) -> dict:
+        how = _rounding_for(rounding, fqn)
+        if how == "rtn":
+            return {}
+        stat = stats[fqn]
+        if how == "imatrix":
+            return {"importance": torch.diagonal(stat) if stat.dim() == 2 else stat}
+        return {"hessian": stat}
+
     for pfqn, names, fused_name in tqdm(jobs, desc=f"quantize {fmt.name}", disable=not progress, leave=False):
         if fused_name is None:
-            _set_child(model, pfqn, QuantLinear.from_linear(targets[pfqn], fmt))
+            _set_child(model, pfqn, QuantLinear.from_linear(targets[pfqn], fmt, **data_args(pfqn)))
         else:
             parent = model.get_submodule(pfqn) if pfqn else model
-            fused = QuantLinear.from_linears([getattr(parent, n) for n in names], fmt)
+            first = f"{pfqn}.{names[0]}" if pfqn else names[0]  # one input, so one statistic for all
+            fused = QuantLinear.from_linears([getattr(parent, n) for n in names], fmt, **data_args(first))
             install_fused(parent, tuple(names), fused_name, fused)
     return model

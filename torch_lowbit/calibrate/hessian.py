@@ -1,0 +1,59 @@
+"""Calibration statistics: H = E[x xᵀ] of each Linear's input over calibration batches."""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+
+@torch.no_grad()
+def collect_hessians(model: nn.Module, batches: Iterable[Tensor], modules: dict[str, nn.Linear], *,
+                     diagonal_only: bool = False, progress: bool = True) -> dict[str, Tensor]:
+    """Runs the (float) model on each batch of token ids and returns {fqn: E[x xᵀ]} (fp32 [K, K])
+    for the given Linear modules, or only its diagonal E[x²] ([K], llama.cpp's "imatrix") with
+    diagonal_only. Modules fed the same tensor (q/k/v, gate/up) share one result."""
+    sums: dict[str, Tensor] = {}
+    counts: dict[str, int] = {}
+    # id(input) -> (first fqn fed it, the tensor): holding the tensor keeps its id from being reused
+    by_input: dict[int, tuple[str, Tensor]] = {}
+    alias: dict[str, str] = {}
+
+    def hook(fqn):
+        def fn(module, args):
+            x = args[0]
+            owner = by_input.get(id(x), (None, None))[0]
+            if owner is not None and owner != fqn:
+                alias[fqn] = owner
+                return
+            by_input[id(x)] = (fqn, x)
+            x2 = x.detach().reshape(-1, x.shape[-1]).float()
+            sums[fqn] = sums.get(fqn, 0) + ((x2 * x2).sum(0) if diagonal_only else x2.T @ x2)
+            counts[fqn] = counts.get(fqn, 0) + x2.shape[0]
+        return fn
+
+    handles = [m.register_forward_pre_hook(hook(f)) for f, m in modules.items()]
+    was_training = model.training
+    model.eval()
+    try:
+        for ids in tqdm(list(batches), desc="calibrate", disable=not progress, leave=False):
+            by_input.clear()
+            device = next(model.parameters()).device
+            model(ids.to(device), use_cache=False) if _accepts_use_cache(model) else model(ids.to(device))
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    out = {f: sums[f] / counts[f] for f in sums}
+    for f, owner in alias.items():
+        if f not in out:
+            out[f] = out[owner]
+    missing = [f for f in modules if f not in out]
+    if missing:
+        raise RuntimeError(f"calibration never reached {missing[:5]}; are these modules used by forward()?")
+    return out
+
+
+def _accepts_use_cache(model: nn.Module) -> bool:
+    return hasattr(model, "config") and hasattr(model.config, "use_cache")

@@ -1,0 +1,32 @@
+"""Perplexity with non-overlapping windows (the GPTQ / QuaRot protocol): tokenize the text once,
+cut the first max_tokens into windows of ctx tokens, score each window independently, and report
+exp(mean next-token NLL) over all predicted tokens."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+
+@torch.no_grad()
+def perplexity(model, tokenizer, text: str, ctx: int = 512, max_tokens: Optional[int] = None, *,
+               progress: bool = True) -> float:
+    if ctx < 2:
+        raise ValueError(f"ctx must be at least 2, got {ctx}")
+    ids = tokenizer(text, return_tensors="pt").input_ids[0]
+    if max_tokens is not None:
+        ids = ids[:max_tokens]
+    n_windows = ids.numel() // ctx
+    if n_windows == 0:
+        raise ValueError(f"the text has {ids.numel()} tokens, fewer than one window of ctx={ctx}")
+    device = next(model.parameters()).device
+    nll, count = 0.0, 0
+    for w in tqdm(range(n_windows), desc="perplexity", disable=not progress, leave=False):
+        window = ids[w * ctx:(w + 1) * ctx].unsqueeze(0).to(device)
+        logits = model(window, use_cache=False).logits.float()
+        nll += F.cross_entropy(logits[0, :-1], window[0, 1:], reduction="sum").item()
+        count += ctx - 1
+    return math.exp(nll / count)
