@@ -11,6 +11,7 @@ at::Tensor lut4_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, const
                            const c10::optional<at::Tensor>& bias);
 at::Tensor lut4_dequantize_cpu(const at::Tensor& qweight, const at::Tensor& scales,
                                const c10::optional<at::Tensor>& mins, const at::Tensor& lut, int64_t group);
+int64_t read_probe(const at::Tensor& buf);
 }  // namespace torch_lowbit
 
 TORCH_LIBRARY(torch_lowbit, m) {
@@ -28,5 +29,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torch_lowbit CPU kernels (ops are registered under torch.ops.torch_lowbit)";
   m.def("available_cpu_paths", &torch_lowbit::available_cpu_paths, "CPU kernel paths this CPU can run, best first");
   m.def("set_cpu_path", &torch_lowbit::set_cpu_path, "Force a CPU kernel path: auto, scalar, avx2, avx512");
+  m.def("read_probe", &torch_lowbit::read_probe, "Streams a buffer with all threads (bandwidth probe)");
   m.def("get_cpu_path", &torch_lowbit::get_cpu_path, "The CPU kernel path in use");
 }

@@ -5,7 +5,7 @@
 
 #include "common/lut4.h"
 
-#define TLB_AVX2 __attribute__((target("avx2,fma")))
+#define TLB_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 namespace torch_lowbit {
 namespace {
@@ -22,18 +22,34 @@ TLB_AVX2 inline __m256 lookup8(const Lut16& lut, __m256i idx) {
   return _mm256_blendv_ps(a, b, use_hi);
 }
 
-// Decodes 32 weights of row n from column k into d[0..3] (8 each, in column order).
-TLB_AVX2 inline void decode32(const Lut4Weights& w, const Lut16& lut, int64_t n, int64_t k, __m256 d[4]) {
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.qweight + n * (w.K / 2) + k / 2));
+struct Decoded32 {
+  __m256 d[4];  // 8 weights each, in column order
+};
+
+// Decodes the 32 weights stored in 16 bytes, given the group's scale and min.
+TLB_AVX2 inline Decoded32 decode32(const uint8_t* bytes16, const Lut16& lut, __m256 s, __m256 m) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes16));
   const __m128i lo = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
   const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
-  const int64_t g = n * (w.K / w.group) + k / w.group;
-  const __m256 s = _mm256_set1_ps(static_cast<float>(w.scales[g]));
-  const __m256 m = _mm256_set1_ps(w.mins ? static_cast<float>(w.mins[g]) : 0.f);
+  Decoded32 out;
+  __m256* d = out.d;
   d[0] = _mm256_fmadd_ps(lookup8(lut, _mm256_cvtepu8_epi32(lo)), s, m);
   d[1] = _mm256_fmadd_ps(lookup8(lut, _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), s, m);
   d[2] = _mm256_fmadd_ps(lookup8(lut, _mm256_cvtepu8_epi32(hi)), s, m);
   d[3] = _mm256_fmadd_ps(lookup8(lut, _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), s, m);
+  return out;
+}
+
+// Calls body(k, decoded) for every 32-weight run of row n, converting group params once per group.
+template <typename Body>
+TLB_AVX2 inline void for_each_run(const Lut4Weights& w, const Lut16& lut, int64_t n, Body&& body) {
+  const int64_t groups = w.K / w.group;
+  const uint8_t* row = w.qweight + n * (w.K / 2);
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m256 s = _mm256_set1_ps(_cvtsh_ss(w.scales[n * groups + g].x));
+    const __m256 m = _mm256_set1_ps(w.mins ? _cvtsh_ss(w.mins[n * groups + g].x) : 0.f);
+    for (int64_t k = g * w.group; k < (g + 1) * w.group; k += 32) body(k, decode32(row + k / 2, lut, s, m));
+  }
 }
 
 TLB_AVX2 inline float hsum(__m256 v) {
@@ -49,14 +65,12 @@ TLB_AVX2 void rows_block(const Lut4Weights& w, const Lut16& lut, const float* x,
   for (int64_t n = n0; n < n1; ++n) {
     __m256 acc[MT];
     for (int t = 0; t < MT; ++t) acc[t] = _mm256_setzero_ps();
-    __m256 d[4];
-    for (int64_t k = 0; k < w.K; k += 32) {
-      decode32(w, lut, n, k, d);
+    for_each_run(w, lut, n, [&](int64_t k, const Decoded32& dec) TLB_AVX2 {
       for (int t = 0; t < MT; ++t) {
         const float* xr = x + t * w.K + k;
-        for (int q = 0; q < 4; ++q) acc[t] = _mm256_fmadd_ps(d[q], _mm256_loadu_ps(xr + 8 * q), acc[t]);
+        for (int q = 0; q < 4; ++q) acc[t] = _mm256_fmadd_ps(dec.d[q], _mm256_loadu_ps(xr + 8 * q), acc[t]);
       }
-    }
+    });
     for (int t = 0; t < MT; ++t) out[t * ldo + n] = hsum(acc[t]);
   }
 }
@@ -78,13 +92,11 @@ TLB_AVX2 void lut4_gemv_avx2(const Lut4Weights& w, const float* x, int64_t M, in
 
 TLB_AVX2 void lut4_dequant_avx2(const Lut4Weights& w, int64_t n0, int64_t n1, float* dst) {
   const Lut16 lut{_mm256_loadu_ps(w.lut), _mm256_loadu_ps(w.lut + 8)};
-  __m256 d[4];
   for (int64_t n = n0; n < n1; ++n) {
     float* row = dst + (n - n0) * w.K;
-    for (int64_t k = 0; k < w.K; k += 32) {
-      decode32(w, lut, n, k, d);
-      for (int q = 0; q < 4; ++q) _mm256_storeu_ps(row + k + 8 * q, d[q]);
-    }
+    for_each_run(w, lut, n, [&](int64_t k, const Decoded32& dec) TLB_AVX2 {
+      for (int q = 0; q < 4; ++q) _mm256_storeu_ps(row + k + 8 * q, dec.d[q]);
+    });
   }
 }
 

@@ -7,7 +7,7 @@
 
 #include "common/lut4.h"
 
-#define TLB_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+#define TLB_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 
 namespace torch_lowbit {
 namespace {
@@ -16,15 +16,25 @@ struct Decoded32 {
   __m512 lo, hi;  // weights k..k+15 and k+16..k+31
 };
 
-TLB_AVX512 inline Decoded32 decode32(const Lut4Weights& w, __m512 lut, int64_t n, int64_t k) {
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.qweight + n * (w.K / 2) + k / 2));
+// Decodes the 32 weights stored in 16 bytes, given the group's scale and min.
+TLB_AVX512 inline Decoded32 decode32(const uint8_t* bytes16, __m512 lut, __m512 s, __m512 m) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes16));
   const __m512i lo_idx = _mm512_cvtepu8_epi32(bytes);                       // vpermps reads 4 low bits
   const __m512i hi_idx = _mm512_cvtepu8_epi32(_mm_srli_epi16(bytes, 4));    // high nibble -> low bits
-  const int64_t g = n * (w.K / w.group) + k / w.group;
-  const __m512 s = _mm512_set1_ps(static_cast<float>(w.scales[g]));
-  const __m512 m = _mm512_set1_ps(w.mins ? static_cast<float>(w.mins[g]) : 0.f);
   return {_mm512_fmadd_ps(_mm512_permutexvar_ps(lo_idx, lut), s, m),
           _mm512_fmadd_ps(_mm512_permutexvar_ps(hi_idx, lut), s, m)};
+}
+
+// Calls body(k, decoded) for every 32-weight run of row n, converting group params once per group.
+template <typename Body>
+TLB_AVX512 inline void for_each_run(const Lut4Weights& w, __m512 lut, int64_t n, Body&& body) {
+  const int64_t groups = w.K / w.group;
+  const uint8_t* row = w.qweight + n * (w.K / 2);
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m512 s = _mm512_set1_ps(_cvtsh_ss(w.scales[n * groups + g].x));
+    const __m512 m = _mm512_set1_ps(w.mins ? _cvtsh_ss(w.mins[n * groups + g].x) : 0.f);
+    for (int64_t k = g * w.group; k < (g + 1) * w.group; k += 32) body(k, decode32(row + k / 2, lut, s, m));
+  }
 }
 
 template <int MT>
@@ -33,14 +43,13 @@ TLB_AVX512 void rows_block(const Lut4Weights& w, __m512 lut, const float* x, int
   for (int64_t n = n0; n < n1; ++n) {
     __m512 acc[MT];
     for (int t = 0; t < MT; ++t) acc[t] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < w.K; k += 32) {
-      const Decoded32 d = decode32(w, lut, n, k);
+    for_each_run(w, lut, n, [&](int64_t k, const Decoded32& d) TLB_AVX512 {
       for (int t = 0; t < MT; ++t) {
         const float* xr = x + t * w.K + k;
         acc[t] = _mm512_fmadd_ps(d.lo, _mm512_loadu_ps(xr), acc[t]);
         acc[t] = _mm512_fmadd_ps(d.hi, _mm512_loadu_ps(xr + 16), acc[t]);
       }
-    }
+    });
     for (int t = 0; t < MT; ++t) out[t * ldo + n] = _mm512_reduce_add_ps(acc[t]);
   }
 }
@@ -64,11 +73,10 @@ TLB_AVX512 void lut4_dequant_avx512(const Lut4Weights& w, int64_t n0, int64_t n1
   const __m512 lut = _mm512_loadu_ps(w.lut);
   for (int64_t n = n0; n < n1; ++n) {
     float* row = dst + (n - n0) * w.K;
-    for (int64_t k = 0; k < w.K; k += 32) {
-      const Decoded32 d = decode32(w, lut, n, k);
+    for_each_run(w, lut, n, [&](int64_t k, const Decoded32& d) TLB_AVX512 {
       _mm512_storeu_ps(row + k, d.lo);
       _mm512_storeu_ps(row + k + 16, d.hi);
-    }
+    });
   }
 }
 

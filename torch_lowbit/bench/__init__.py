@@ -1,0 +1,1 @@
+"""Benchmarks behind `python -m torch_lowbit bench ...`."""

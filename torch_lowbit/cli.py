@@ -1,0 +1,173 @@
+"""Command line: python -m torch_lowbit {demo,quantize,eval,bench,formats,lm-eval-tasks}."""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import time
+
+
+def _load_model(spec: str, dtype: str = "float32"):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .eval.assets import load_smollm2
+    if spec == "smollm2":
+        return load_smollm2(dtype)
+    model = AutoModelForCausalLM.from_pretrained(spec, dtype=getattr(torch, dtype))
+    return model.eval(), AutoTokenizer.from_pretrained(spec)
+
+
+def _quantize(model, tok, args):
+    from . import quantize_
+    from .eval.assets import calibration_batches
+    calib = calibration_batches(tok, args.calib, args.ctx) if args.rounding != "rtn" else None
+    quantize_(model, args.format, calibration=calib, rounding=args.rounding,
+              skip_incompatible=args.skip_incompatible)
+    return model
+
+
+def _table(headers, rows) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def cmd_demo(args) -> None:
+    """The main job: SmolLM2 before/after quantization: size, perplexity, decode tokens/s."""
+    from .eval import perplexity, wiki_text
+    from .eval.speed import decode_tokens_per_s, model_nbytes
+    print(f"loading SmolLM2-135M-Instruct (converted once from the bundled GGUF, then cached)...", flush=True)
+    model, tok = _load_model("smollm2")
+    text = wiki_text(400)
+    rows = []
+
+    def measure(label, m):
+        t0 = time.time()
+        ppl = perplexity(m, tok, text, ctx=args.ctx, max_tokens=args.tokens)
+        tps = decode_tokens_per_s(m, tok, new_tokens=args.gen)
+        size = model_nbytes(m)
+        rows.append([label, f"{size['total'] / 1e6:.1f}", f"{size['linear'] / 1e6:.1f}", f"{ppl:.3f}",
+                     f"{tps:.1f}"])
+        print(f"  {label}: ppl {ppl:.3f}, {tps:.1f} tok/s ({time.time() - t0:.0f}s)", flush=True)
+        return ppl
+
+    base = measure("fp32", model)
+    qmodel = copy.deepcopy(model)
+    t0 = time.time()
+    _quantize(qmodel, tok, args)
+    qt = time.time() - t0
+    label = f"{args.format} ({args.rounding}{f', {args.calib} calib windows' if args.rounding != 'rtn' else ''})"
+    q = measure(label, qmodel)
+    print()
+    print(f"SmolLM2-135M-Instruct, first {args.tokens} Wikipedia tokens, ctx {args.ctx}; decode = greedy "
+          f"{args.gen} new tokens, batch 1, {__import__('torch').get_num_threads()} threads; quantization took {qt:.0f}s")
+    print(_table(["model", "size MB (all)", "linear weights MB", "perplexity", "decode tok/s"], rows))
+    print(f"perplexity change: {100 * (q / base - 1):+.1f}%")
+
+
+def cmd_quantize(args) -> None:
+    from . import save_quantized
+    model, tok = _load_model(args.model)
+    _quantize(model, tok, args)
+    save_quantized(model, args.out)
+    print(f"saved {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB)")
+
+
+def cmd_eval(args) -> None:
+    if args.lm_eval:
+        from .eval.lm_eval_model import run_lm_eval
+        margs = f"pretrained={args.model}" + (f",checkpoint={args.checkpoint}" if args.checkpoint else
+                                              f",format={args.format}")
+        res = run_lm_eval(margs, n_docs=args.docs, limit=args.limit)
+        print(_table(["metric", "value"], [[k, f"{v:.4f}" if isinstance(v, float) else v] for k, v in res.items()]))
+        return
+    from . import load_quantized
+    from .eval import perplexity, wiki_text
+    model, tok = _load_model(args.model)
+    if args.checkpoint:
+        load_quantized(model, args.checkpoint)
+    elif args.format != "none":
+        _quantize(model, tok, args)
+    ppl = perplexity(model, tok, wiki_text(400), ctx=args.ctx, max_tokens=args.tokens)
+    print(f"perplexity ({args.tokens} tokens, ctx {args.ctx}): {ppl:.3f}")
+
+
+def cmd_bench(args) -> None:
+    if args.what == "cpu":
+        from .bench.cpu import bench_cpu, format_table
+        shapes = [(4096, 4096)] if args.quick else [(4096, 4096), (14336, 4096), (4096, 14336)]
+        ms = (1, 8) if args.quick else tuple(args.m)
+        rows, bw = bench_cpu(shapes=shapes, ms=ms, threads=tuple(args.threads), formats=tuple(args.formats))
+        print(format_table(rows, bw))
+    else:
+        sys.exit(f"bench {args.what}: not available; choose cpu")
+
+
+def cmd_formats(args) -> None:
+    from . import formats, get_format
+    print(_table(["format", "group", "bits/weight"],
+                 [[f, get_format(f).group_size, f"{get_format(f).bits_per_weight():.3f}"] for f in formats()]))
+
+
+def cmd_lm_eval_tasks(args) -> None:
+    from .eval.lm_eval_model import tasks_dir
+    print(tasks_dir(args.docs))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m torch_lowbit", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def quant_opts(sp, default_rounding="rtn"):
+        sp.add_argument("--format", default="q4_0", help="format name (see `formats`)")
+        sp.add_argument("--rounding", default=default_rounding, choices=["rtn", "imatrix", "gptq", "mixed"])
+        sp.add_argument("--calib", type=int, default=32, help="calibration windows (of --ctx tokens)")
+        sp.add_argument("--skip-incompatible", action="store_true",
+                        help="keep layers the group size does not divide in float")
+        sp.add_argument("--ctx", type=int, default=512)
+
+    sp = sub.add_parser("demo", help="main job: quantize SmolLM2, report size / perplexity / tokens/s")
+    quant_opts(sp, "mixed")
+    sp.add_argument("--tokens", type=int, default=4096)
+    sp.add_argument("--gen", type=int, default=32, help="new tokens for the decode speed")
+    sp.set_defaults(fn=cmd_demo)
+
+    sp = sub.add_parser("quantize", help="quantize a model and save a checkpoint")
+    sp.add_argument("--model", default="smollm2", help="'smollm2' or a Hugging Face model directory")
+    quant_opts(sp)
+    sp.add_argument("--out", required=True)
+    sp.set_defaults(fn=cmd_quantize)
+
+    sp = sub.add_parser("eval", help="perplexity (or lm-eval) of a quantized model")
+    sp.add_argument("--model", default="smollm2")
+    quant_opts(sp)
+    sp.add_argument("--checkpoint", help="a save_quantized file instead of --format")
+    sp.add_argument("--tokens", type=int, default=4096)
+    sp.add_argument("--lm-eval", action="store_true", help="run the lm-eval `lowbit` model on the local task")
+    sp.add_argument("--docs", type=int, default=64, help="documents in the local lm-eval task")
+    sp.add_argument("--limit", type=int, default=None)
+    sp.set_defaults(fn=cmd_eval)
+
+    sp = sub.add_parser("bench", help="benchmarks")
+    sp.add_argument("what", choices=["cpu"])
+    sp.add_argument("--quick", action="store_true", help="one shape, M in {1, 8}")
+    sp.add_argument("--m", type=int, nargs="+", default=[1, 8, 64, 512])
+    sp.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    sp.add_argument("--formats", nargs="+", default=["q4_0", "int4_g32", "int4_g128"])
+    sp.set_defaults(fn=cmd_bench)
+
+    sp = sub.add_parser("formats", help="list formats")
+    sp.set_defaults(fn=cmd_formats)
+
+    sp = sub.add_parser("lm-eval-tasks", help="print the folder of the local lm-eval task (for --include_path)")
+    sp.add_argument("--docs", type=int, default=64)
+    sp.set_defaults(fn=cmd_lm_eval_tasks)
+
+    args = p.parse_args(argv)
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()

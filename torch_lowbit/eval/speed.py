@@ -1,0 +1,45 @@
+"""Model size and decode speed, as the main job and `eval` report them."""
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from ..nn import QuantLinear
+
+
+def model_nbytes(model: nn.Module) -> dict[str, int]:
+    """Bytes of all parameters and persistent buffers (shared storage counted once), and of the
+    Linear / QuantLinear weights alone."""
+    seen, total, linear = set(), 0, 0
+    for name, t in model.state_dict(keep_vars=True).items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel(), t.dtype)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.numel() * t.element_size()
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            linear += m.weight_nbytes()
+        elif isinstance(m, nn.Linear) and m is not getattr(model, "lm_head", None):
+            linear += m.weight.numel() * m.weight.element_size()
+    return {"total": total, "linear": linear}
+
+
+@torch.no_grad()
+def decode_tokens_per_s(model: nn.Module, tokenizer, *, new_tokens: int = 32, prompt: str | None = None,
+                        repeats: int = 3) -> float:
+    """Greedy decode speed (tokens/s, median of `repeats`) with the KV cache, batch 1."""
+    prompt = prompt or "The history of the printing press begins"
+    ids = tokenizer(prompt, return_tensors="pt").input_ids.to(next(model.parameters()).device)
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                  pad_token_id=tokenizer.eos_token_id)
+    model.generate(ids, **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        model.generate(ids, **kwargs)
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return new_tokens / times[len(times) // 2]
