@@ -1,0 +1,34 @@
+import os
+
+# The Triton kernels run on CPU only through the interpreter, which must be chosen before any
+# kernel module is imported.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_seed(request):
+    # A different but reproducible seed per test: random data, never zeros, never the same for all.
+    torch.manual_seed(abs(hash(request.node.nodeid)) % (2**31))
+    yield
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
+
+
+def tiny_llama(**overrides):
+    """A small random Llama (no download) with the real HF module structure."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = dict(vocab_size=256, hidden_size=128, intermediate_size=192, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    cfg.update(overrides)
+    return LlamaForCausalLM(LlamaConfig(**cfg)).eval()

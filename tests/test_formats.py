@@ -1,0 +1,140 @@
+"""Format math: ggml bit-compatibility of q4_0, rounding quality, registry and input checks."""
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+import torch_lowbit as tl
+from torch_lowbit.layouts.lut4 import pack_nibbles, unpack_nibbles
+
+
+def ggml_quantize_row_q4_0_ref(x: np.ndarray) -> bytes:
+    """A line-by-line transcription of ggml's quantize_row_q4_0_ref (fp32 arithmetic), producing the
+    18-byte blocks (fp16 d, 16 bytes qs) of a GGUF Q4_0 tensor row."""
+    qk = 32
+    out = bytearray()
+    x = x.astype(np.float32)
+    for i in range(len(x) // qk):
+        amax, vmax = np.float32(0), np.float32(0)
+        for j in range(qk):
+            v = x[i * qk + j]
+            if amax < abs(v):
+                amax, vmax = abs(v), v
+        d = np.float32(vmax / np.float32(-8))
+        idd = np.float32(1.0) / d if d != 0 else np.float32(0)
+        qs = bytearray(16)
+        for j in range(qk // 2):
+            x0 = np.float32(x[i * qk + j] * idd)
+            x1 = np.float32(x[i * qk + qk // 2 + j] * idd)
+            xi0 = min(15, int(np.float32(x0 + np.float32(8.5))))  # (int8_t) truncates toward zero
+            xi1 = min(15, int(np.float32(x1 + np.float32(8.5))))
+            qs[j] = xi0 | (xi1 << 4)
+        out += struct.pack("<e", d) + bytes(qs)
+    return bytes(out)
+
+
+def test_q4_0_is_bit_compatible_with_ggml_blocks():
+    w = torch.randn(5, 96) * torch.tensor([0.01, 0.1, 1.0, 3.0, 50.0]).unsqueeze(1)
+    w[1, 3] = 0.0
+    w[2, 32:64] = 0.0  # an all-zero block: d = 0
+    w[3, 70] = w[3, 64:96].abs().max() * 1.0  # ties between +max and -max
+    w[3, 71] = -w[3, 70]
+    fmt = tl.get_format("q4_0")
+    q = fmt.quantize(w)
+    packed = pack_nibbles(q["codes"])
+    for r in range(w.shape[0]):
+        ours = b"".join(struct.pack("<e", float(q["scales"][r, b])) + bytes(packed[r, b * 16:(b + 1) * 16].tolist())
+                        for b in range(3))
+        assert ours == ggml_quantize_row_q4_0_ref(w[r].numpy()), f"row {r} differs from ggml"
+    # dequantization is ggml's (q - 8) * fp16(d)
+    expect = (q["codes"].float() - 8) * q["scales"].float().repeat_interleave(32, 1)
+    torch.testing.assert_close(fmt.dequantize(q), expect, rtol=0, atol=0)
+
+
+def test_nibble_packing_roundtrip_and_order():
+    codes = torch.randint(0, 16, (3, 64), dtype=torch.uint8)
+    packed = pack_nibbles(codes)
+    assert packed.shape == (3, 32)
+    assert torch.equal(unpack_nibbles(packed), codes)
+    assert int(packed[1, 5]) == int(codes[1, 5]) | (int(codes[1, 21]) << 4)  # ggml block order
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_int4_lsq_never_worse_than_minmax(group):
+    w = torch.randn(64, 512) * 0.02
+    w[:, ::13] += 0.1 * torch.randn(64, 40)  # skewed groups, where min-max wastes levels
+    lsq, mm = tl.get_format(f"int4_g{group}"), tl.get_format(f"int4_g{group}_minmax")
+    err_lsq = (lsq.dequantize(lsq.quantize(w)) - w).pow(2).sum(1)
+    err_mm = (mm.dequantize(mm.quantize(w)) - w).pow(2).sum(1)
+    assert err_lsq.sum() < err_mm.sum() * 0.97
+    assert bool((err_lsq <= err_mm * 1.001 + 1e-9).all())  # per row, up to fp16 rounding of params
+
+
+@pytest.mark.parametrize("fmt", tl.formats())
+def test_importance_lowers_weighted_error(fmt):
+    f = tl.get_format(fmt)
+    w = torch.randn(48, 256) * 0.05
+    imp = torch.rand(256) ** 4 * 100  # a few input features matter far more than the rest
+    plain = f.dequantize(f.quantize(w))
+    weighted = f.dequantize(f.quantize(w, importance=imp))
+    err = lambda d: float(((d - w) ** 2 * imp).sum())  # noqa: E731
+    assert err(weighted) < err(plain)
+
+
+@pytest.mark.parametrize("fmt", tl.formats())
+def test_quantization_error_is_small_and_bits_counted(fmt):
+    f = tl.get_format(fmt)
+    w = torch.randn(64, 256)
+    rel = ((f.dequantize(f.quantize(w)) - w).norm() / w.norm()).item()
+    assert 0.01 < rel < 0.13  # 4-bit on a Gaussian: ~0.1 relative RMS
+    q = tl.QuantLinear.from_weights([w], [None], fmt)
+    assert q.weight_nbytes() * 8 / w.numel() == pytest.approx(f.bits_per_weight())
+
+
+def test_gptq_lowers_output_error_over_rtn():
+    from torch_lowbit.calibrate import gptq_quantize
+    f = tl.get_format("int4_g64")
+    w = torch.randn(96, 256) * 0.05
+    x = torch.randn(2048, 256) @ (torch.randn(256, 256) * 0.2 + torch.eye(256))  # correlated inputs
+    h = x.T @ x / x.shape[0]
+    rtn = f.dequantize(f.quantize(w))
+    gptq = f.dequantize(gptq_quantize(f, w, h))
+    out_err = lambda d: float(((x @ (d - w).T) ** 2).mean())  # noqa: E731
+    assert out_err(gptq) < 0.8 * out_err(rtn)
+
+
+def test_registry_and_configs():
+    names = tl.formats()
+    assert {"q4_0", "int4_g32", "int4_g64", "int4_g128"} <= set(names)
+    with pytest.raises(ValueError, match="unknown format 'q3_z'.*registered formats: .*q4_0"):
+        tl.get_format("q3_z")
+    cfg = tl.Int4(group=64, rounding="minmax")
+    assert tl.get_format(cfg) is cfg and cfg.name == "int4_g64_minmax"
+    assert tl.format_from_json(cfg.to_json()) == cfg
+    with pytest.raises(ValueError, match="multiple of 32"):
+        tl.Int4(group=48)
+    with pytest.raises(TypeError):
+        tl.get_format(4)
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "int4_g128"])
+def test_bad_weights_are_rejected(fmt):
+    f = tl.get_format(fmt)
+    with pytest.raises(ValueError, match="not divisible by the group size"):
+        f.quantize(torch.randn(8, f.group_size + 16))
+    w = torch.randn(8, 256)
+    w[3, 7] = float("nan")
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        f.quantize(w)
+    w[3, 7] = float("inf")
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        f.quantize(w)
+    with pytest.raises(TypeError, match="floating point"):
+        f.quantize(torch.randint(0, 4, (8, 256)))
+    with pytest.raises(ValueError, match="2-D"):
+        f.quantize(torch.randn(256))
+    with pytest.raises(ValueError, match="meta device"):
+        f.quantize(torch.empty(8, 256, device="meta"))
+    with pytest.raises(ValueError, match="importance"):
+        f.quantize(torch.randn(8, 256), importance=-torch.ones(256))
