@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -102,8 +103,10 @@ def _contenders(n: int, k: int, formats: list[str], rotate_mib: int):
 
 @torch.no_grad()
 def bench_cpu(shapes=((4096, 4096),), ms=(1, 8, 64, 512), threads=(1, 2), formats=("q4_0", "int4_g32", "int4_g128"),
-              rotate_mib: int = 256, progress=print) -> tuple[list[Row], float]:
+              rotate_mib: int = 256, progress=None) -> tuple[list[Row], float]:
     """Returns the rows (one per shape x M x threads x contender) and the DRAM read GB/s."""
+    if progress is None:
+        progress = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     rows = []
     saved_threads = torch.get_num_threads()
     torch.set_num_threads(max(threads))
