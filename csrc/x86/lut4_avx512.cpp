@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "common/lut4.h"
+#include "common/token_blocks.h"
 
 #define TLB_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 
@@ -59,14 +60,9 @@ TLB_AVX512 void rows_block(const Lut4Weights& w, __m512 lut, const float* x, int
 TLB_AVX512 void lut4_gemv_avx512(const Lut4Weights& w, const float* x, int64_t M, int64_t n0,
                                  int64_t n1, float* out, int64_t ldo) {
   const __m512 lut = _mm512_loadu_ps(w.lut);
-  int64_t m = 0;
-  for (; m + 4 <= M; m += 4) rows_block<4>(w, lut, x + m * w.K, n0, n1, out + m * ldo, ldo);
-  switch (M - m) {
-    case 3: rows_block<3>(w, lut, x + m * w.K, n0, n1, out + m * ldo, ldo); break;
-    case 2: rows_block<2>(w, lut, x + m * w.K, n0, n1, out + m * ldo, ldo); break;
-    case 1: rows_block<1>(w, lut, x + m * w.K, n0, n1, out + m * ldo, ldo); break;
-    default: break;
-  }
+  for_token_blocks(M, [&](auto mt, int64_t m) TLB_AVX512 {
+    rows_block<decltype(mt)::value>(w, lut, x + m * w.K, n0, n1, out + m * ldo, ldo);
+  });
 }
 
 TLB_AVX512 void lut4_dequant_avx512(const Lut4Weights& w, int64_t n0, int64_t n1, float* dst) {
