@@ -39,9 +39,10 @@ def test_quantize_fused_equals_unfused(fmt):
     assert n_fused == 2 * 4  # per layer: qkv, o, gate_up, down
 
 
-def test_compile_fullgraph_equals_eager():
+@pytest.mark.parametrize("layout", ["lut4_rowmajor", "lut4_i8_n16"])
+def test_compile_fullgraph_equals_eager(layout):
     model = tiny_llama()
-    tl.quantize_(model, "q4_0", progress=False)
+    tl.quantize_(model, "q4_0", layout=layout, progress=False)
     ids = _ids()
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)  # fullgraph: any graph break is an error
@@ -49,13 +50,18 @@ def test_compile_fullgraph_equals_eager():
         eager = model(ids).logits
         comp = compiled(ids).logits
         comp2 = compiled(ids).logits
-    torch.testing.assert_close(comp, eager, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(comp2, eager, rtol=1e-4, atol=1e-4)
+    if layout == "lut4_rowmajor":  # fp32 activations: equal up to float reassociation
+        torch.testing.assert_close(comp, eager, rtol=1e-4, atol=1e-4)
+    else:
+        # int8 activations: inductor's fused norms differ in the last bits, which can move an
+        # activation across an int8 rounding boundary; stay within the int8 error itself
+        assert ((comp - eager).norm() / eager.norm()).item() < 5e-3
+    torch.testing.assert_close(comp2, comp, rtol=0, atol=0)
 
 
 def test_backends_agree_on_model():
     model = tiny_llama()
-    tl.quantize_(model, "int4_g32", progress=False)
+    tl.quantize_(model, "int4_g32", layout="lut4_rowmajor", progress=False)  # float-activation kernels
     ids = _ids(1, 9)
     with torch.no_grad():
         cpu = model(ids).logits
@@ -65,6 +71,15 @@ def test_backends_agree_on_model():
             tri = model(ids).logits
     torch.testing.assert_close(cpu, ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(tri, ref, rtol=1e-4, atol=1e-4)
+    # the default CPU layout (int8 activations) stays close to the float reference
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            m.repack("lut4_i8_n16")
+    with torch.no_grad():
+        i8 = model(ids).logits
+    assert ((i8 - ref).norm() / ref.norm()).item() < 2e-2
+    with pytest.raises(RuntimeError, match="CPU backend only"), tl.use_backend("triton"), torch.no_grad():
+        model(ids)
 
 
 def test_save_load_roundtrip_float_and_meta_skeletons(tmp_path):

@@ -11,10 +11,15 @@ def test_from_linear_matches_dequantized_matmul(fmt, m):
     lin = torch.nn.Linear(512, 384)
     q = tl.QuantLinear.from_linear(lin, fmt)
     x = torch.randn(m, 512)
+    y = q(x)
     ref = x @ q.dequantize().T + lin.bias
-    rel = ((q(x) - ref).norm() / ref.norm()).item()
-    assert rel < 2e-2
-    assert rel < 1e-5  # fp32 activations: the CPU kernel is exact up to summation order
+    rel = ((y - ref).norm() / ref.norm()).item()
+    assert rel < 2e-2  # the default CPU kernel quantizes activations to int8 per 32 features
+    # and is exact up to summation order given those activations
+    ref_kernel = q.layout.reference_activations(x) @ q.dequantize().T + lin.bias
+    assert ((y - ref_kernel).norm() / ref_kernel.norm()).item() < 1e-5
+    exact = tl.QuantLinear.from_linear(lin, fmt, layout="lut4_rowmajor")  # fp32-activation kernels
+    assert ((exact(x) - ref).norm() / ref.norm()).item() < 1e-5
     # and the quantized layer is a faithful 4-bit copy of the float one
     assert ((q.dequantize() - lin.weight).norm() / lin.weight.norm()).item() < 0.12
 
@@ -35,7 +40,7 @@ def test_format_config_object_and_no_bias():
     q = tl.QuantLinear.from_linear(lin, tl.Int4(group=32, rounding="minmax"))
     assert q.bias is None and q.fmt.name == "int4_g32_minmax"
     x = torch.randn(3, 128)
-    torch.testing.assert_close(q(x), x @ q.dequantize().T, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(q(x), q.layout.reference_activations(x) @ q.dequantize().T, rtol=1e-5, atol=1e-5)
 
 
 def test_bad_inputs_get_clear_errors():
@@ -64,8 +69,11 @@ def test_bad_inputs_get_clear_errors():
 
 
 def test_custom_op_checks_shapes_itself():
-    q = tl.QuantLinear.from_linear(torch.nn.Linear(64, 8), "q4_0")
+    q = tl.QuantLinear.from_linear(torch.nn.Linear(64, 8), "q4_0", layout="lut4_rowmajor")
     with pytest.raises(RuntimeError, match="x has 32 features but the weight has K=64"):
         torch.ops.torch_lowbit.lut4_linear(torch.randn(1, 32), q.qweight, q.scales, None, q.lut, 32, None)
     with pytest.raises(RuntimeError, match="scales must be fp16"):
         torch.ops.torch_lowbit.lut4_linear(torch.randn(1, 64), q.qweight, q.scales.float(), None, q.lut, 32, None)
+    q8 = tl.QuantLinear.from_linear(torch.nn.Linear(64, 8), "q4_0", layout="lut4_i8_n16")
+    with pytest.raises(RuntimeError, match="out_features 40 does not match 1 tiles"):
+        torch.ops.torch_lowbit.lut4_i8_linear(torch.randn(1, 64), q8.qweight, q8.scales, None, q8.lut_i8, 32, 40, None)

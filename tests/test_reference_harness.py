@@ -4,15 +4,21 @@ import pytest
 import torch
 
 import torch_lowbit as tl
+from torch_lowbit.layouts import get_layout, layouts
 from torch_lowbit.ops.library import cpu_extension
 
 from conftest import triton_available
 
 
 def _backends():
-    out = [("cpu", p) for p in cpu_extension().available_cpu_paths()]
-    if triton_available():
-        out.append(("triton", None))
+    """(backend, CPU path, layout) triples: every layout with every backend that reads it."""
+    out = []
+    for name in layouts():
+        lay = get_layout(name)
+        if "cpu" in lay.backends:
+            out += [("cpu", p, name) for p in cpu_extension().available_cpu_paths()]
+        if "triton" in lay.backends and triton_available():
+            out.append(("triton", None, name))
     return out
 
 
@@ -34,37 +40,83 @@ def _random_linear(k, n, bias, gen):
     return lin
 
 
-CASES = [(fmt, backend, path, shape_idx, bias, dtype)
+CASES = [(fmt, backend, path, layout, shape_idx, bias, dtype)
          for fmt in tl.formats()
-         for backend, path in _backends()
+         for backend, path, layout in _backends()
+         if get_layout(layout).supports(tl.get_format(fmt))
          for shape_idx in range(4)
          for bias in (False, True)
          for dtype in (torch.float32, torch.bfloat16)
          if backend != "triton" or (shape_idx % 2 == 0 or bias)]  # interpreter is slow: thin it a little
 
 
-@pytest.mark.parametrize("fmt,backend,path,shape_idx,bias,dtype", CASES,
+@pytest.mark.parametrize("fmt,backend,path,layout,shape_idx,bias,dtype", CASES,
                          ids=lambda v: str(v).replace("torch.", "") if v is not None else "-")
-def test_kernel_matches_reference(fmt, backend, path, shape_idx, bias, dtype):
+def test_kernel_matches_reference(fmt, backend, path, layout, shape_idx, bias, dtype):
     f = tl.get_format(fmt)
     m, k, n = _shapes(f.group_size)[shape_idx]
     gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
     lin = _random_linear(k, n, bias, gen)
-    q = tl.QuantLinear.from_linear(lin, fmt)
+    q = tl.QuantLinear.from_linear(lin, fmt, layout=layout)
     x = (torch.randn(m, k, generator=gen) * 2).to(dtype)
 
+    # Expected: the reference dequantized weight times the activations the kernel multiplies with
+    # (x itself for float kernels, the int8 round trip of x for int8-activation kernels).
     w = q.dequantize().double()
-    ref = x.double() @ w.T + (lin.bias.double() if bias else 0)
+    bias64 = lin.bias.double() if bias else 0
+    ref = q.layout.reference_activations(x.float()).double() @ w.T + bias64
     with tl.use_backend(backend, path=path):
         y = q(x)
     assert y.dtype == dtype and y.shape == (m, n)
     rel = ((y.double() - ref).norm() / ref.norm()).item()
     # fp32: only summation order differs. bf16: the output itself is rounded to bf16 (2^-8).
     assert rel < (2e-6 if dtype == torch.float32 else 6e-3), f"relative error {rel}"
+    # and whatever the activation handling, close to the float product (int8 blocks: ~0.5%)
+    full = x.float().double() @ w.T + bias64
+    assert ((y.double() - full).norm() / full.norm()).item() < 2e-2
 
     with tl.use_backend("reference"):
         y_ref = q(x)
-    assert ((y_ref.double() - ref).norm() / ref.norm()).item() < (2e-6 if dtype == torch.float32 else 6e-3)
+    assert ((y_ref.double() - full).norm() / full.norm()).item() < (2e-6 if dtype == torch.float32 else 6e-3)
+
+
+@pytest.mark.parametrize("fmt", [f for f in tl.formats() if get_layout("lut4_i8_n16").supports(tl.get_format(f))])
+def test_int8_paths_are_bit_exact_with_scalar_path(fmt):
+    """The integer kernels perform the same operations in the same order on every ISA path."""
+    lin = _random_linear(tl.get_format(fmt).group_size * 4, 53, True, torch.Generator().manual_seed(5))
+    q = tl.QuantLinear.from_linear(lin, fmt, layout="lut4_i8_n16")
+    x = torch.randn(6, lin.in_features)
+    with tl.use_backend("cpu", path="scalar"):
+        base = q(x)
+    for path in cpu_extension().available_cpu_paths():
+        with tl.use_backend("cpu", path=path):
+            assert torch.equal(q(x), base), path
+
+
+def test_activation_quantizer_matches_kernel_integer_math():
+    """The pure-torch q8 activation reference is the kernel's: a weight of one-hot rows reads back
+    each activation block's q * d exactly."""
+    from torch_lowbit.formats.activations import fake_quantize_q8_blocks
+    k = 64
+    lin = torch.nn.Linear(k, k, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.eye(k) * 7.0)  # q4_0 stores 7 as code 15 (+7 = (15-8) * d, d = 1)
+    q = tl.QuantLinear.from_linear(lin, "int4_g32", layout="lut4_i8_n16")
+    x = torch.randn(3, k) * 5
+    torch.testing.assert_close(q(x), fake_quantize_q8_blocks(x) @ q.dequantize().T, rtol=1e-6, atol=1e-6)
+
+
+def test_layouts_hold_the_same_codes():
+    lin = _random_linear(384, 45, False, torch.Generator().manual_seed(9))
+    for fmt in tl.formats():
+        deq = [tl.QuantLinear.from_linear(lin, fmt, layout=name).dequantize() for name in layouts()
+               if get_layout(name).supports(tl.get_format(fmt))]
+        assert all(torch.equal(d, deq[0]) for d in deq)
+        q = tl.QuantLinear.from_linear(lin, fmt)
+        before = q.dequantize()
+        for name in layouts():
+            if get_layout(name).supports(tl.get_format(fmt)):
+                assert torch.equal(q.repack(name).dequantize(), before)
 
 
 @pytest.mark.parametrize("fmt", tl.formats())
@@ -72,7 +124,7 @@ def test_kernel_matches_reference(fmt, backend, path, shape_idx, bias, dtype):
 def test_dequantize_op_matches_format(fmt, path):
     f = tl.get_format(fmt)
     lin = _random_linear(f.group_size * 3, 37, False, torch.Generator().manual_seed(7))
-    q = tl.QuantLinear.from_linear(lin, fmt)
+    q = tl.QuantLinear.from_linear(lin, fmt, layout="lut4_rowmajor")
     b = {k: getattr(q, k) for k in q._kernel_buffer_names}
     with tl.use_backend("cpu", path=path):
         w = torch.ops.torch_lowbit.lut4_dequantize(b["qweight"], b["scales"], b.get("mins"), b["lut"], f.group_size)
@@ -85,7 +137,7 @@ def test_triton_dequantize_matches_format(fmt):
     from torch_lowbit.triton_kernels.lut4 import lut4_dequantize
     f = tl.get_format(fmt)
     lin = _random_linear(f.group_size * 3, 37, False, torch.Generator().manual_seed(11))
-    q = tl.QuantLinear.from_linear(lin, fmt)
+    q = tl.QuantLinear.from_linear(lin, fmt, layout="lut4_rowmajor")
     w = lut4_dequantize(q.qweight, q.scales, getattr(q, "mins", None), q.lut, f.group_size)
     torch.testing.assert_close(w, q.dequantize(), rtol=1e-6, atol=1e-7)
 
@@ -93,7 +145,7 @@ def test_triton_dequantize_matches_format(fmt):
 def test_cpu_paths_agree_with_scalar_path():
     """Each ISA path against the portable scalar path on the same packed weight (3-D input)."""
     lin = _random_linear(320, 77, True, torch.Generator().manual_seed(3))
-    q = tl.QuantLinear.from_linear(lin, "int4_g32")
+    q = tl.QuantLinear.from_linear(lin, "int4_g32", layout="lut4_rowmajor")
     x = torch.randn(2, 5, 320)
     with tl.use_backend("cpu", path="scalar"):
         base = q(x)

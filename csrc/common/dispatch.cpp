@@ -25,6 +25,18 @@ bool cpu_has_avx512() {
 #endif
 }
 
+}  // namespace
+
+bool cpu_has_avx512_vnni() {
+#if defined(TORCH_LOWBIT_X86)
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
+namespace {
+
 bool can_run(CpuPath p) {
   switch (p) {
     case CpuPath::Scalar: return true;

@@ -12,6 +12,8 @@ namespace torch_lowbit {
 
 enum class CpuPath { Scalar = 0, Avx2 = 1, Avx512 = 2 };
 
+// AVX-512 VNNI (vpdpbusd), used by the int8-activation kernels of the avx512 path.
+bool cpu_has_avx512_vnni();
 // Paths this CPU can execute, best first.
 std::vector<std::string> available_cpu_paths();
 // The path kernels use now: the forced one if set (and executable), else the best available.

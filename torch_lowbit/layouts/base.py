@@ -15,13 +15,23 @@ from ..formats.base import Format
 class Layout(ABC):
     name: str
     version: int = 1
+    backends: tuple[str, ...] = ("cpu", "triton")  # kernel backends that read this layout
+
+    def supports(self, fmt: Format) -> bool:
+        """Whether this layout can hold the format (e.g. integer code tables only)."""
+        return True
+
+    def reference_activations(self, x: Tensor) -> Tensor:
+        """The activations its kernels effectively multiply with (identity for float kernels; the
+        int8 round trip for int8-activation kernels). Tests build the expected output from this."""
+        return x
 
     @abstractmethod
     def pack(self, fmt: Format, q: dict[str, Tensor]) -> dict[str, Tensor]:
         """Persistent buffers (saved in checkpoints) from a format's quantize() output."""
 
     @abstractmethod
-    def unpack(self, fmt: Format, buffers: dict[str, Tensor]) -> dict[str, Tensor]:
+    def unpack(self, fmt: Format, buffers: dict[str, Tensor], out_features: int) -> dict[str, Tensor]:
         """Inverse of pack: the format-level tensors that fmt.dequantize() reads."""
 
     @abstractmethod
@@ -34,19 +44,23 @@ class Layout(ABC):
 
     @abstractmethod
     def linear(self, fmt: Format, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
-               backend: str) -> Tensor:
+               backend: str, out_features: int) -> Tensor:
         """y = x @ W.T + bias with the kernels of `backend` ("cpu" or "triton")."""
 
 
 _LAYOUTS: dict[str, Layout] = {}
-_DEFAULT_FOR_FAMILY: dict[str, str] = {}
+_DEFAULTS: dict[tuple[str, str], str] = {}  # (format family, device type or "any") -> layout name
 
 
-def register_layout(layout: Layout, *, default_for: Optional[str] = None) -> Layout:
+def register_layout(layout: Layout, *, default_for: Optional[str] = None, device: str = "any") -> Layout:
     _LAYOUTS[layout.name] = layout
     if default_for is not None:
-        _DEFAULT_FOR_FAMILY[default_for] = layout.name
+        _DEFAULTS[(default_for, device)] = layout.name
     return layout
+
+
+def layouts() -> list[str]:
+    return sorted(_LAYOUTS)
 
 
 def get_layout(name: str) -> Layout:
@@ -56,8 +70,11 @@ def get_layout(name: str) -> Layout:
     return _LAYOUTS[name]
 
 
-def default_layout(fmt: Format) -> Layout:
-    family = fmt.layout_family
-    if family not in _DEFAULT_FOR_FAMILY:
-        raise ValueError(f"format {fmt.name} (family {family}) has no kernel layout registered")
-    return _LAYOUTS[_DEFAULT_FOR_FAMILY[family]]
+def default_layout(fmt: Format, device_type: str = "cpu") -> Layout:
+    """The layout a new QuantLinear on `device_type` packs into: the device's own if it holds the
+    format, else the family's portable one."""
+    for key in ((fmt.layout_family, device_type), (fmt.layout_family, "any")):
+        name = _DEFAULTS.get(key)
+        if name is not None and _LAYOUTS[name].supports(fmt):
+            return _LAYOUTS[name]
+    raise ValueError(f"format {fmt.name} (family {fmt.layout_family}) has no kernel layout registered")

@@ -39,7 +39,7 @@ class Lut4RowMajor(Layout):
             out["mins"] = q["mins"].contiguous()
         return out
 
-    def unpack(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor]) -> dict[str, Tensor]:
+    def unpack(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], out_features: int) -> dict[str, Tensor]:
         q = {"codes": unpack_nibbles(buffers["qweight"]), "scales": buffers["scales"]}
         if fmt.has_mins:
             q["mins"] = buffers["mins"]
@@ -57,7 +57,7 @@ class Lut4RowMajor(Layout):
         return {"lut": fmt.code_values().float().contiguous()}
 
     def linear(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], x: Tensor,
-               bias: Optional[Tensor], backend: str) -> Tensor:
+               bias: Optional[Tensor], backend: str, out_features: int) -> Tensor:
         args = (x, buffers["qweight"], buffers["scales"], buffers.get("mins"), buffers["lut"],
                 fmt.group_size, bias)
         if backend == "triton" and x.device.type == "cpu":

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..formats import Format, get_format
-from ..layouts import Layout, default_layout
+from ..layouts import Layout, default_layout, get_layout
 from ..ops import resolve_backend
 
 _ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -28,7 +28,7 @@ class QuantLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.fmt = get_format(fmt)
-        self.layout = layout or default_layout(self.fmt)
+        self.layout = _resolve_layout(layout, self.fmt, "cpu")
         self.split_sizes = list(split_sizes) if split_sizes is not None else None
         if self.split_sizes is not None and sum(self.split_sizes) != self.out_features:
             raise ValueError(f"split sizes {self.split_sizes} do not add up to out_features={out_features}")
@@ -44,10 +44,11 @@ class QuantLinear(nn.Module):
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
-    def from_linear(cls, linear: nn.Linear, fmt: Union[str, Format], *, layout: Optional[Layout] = None,
+    def from_linear(cls, linear: nn.Linear, fmt: Union[str, Format], *, layout: Union[None, str, Layout] = None,
                     importance: Optional[Tensor] = None, hessian: Optional[Tensor] = None) -> "QuantLinear":
         """Quantizes an nn.Linear (its weight and bias) into the given format (name or config).
 
+        layout: a layout name or object (default: the best one for the weight's device).
         importance [in]: per-input-feature error weights (E[x²] of calibration inputs) for
         importance-weighted rounding; hessian [in, in] (E[x xᵀ]): GPTQ rounding instead."""
         if not isinstance(linear, nn.Linear):
@@ -71,9 +72,9 @@ class QuantLinear(nn.Module):
                      fmt: Union[str, Format], *, layout: Optional[Layout] = None, split: bool = False,
                      importance: Optional[Tensor] = None, hessian: Optional[Tensor] = None) -> "QuantLinear":
         fmt = get_format(fmt)
-        layout = layout or default_layout(fmt)
         weight = torch.cat([w.detach() for w in weights], dim=0) if len(weights) > 1 else weights[0].detach()
         fmt.check_weight(weight)
+        layout = _resolve_layout(layout, fmt, weight.device.type)
         if hessian is not None:
             from ..calibrate.gptq import gptq_quantize
             q = gptq_quantize(fmt, weight, hessian)
@@ -95,7 +96,7 @@ class QuantLinear(nn.Module):
               split_sizes: Optional[Sequence[int]] = None, device="meta") -> "QuantLinear":
         """An unfilled module of the right shapes (checkpoint loading assigns its buffers)."""
         fmt = get_format(fmt)
-        layout = layout or default_layout(fmt)
+        layout = _resolve_layout(layout, fmt, "cpu")
         shapes = layout.buffer_shapes(fmt, out_features, in_features)
         buffers = {k: torch.empty(shape, dtype=dt, device=device) for k, (shape, dt) in shapes.items()}
         b = torch.empty(out_features, dtype=bias_dtype, device=device) if bias else None
@@ -108,7 +109,27 @@ class QuantLinear(nn.Module):
 
     def dequantize(self) -> Tensor:
         """The fp32 [out_features, in_features] weight this module's forward is equivalent to."""
-        return self.fmt.dequantize(self.layout.unpack(self.fmt, self.packed))
+        return self.fmt.dequantize(self.layout.unpack(self.fmt, self.packed, self.out_features))
+
+    def repack(self, layout: Union[str, Layout]) -> "QuantLinear":
+        """The same quantized weight in another layout (e.g. "lut4_rowmajor" for Triton/CUDA), in place."""
+        new = _resolve_layout(layout, self.fmt, "cpu")
+        if new is self.layout:
+            return self
+        q = self.layout.unpack(self.fmt, self.packed, self.out_features)
+        device = getattr(self, self._buffer_names[0]).device
+        for name in self._kernel_buffer_names:
+            delattr(self, name)
+        self.layout = new
+        buffers = new.pack(self.fmt, q)
+        self._buffer_names = tuple(buffers)
+        runtime = new.runtime_buffers(self.fmt)
+        self._kernel_buffer_names = self._buffer_names + tuple(runtime)
+        for name, t in buffers.items():
+            self.register_buffer(name, t.to(device))
+        for name, t in runtime.items():
+            self.register_buffer(name, t.to(device), persistent=False)
+        return self
 
     def weight_nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.packed.values())
@@ -129,9 +150,18 @@ class QuantLinear(nn.Module):
             bias = self.bias.to(x.dtype) if self.bias is not None else None
             return F.linear(x, self.dequantize().to(x.dtype), bias)
         buffers = {name: getattr(self, name) for name in self._kernel_buffer_names}
-        return self.layout.linear(self.fmt, buffers, x, self.bias, backend)
+        return self.layout.linear(self.fmt, buffers, x, self.bias, backend, self.out_features)
 
     def extra_repr(self) -> str:
         s = f"in_features={self.in_features}, out_features={self.out_features}, format={self.fmt.name}, " \
             f"layout={self.layout.name}, bias={self.bias is not None}"
         return s + (f", split_sizes={self.split_sizes}" if self.split_sizes else "")
+
+
+def _resolve_layout(layout: Union[None, str, Layout], fmt: Format, device_type: str) -> Layout:
+    if layout is None:
+        return default_layout(fmt, device_type)
+    layout = get_layout(layout) if isinstance(layout, str) else layout
+    if not layout.supports(fmt):
+        raise ValueError(f"layout {layout.name} cannot hold format {fmt.name}")
+    return layout

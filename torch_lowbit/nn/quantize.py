@@ -44,7 +44,7 @@ def _rounding_for(rounding: str, fqn: str) -> str:
 def quantize_(model: nn.Module, fmt: Union[str, Format], *, filter_fn: Optional[FilterFn] = None,
               fuse: bool = True, skip_incompatible: bool = False,
               calibration: Optional[Iterable[Tensor]] = None, rounding: Optional[str] = None,
-              progress: bool = True) -> nn.Module:
+              layout=None, progress: bool = True) -> nn.Module:
     """Replaces the model's nn.Linear layers by QuantLinear in format `fmt` (name or config), in place.
 
     filter_fn(module, fqn) -> bool picks layers (default: all Linear but lm_head / output embeddings).
@@ -56,6 +56,8 @@ def quantize_(model: nn.Module, fmt: Union[str, Format], *, filter_fn: Optional[
     without calibration), "imatrix" (default with calibration: group scales chosen to minimize
     the error weighted by each input feature's E[x²], as llama.cpp's imatrix), "gptq" (GPTQ
     with act-order against E[x xᵀ]) or "mixed" (GPTQ for MLP projections, imatrix for attention).
+    layout: a layout name for every module (default: the best for each weight's device: on CPU
+    the int8-activation lut4_i8_n16 where the format allows, lut4_rowmajor for Triton/CUDA).
     Returns the model.
     """
     fmt = get_format(fmt)
@@ -105,10 +107,11 @@ def quantize_(model: nn.Module, fmt: Union[str, Format], *, filter_fn: Optional[
 
     for pfqn, names, fused_name in tqdm(jobs, desc=f"quantize {fmt.name}", disable=not progress, leave=False):
         if fused_name is None:
-            _set_child(model, pfqn, QuantLinear.from_linear(targets[pfqn], fmt, **data_args(pfqn)))
+            _set_child(model, pfqn, QuantLinear.from_linear(targets[pfqn], fmt, layout=layout, **data_args(pfqn)))
         else:
             parent = model.get_submodule(pfqn) if pfqn else model
             first = f"{pfqn}.{names[0]}" if pfqn else names[0]  # one input, so one statistic for all
-            fused = QuantLinear.from_linears([getattr(parent, n) for n in names], fmt, **data_args(first))
+            fused = QuantLinear.from_linears([getattr(parent, n) for n in names], fmt, layout=layout,
+                                             **data_args(first))
             install_fused(parent, tuple(names), fused_name, fused)
     return model

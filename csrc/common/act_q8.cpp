@@ -1,0 +1,30 @@
+#include "common/act_q8.h"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+
+namespace torch_lowbit {
+
+void quantize_acts_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sum) {
+  const int64_t blocks = M * (K / 32);
+  at::parallel_for(0, blocks, 256, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* xb = x + b * 32;  // blocks of a row are contiguous, rows are contiguous
+      float amax = 0.f;
+      for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+      const float db = amax / 127.f;
+      const float inv = db != 0.f ? 1.f / db : 0.f;
+      int32_t s = 0;
+      for (int j = 0; j < 32; ++j) {
+        const int32_t v = static_cast<int32_t>(std::nearbyint(xb[j] * inv));  // half-even
+        q[b * 32 + j] = static_cast<int8_t>(v);
+        s += v;
+      }
+      d[b] = db;
+      sum[b] = s;
+    }
+  });
+}
+
+}  // namespace torch_lowbit

@@ -1,0 +1,19 @@
+// Dynamic int8 activations, one fp32 scale per 32 consecutive features of a token (ggml's Q8_0
+// math): d = max|x| / 127, q = round_half_even(x / d) computed as x * (1 / d). The pure-torch
+// twin that tests compare with is torch_lowbit/formats/activations.py.
+#pragma once
+#include <cstdint>
+
+namespace torch_lowbit {
+
+struct Q8Acts {
+  const int8_t* q;     // [M, K]
+  const float* d;      // [M, K/32]
+  const int32_t* sum;  // [M, K/32]: sum of q over the block (for offsets and mins)
+  int64_t M, K;
+};
+
+// Quantizes x [M, K] (K % 32 == 0) into the three buffers (threaded over tokens and blocks).
+void quantize_acts_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sum);
+
+}  // namespace torch_lowbit

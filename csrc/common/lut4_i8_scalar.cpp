@@ -1,0 +1,41 @@
+// Portable lut4 x int8 kernel: the path the SIMD paths are checked against bit for bit.
+#include <algorithm>
+#include <cmath>
+
+#include "common/lut4_i8.h"
+
+namespace torch_lowbit {
+
+void lut4_i8_scalar(const Lut4I8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out, int64_t ldo) {
+  const int64_t kb_count = w.K / 32, groups = w.K / w.group, blocks_per_group = w.group / 32;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t rows = std::min(kI8TileRows, w.N - t * kI8TileRows);
+    for (int64_t m = 0; m < a.M; ++m) {
+      float acc[kI8TileRows] = {0};
+      for (int64_t g = 0; g < groups; ++g) {
+        for (int64_t bb = 0; bb < blocks_per_group; ++bb) {
+          const int64_t b = g * blocks_per_group + bb;
+          const uint8_t* p = w.qweight + (t * kb_count + b) * 256;
+          const int8_t* xq = a.q + m * a.K + b * 32;
+          const int32_t xsum = a.sum[m * kb_count + b];
+          const float xd = a.d[m * kb_count + b];
+          for (int r = 0; r < kI8TileRows; ++r) {
+            int32_t isum = 0;
+            for (int i = 0; i < 4; ++i)
+              for (int j = 0; j < 4; ++j) {
+                const uint8_t byte = p[i * 64 + r * 4 + j];
+                isum += w.utable[byte & 0x0F] * xq[4 * i + j] + w.utable[byte >> 4] * xq[16 + 4 * i + j];
+              }
+            isum -= w.offset * xsum;
+            const int64_t pidx = (t * groups + g) * kI8TileRows + r;
+            acc[r] = std::fma(static_cast<float>(isum), static_cast<float>(w.scales[pidx]) * xd, acc[r]);
+            if (w.mins) acc[r] = std::fma(static_cast<float>(w.mins[pidx]), xd * static_cast<float>(xsum), acc[r]);
+          }
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r) out[m * ldo + t * kI8TileRows + r] = acc[r];
+    }
+  }
+}
+
+}  // namespace torch_lowbit

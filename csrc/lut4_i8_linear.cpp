@@ -1,0 +1,84 @@
+// torch_lowbit::lut4_i8_linear on CPU: activations quantized once per call to int8 (per-32 fp32
+// scales), then the tiled integer kernel of the active ISA path, threaded over 16-row tiles.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+
+#include "common/dispatch.h"
+#include "common/lut4_i8.h"
+
+namespace torch_lowbit {
+namespace {
+
+Lut4I8Fn kernel_for(CpuPath p) {
+#if defined(TORCH_LOWBIT_X86)
+  if (p == CpuPath::Avx512 && cpu_has_avx512_vnni()) return lut4_i8_avx512vnni;
+#endif
+  (void)p;
+  return lut4_i8_scalar;  // the avx2 path has no int8 kernel of its own yet
+}
+
+}  // namespace
+
+at::Tensor lut4_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                              const c10::optional<at::Tensor>& mins, const at::Tensor& lut, int64_t group,
+                              int64_t out_features, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.is_floating_point() && x.scalar_type() != at::kDouble,
+              "lut4_i8_linear: x must be float32, bfloat16 or float16, got ", x.scalar_type());
+  TORCH_CHECK(qweight.scalar_type() == at::kByte && qweight.dim() == 3 && qweight.size(2) == 256,
+              "lut4_i8_linear: qweight must be uint8 [N/16, K/32, 256]");
+  const int64_t tiles = qweight.size(0), K = qweight.size(1) * 32, N = out_features;
+  TORCH_CHECK(N > (tiles - 1) * kI8TileRows && N <= tiles * kI8TileRows,
+              "lut4_i8_linear: out_features ", N, " does not match ", tiles, " tiles of 16 rows");
+  TORCH_CHECK(x.size(-1) == K, "lut4_i8_linear: x has ", x.size(-1), " features but the weight has K=", K);
+  TORCH_CHECK(group > 0 && group % 32 == 0 && K % group == 0,
+              "lut4_i8_linear: group size ", group, " must be a multiple of 32 dividing K=", K);
+  TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.dim() == 3 && scales.size(0) == tiles &&
+                  scales.size(1) == K / group && scales.size(2) == kI8TileRows,
+              "lut4_i8_linear: scales must be fp16 [", tiles, ", ", K / group, ", 16]");
+  if (mins.has_value())
+    TORCH_CHECK(mins->scalar_type() == at::kHalf && mins->sizes() == scales.sizes(),
+                "lut4_i8_linear: mins must be fp16 with the shape of scales");
+  TORCH_CHECK(lut.scalar_type() == at::kChar && lut.numel() == 16, "lut4_i8_linear: lut must be 16 int8 values");
+  if (bias.has_value())
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->is_floating_point(),
+                "lut4_i8_linear: bias must be a float vector of length N=", N);
+  for (const at::Tensor* t : {&x, &qweight, &scales, &lut})
+    TORCH_CHECK(t->device().is_cpu(), "lut4_i8_linear (CPU kernel): all tensors must be on the CPU");
+
+  const at::Tensor x2 = x.reshape({-1, K}).to(at::kFloat).contiguous();
+  const int64_t M = x2.size(0);
+  const at::Tensor qw = qweight.contiguous(), sc = scales.contiguous(), lt = lut.contiguous();
+  const at::Tensor mn = mins.has_value() ? mins->contiguous() : at::Tensor();
+
+  Lut4I8Weights w{qw.data_ptr<uint8_t>(), sc.data_ptr<c10::Half>(),
+                  mins.has_value() ? mn.data_ptr<c10::Half>() : nullptr, {}, 0, N, K, group};
+  const int8_t* table = lt.data_ptr<int8_t>();
+  w.offset = -*std::min_element(table, table + 16);
+  for (int i = 0; i < 16; ++i) {
+    TORCH_CHECK(table[i] + w.offset <= 255, "lut4_i8_linear: table spans more than 256 values");
+    w.utable[i] = static_cast<uint8_t>(table[i] + w.offset);
+  }
+
+  // The activation buffer: the only allocation on the hot path besides the output.
+  const int64_t kb = K / 32;
+  at::Tensor qbuf = at::empty({M * K + M * kb * 8}, x2.options().dtype(at::kChar));
+  int8_t* xq = qbuf.data_ptr<int8_t>();
+  float* xd = reinterpret_cast<float*>(xq + M * K);
+  int32_t* xs = reinterpret_cast<int32_t*>(xd + M * kb);
+  at::Tensor out = at::empty({M, N}, x2.options());
+  if (M > 0) {
+    quantize_acts_q8(x2.data_ptr<float>(), M, K, xq, xd, xs);
+    const Q8Acts a{xq, xd, xs, M, K};
+    const Lut4I8Fn kern = kernel_for(active_cpu_path());
+    float* op = out.data_ptr<float>();
+    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) { kern(w, a, t0, t1, op, N); });
+  }
+  if (bias.has_value()) out.add_(bias->to(at::kFloat));
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  return out.to(x.scalar_type()).view(shape);
+}
+
+}  // namespace torch_lowbit
