@@ -99,8 +99,14 @@ def cmd_bench(args) -> None:
         from .bench.cpu import bench_cpu, format_table
         shapes = [(4096, 4096)] if args.quick else [(4096, 4096), (14336, 4096), (4096, 14336)]
         ms = (1, 8) if args.quick else tuple(args.m)
-        rows, bw = bench_cpu(shapes=shapes, ms=ms, threads=tuple(args.threads), formats=tuple(args.formats))
+        rows, bw = bench_cpu(shapes=shapes, ms=ms, threads=tuple(args.threads), formats=tuple(args.formats),
+                             layouts=tuple(args.layouts))
         print(format_table(rows, bw))
+        if args.decode:
+            from .bench.cpu import bench_decode
+            print()
+            print(f"SmolLM2-135M greedy decode, batch 1, {__import__('torch').get_num_threads()} threads:")
+            print(_table(["model", "linear weights MB", "tok/s", "vs fp32"], bench_decode(tuple(args.formats[:1]))))
     else:
         sys.exit(f"bench {args.what}: not available; choose cpu")
 
@@ -155,7 +161,10 @@ def main(argv=None) -> None:
     sp.add_argument("--quick", action="store_true", help="one shape, M in {1, 8}")
     sp.add_argument("--m", type=int, nargs="+", default=[1, 8, 64, 512])
     sp.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    sp.add_argument("--formats", nargs="+", default=["q4_0", "int4_g32", "int4_g128"])
+    sp.add_argument("--formats", nargs="+", default=["q4_0", "iq4_nl", "int4_g32", "int4_g128"])
+    sp.add_argument("--layouts", nargs="+", default=["lut4_i8_n16"],
+                    help="CPU layouts to run (lut4_i8_n16: int8 activations; lut4_rowmajor: fp32 activations)")
+    sp.add_argument("--decode", action="store_true", help="also SmolLM2 decode tok/s: fp32, bf16, first format")
     sp.set_defaults(fn=cmd_bench)
 
     sp = sub.add_parser("formats", help="list formats")

@@ -18,6 +18,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..formats import get_format
+from ..layouts import get_layout
 from ..nn import QuantLinear
 
 
@@ -69,7 +71,7 @@ def _copies(nbytes: int, rotate_mib: int) -> int:
     return max(2, -(-rotate_mib * 2**20 // max(nbytes, 1)))
 
 
-def _contenders(n: int, k: int, formats: list[str], rotate_mib: int):
+def _contenders(n: int, k: int, formats: list[str], rotate_mib: int, layouts: list[str]):
     """name -> (make(copy_index) -> (callable(x) -> y), weight bytes, activation dtype)."""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(n, k, generator=gen) * 0.02
@@ -94,15 +96,21 @@ def _contenders(n: int, k: int, formats: list[str], rotate_mib: int):
     with torch.no_grad():
         lin.weight.copy_(w)
     for fmt in formats:
-        ql = QuantLinear.from_linear(lin, fmt)
-        nbytes = ql.weight_nbytes()
-        mods = [ql] + [copy.deepcopy(ql) for _ in range(_copies(nbytes, rotate_mib) - 1)]
-        out[f"torch_lowbit {fmt} (fp32 act)"] = (lambda i, mods=mods: mods[i], nbytes, torch.float32, len(mods))
+        for layout in layouts:
+            if not get_layout(layout).supports(get_format(fmt)) or "cpu" not in get_layout(layout).backends:
+                continue
+            ql = QuantLinear.from_linear(lin, fmt, layout=layout)
+            nbytes = ql.weight_nbytes()
+            mods = [ql] + [copy.deepcopy(ql) for _ in range(_copies(nbytes, rotate_mib) - 1)]
+            act = "int8 act" if layout == "lut4_i8_n16" else "fp32 act"
+            out[f"torch_lowbit {fmt} [{layout}, {act}]"] = (lambda i, mods=mods: mods[i], nbytes, torch.float32,
+                                                             len(mods))
     return out
 
 
 @torch.no_grad()
-def bench_cpu(shapes=((4096, 4096),), ms=(1, 8, 64, 512), threads=(1, 2), formats=("q4_0", "int4_g32", "int4_g128"),
+def bench_cpu(shapes=((4096, 4096),), ms=(1, 8, 64, 512), threads=(1, 2),
+              formats=("q4_0", "iq4_nl", "int4_g32", "int4_g128"), layouts=("lut4_i8_n16",),
               rotate_mib: int = 256, progress=None) -> tuple[list[Row], float]:
     """Returns the rows (one per shape x M x threads x contender) and the DRAM read GB/s."""
     if progress is None:
@@ -113,7 +121,7 @@ def bench_cpu(shapes=((4096, 4096),), ms=(1, 8, 64, 512), threads=(1, 2), format
     bw = dram_read_gbs()
     try:
         for n, k in shapes:  # shape given as (out N, in K)
-            contenders = _contenders(n, k, list(formats), rotate_mib)
+            contenders = _contenders(n, k, list(formats), rotate_mib, list(layouts))
             for t in threads:
                 torch.set_num_threads(t)
                 for m in ms:
@@ -140,3 +148,28 @@ def format_table(rows: list[Row], bw: float) -> str:
         lines.append(f"| {r.shape} | {r.m} | {r.threads} | {r.name} | {r.us:.0f} | {r.gflops(n, k):.1f} | "
                      f"{r.weight_gbs():.1f} | {roof:.0f}% | {ratio} |")
     return "\n".join(lines)
+
+
+@torch.no_grad()
+def bench_decode(formats=("q4_0",), new_tokens: int = 32, progress=None) -> list[list[str]]:
+    """End-to-end SmolLM2 greedy decode tokens/s (batch 1): fp32, bf16 and each format (RTN)."""
+    from ..eval import load_smollm2
+    from ..eval.speed import decode_tokens_per_s, model_nbytes
+    from ..nn import quantize_
+    progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    model, tok = load_smollm2()
+    rows = []
+    for label in ["fp32", "bf16", *formats]:
+        if label == "bf16":
+            m = copy.deepcopy(model).to(torch.bfloat16)
+        elif label == "fp32":
+            m = model
+        else:
+            m = quantize_(copy.deepcopy(model), label, progress=False)
+        tps = decode_tokens_per_s(m, tok, new_tokens=new_tokens, repeats=5)
+        rows.append([label, f"{model_nbytes(m)['linear'] / 1e6:.1f}", f"{tps:.1f}"])
+        progress(f"  decode {label}: {tps:.1f} tok/s")
+    fp32 = float(rows[0][2])
+    for r in rows:
+        r.append(f"{float(r[2]) / fp32:.2f}x")
+    return rows
