@@ -14,9 +14,10 @@ namespace {
 Lut4I8Fn kernel_for(CpuPath p) {
 #if defined(TORCH_LOWBIT_X86)
   if (p == CpuPath::Avx512 && cpu_has_avx512_vnni()) return lut4_i8_avx512vnni;
+  if (p == CpuPath::Avx512 || p == CpuPath::Avx2) return lut4_i8_avx2;  // AVX-512 without VNNI: AVX2
 #endif
   (void)p;
-  return lut4_i8_scalar;  // the avx2 path has no int8 kernel of its own yet
+  return lut4_i8_scalar;
 }
 
 }  // namespace

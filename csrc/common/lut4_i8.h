@@ -38,6 +38,7 @@ using Lut4I8Fn = void (*)(const Lut4I8Weights& w, const Q8Acts& a, int64_t t0, i
 void lut4_i8_scalar(const Lut4I8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);
 #if defined(TORCH_LOWBIT_X86)
 void lut4_i8_avx512vnni(const Lut4I8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);
+void lut4_i8_avx2(const Lut4I8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);
 #endif
 
 }  // namespace torch_lowbit

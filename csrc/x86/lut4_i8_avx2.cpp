@@ -1,0 +1,90 @@
+// AVX2 lut4 x int8 kernel over the same lut4_i8_n16 layout. Without vpdpbusd, products go through
+// vpmaddubsw (unsigned x signed bytes -> saturating int16 pairs): to stay clear of saturation it
+// multiplies |t| by sign(t)*x, both within +-127 (the sign trick), then vpmaddwd sums 4 products
+// into each int32 lane. That yields sum t*x, which equals the other paths' sum u*x - offset*sum x
+// exactly, so the float epilogue (same ops, same order) gives bit-identical results. A 16-row tile
+// is two 8-lane halves (bytes 0..31 and 32..63 of each 64-byte chunk).
+#if defined(TORCH_LOWBIT_X86)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/lut4_i8.h"
+#include "common/token_blocks.h"
+
+#define TLB_AVX2_I8 __attribute__((target("avx2,fma,f16c")))
+
+namespace torch_lowbit {
+namespace {
+
+TLB_AVX2_I8 inline __m256i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// 4 products per int32 lane: sum over the lane's bytes of t * x (t signed table bytes).
+TLB_AVX2_I8 inline __m256i dot4(__m256i t, __m256i x) {
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(t, t), _mm256_sign_epi8(x, t));
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+template <int MT>
+TLB_AVX2_I8 void tile_tokens(const Lut4I8Weights& w, const Q8Acts& a, int64_t t, int64_t m0, float* out,
+                             int64_t ldo) {
+  const int64_t kb_count = w.K / 32, groups = w.K / w.group, blocks_per_group = w.group / 32;
+  int8_t signed_table[16];
+  for (int i = 0; i < 16; ++i) signed_table[i] = static_cast<int8_t>(w.utable[i] - w.offset);
+  const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(signed_table)));
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const uint8_t* tile = w.qweight + t * kb_count * 256;
+  const int64_t rows = std::min(kI8TileRows, w.N - t * kI8TileRows);
+  for (int half = 0; half < 2; ++half) {
+    __m256 acc[MT];
+    for (int m = 0; m < MT; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t pidx = (t * groups + g) * kI8TileRows + 8 * half;
+      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.scales + pidx)));
+      const __m256 mn = w.mins ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.mins + pidx)))
+                               : _mm256_setzero_ps();
+      for (int64_t bb = 0; bb < blocks_per_group; ++bb) {
+        const int64_t b = g * blocks_per_group + bb;
+        const uint8_t* p = tile + b * 256 + 32 * half;
+        __m256i lo[4], hi[4];
+        for (int i = 0; i < 4; ++i) {
+          const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * i));
+          lo[i] = _mm256_shuffle_epi8(table, _mm256_and_si256(packed, low4));
+          hi[i] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4));
+        }
+        for (int m = 0; m < MT; ++m) {
+          const int8_t* xq = a.q + (m0 + m) * a.K + b * 32;
+          __m256i isum = _mm256_setzero_si256();
+          for (int i = 0; i < 4; ++i) isum = _mm256_add_epi32(isum, dot4(lo[i], bcast4(xq + 4 * i)));
+          for (int i = 0; i < 4; ++i) isum = _mm256_add_epi32(isum, dot4(hi[i], bcast4(xq + 16 + 4 * i)));
+          const int32_t xsum = a.sum[(m0 + m) * kb_count + b];
+          const float xd = a.d[(m0 + m) * kb_count + b];
+          acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(scale, _mm256_set1_ps(xd)), acc[m]);
+          if (w.mins) acc[m] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xd * static_cast<float>(xsum)), acc[m]);
+        }
+      }
+    }
+    const int64_t n_here = std::min<int64_t>(8, rows - 8 * half);
+    for (int m = 0; m < MT && n_here > 0; ++m) {
+      float tmp[8];
+      _mm256_storeu_ps(tmp, acc[m]);
+      std::copy(tmp, tmp + n_here, out + (m0 + m) * ldo + t * kI8TileRows + 8 * half);
+    }
+  }
+}
+
+}  // namespace
+
+TLB_AVX2_I8 void lut4_i8_avx2(const Lut4I8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out,
+                             int64_t ldo) {
+  for (int64_t t = t0; t < t1; ++t)
+    for_token_blocks(a.M, [&](auto mt, int64_t m0) TLB_AVX2_I8 { tile_tokens<decltype(mt)::value>(w, a, t, m0, out, ldo); });
+}
+
+}  // namespace torch_lowbit
+#endif
