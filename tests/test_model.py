@@ -177,3 +177,22 @@ def test_calibrated_quantize_runs_and_helps(rounding):
     assert e_cal < e_rtn * 1.05  # calibrated rounding is at least as good on its own data
     with pytest.raises(ValueError, match="needs calibration"):
         tl.quantize_(tiny_llama(), "q4_0", rounding=rounding, progress=False)
+
+
+def test_include_lm_head_unties_and_quantizes_the_head(tmp_path):
+    model = tiny_llama(tie_word_embeddings=True)
+    ids = _ids()
+    with torch.no_grad():
+        ref = model(ids).logits
+    tl.quantize_(model, "q4_0", include_lm_head=True, progress=False)
+    assert isinstance(model.lm_head, QuantLinear)
+    assert isinstance(model.model.embed_tokens, torch.nn.Embedding)  # the embedding stays float
+    with torch.no_grad():
+        out = model(ids).logits
+    assert ((out - ref).norm() / ref.norm()).item() < 0.2
+    path = tmp_path / "head.safetensors"
+    tl.save_quantized(model, path)
+    fresh = tl.load_quantized(tiny_llama(tie_word_embeddings=True), path)
+    assert isinstance(fresh.lm_head, QuantLinear)
+    with torch.no_grad():
+        assert torch.equal(fresh(ids).logits, out)

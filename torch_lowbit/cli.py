@@ -24,7 +24,7 @@ def _quantize(model, tok, args):
     from .eval.assets import calibration_batches
     calib = calibration_batches(tok, args.calib, args.ctx) if args.rounding != "rtn" else None
     quantize_(model, args.format, calibration=calib, rounding=args.rounding,
-              skip_incompatible=args.skip_incompatible)
+              skip_incompatible=args.skip_incompatible, include_lm_head=args.include_lm_head)
     return model
 
 
@@ -58,7 +58,8 @@ def cmd_demo(args) -> None:
     t0 = time.time()
     _quantize(qmodel, tok, args)
     qt = time.time() - t0
-    label = f"{args.format} ({args.rounding}{f', {args.calib} calib windows' if args.rounding != 'rtn' else ''})"
+    label = f"{args.format} ({args.rounding}{f', {args.calib} calib windows' if args.rounding != 'rtn' else ''}" \
+            f"{', lm_head too' if args.include_lm_head else ''})"
     q = measure(label, qmodel)
     print()
     print(f"SmolLM2-135M-Instruct, first {args.tokens} Wikipedia tokens, ctx {args.ctx}; decode = greedy "
@@ -133,6 +134,7 @@ def main(argv=None) -> None:
         sp.add_argument("--skip-incompatible", action="store_true",
                         help="keep layers the group size does not divide in float")
         sp.add_argument("--ctx", type=int, default=512)
+        sp.add_argument("--include-lm-head", action="store_true", help="quantize the LM head too")
 
     sp = sub.add_parser("demo", help="main job: quantize SmolLM2, report size / perplexity / tokens/s")
     quant_opts(sp, "mixed")

@@ -67,7 +67,7 @@ TLB_VNNI void tile_tokens(const Lut4I8Weights& w, const Q8Acts& a, int64_t t, in
 TLB_VNNI void lut4_i8_avx512vnni(const Lut4I8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out,
                                 int64_t ldo) {
   for (int64_t t = t0; t < t1; ++t)
-    for_token_blocks(a.M, [&](auto mt, int64_t m0) TLB_VNNI { tile_tokens<decltype(mt)::value>(w, a, t, m0, out, ldo); });
+    for_token_blocks<8>(a.M, [&](auto mt, int64_t m0) TLB_VNNI { tile_tokens<decltype(mt)::value>(w, a, t, m0, out, ldo); });
 }
 
 }  // namespace torch_lowbit

@@ -152,20 +152,22 @@ def format_table(rows: list[Row], bw: float) -> str:
 
 @torch.no_grad()
 def bench_decode(formats=("q4_0",), new_tokens: int = 32, progress=None) -> list[list[str]]:
-    """End-to-end SmolLM2 greedy decode tokens/s (batch 1): fp32, bf16 and each format (RTN)."""
+    """End-to-end SmolLM2 greedy decode tokens/s (batch 1): fp32, bf16 and each format (RTN), with
+    the LM head float and quantized."""
     from ..eval import load_smollm2
     from ..eval.speed import decode_tokens_per_s, model_nbytes
     from ..nn import quantize_
     progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     model, tok = load_smollm2()
     rows = []
-    for label in ["fp32", "bf16", *formats]:
+    for label in ["fp32", "bf16", *formats, *(f"{f} +lm_head" for f in formats)]:
         if label == "bf16":
             m = copy.deepcopy(model).to(torch.bfloat16)
         elif label == "fp32":
             m = model
         else:
-            m = quantize_(copy.deepcopy(model), label, progress=False)
+            fmt, _, head = label.partition(" +")
+            m = quantize_(copy.deepcopy(model), fmt, include_lm_head=bool(head), progress=False)
         tps = decode_tokens_per_s(m, tok, new_tokens=new_tokens, repeats=5)
         rows.append([label, f"{model_nbytes(m)['linear'] / 1e6:.1f}", f"{tps:.1f}"])
         progress(f"  decode {label}: {tps:.1f} tok/s")

@@ -14,12 +14,15 @@ from .linear import QuantLinear
 FilterFn = Callable[[nn.Module, str], bool]
 
 
-def default_filter(model: nn.Module) -> FilterFn:
-    """Every nn.Linear except the LM head / output embeddings (embeddings are not Linear)."""
+def default_filter(model: nn.Module, include_lm_head: bool = False) -> FilterFn:
+    """Every nn.Linear except (unless include_lm_head) the LM head / output embeddings.
+    Embeddings are not Linear, so they stay float either way."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
 
     def keep(module: nn.Module, fqn: str) -> bool:
-        return isinstance(module, nn.Linear) and module is not head and fqn.split(".")[-1] != "lm_head"
+        if not isinstance(module, nn.Linear):
+            return False
+        return include_lm_head or (module is not head and fqn.split(".")[-1] != "lm_head")
 
     return keep
 
@@ -44,7 +47,7 @@ def _rounding_for(rounding: str, fqn: str) -> str:
 def quantize_(model: nn.Module, fmt: Union[str, Format], *, filter_fn: Optional[FilterFn] = None,
               fuse: bool = True, skip_incompatible: bool = False,
               calibration: Optional[Iterable[Tensor]] = None, rounding: Optional[str] = None,
-              layout=None, progress: bool = True) -> nn.Module:
+              layout=None, include_lm_head: bool = False, progress: bool = True) -> nn.Module:
     """Replaces the model's nn.Linear layers by QuantLinear in format `fmt` (name or config), in place.
 
     filter_fn(module, fqn) -> bool picks layers (default: all Linear but lm_head / output embeddings).
@@ -56,6 +59,8 @@ def quantize_(model: nn.Module, fmt: Union[str, Format], *, filter_fn: Optional[
     without calibration), "imatrix" (default with calibration: group scales chosen to minimize
     the error weighted by each input feature's E[x²], as llama.cpp's imatrix), "gptq" (GPTQ
     with act-order against E[x xᵀ]) or "mixed" (GPTQ for MLP projections, imatrix for attention).
+    include_lm_head: quantize the LM head too (a tied embedding stays float: the head gets its own
+    quantized copy). It is the largest matrix of small models and dominates their decode step.
     layout: a layout name for every module (default: the best for each weight's device: on CPU
     the int8-activation lut4_i8_n16 where the format allows, lut4_rowmajor for Triton/CUDA).
     Returns the model.
@@ -66,7 +71,7 @@ def quantize_(model: nn.Module, fmt: Union[str, Format], *, filter_fn: Optional[
         raise ValueError(f"unknown rounding {rounding!r}; choose one of {', '.join(ROUNDINGS)}")
     if rounding != "rtn" and calibration is None:
         raise ValueError(f"rounding={rounding!r} needs calibration batches (token ids); pass calibration=...")
-    keep = filter_fn or default_filter(model)
+    keep = filter_fn or default_filter(model, include_lm_head)
     targets = {fqn: m for fqn, m in model.named_modules() if isinstance(m, nn.Linear) and keep(m, fqn)}
     bad = [f"{fqn} (in_features={m.in_features})" for fqn, m in targets.items()
            if m.in_features % fmt.group_size]
