@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "common/dispatch.h"
+#include "common/linear_io.h"
 #include "common/lut4_i8.h"
 
 namespace torch_lowbit {
@@ -25,30 +26,16 @@ Lut4I8Fn kernel_for(CpuPath p) {
 at::Tensor lut4_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                               const c10::optional<at::Tensor>& mins, const at::Tensor& lut, int64_t group,
                               int64_t out_features, const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.is_floating_point() && x.scalar_type() != at::kDouble,
-              "lut4_i8_linear: x must be float32, bfloat16 or float16, got ", x.scalar_type());
   TORCH_CHECK(qweight.scalar_type() == at::kByte && qweight.dim() == 3 && qweight.size(2) == 256,
               "lut4_i8_linear: qweight must be uint8 [N/16, K/32, 256]");
   const int64_t tiles = qweight.size(0), K = qweight.size(1) * 32, N = out_features;
   TORCH_CHECK(N > (tiles - 1) * kI8TileRows && N <= tiles * kI8TileRows,
               "lut4_i8_linear: out_features ", N, " does not match ", tiles, " tiles of 16 rows");
-  TORCH_CHECK(x.size(-1) == K, "lut4_i8_linear: x has ", x.size(-1), " features but the weight has K=", K);
-  TORCH_CHECK(group > 0 && group % 32 == 0 && K % group == 0,
-              "lut4_i8_linear: group size ", group, " must be a multiple of 32 dividing K=", K);
-  TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.dim() == 3 && scales.size(0) == tiles &&
-                  scales.size(1) == K / group && scales.size(2) == kI8TileRows,
-              "lut4_i8_linear: scales must be fp16 [", tiles, ", ", K / group, ", 16]");
-  if (mins.has_value())
-    TORCH_CHECK(mins->scalar_type() == at::kHalf && mins->sizes() == scales.sizes(),
-                "lut4_i8_linear: mins must be fp16 with the shape of scales");
+  check_linear_io("lut4_i8_linear", x, K, N, group, bias, {&qweight, &scales, &lut});
+  check_group_params("lut4_i8_linear", scales, mins, {tiles, K / group, kI8TileRows});
   TORCH_CHECK(lut.scalar_type() == at::kChar && lut.numel() == 16, "lut4_i8_linear: lut must be 16 int8 values");
-  if (bias.has_value())
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->is_floating_point(),
-                "lut4_i8_linear: bias must be a float vector of length N=", N);
-  for (const at::Tensor* t : {&x, &qweight, &scales, &lut})
-    TORCH_CHECK(t->device().is_cpu(), "lut4_i8_linear (CPU kernel): all tensors must be on the CPU");
 
-  const at::Tensor x2 = x.reshape({-1, K}).to(at::kFloat).contiguous();
+  const at::Tensor x2 = activations_fp32(x, K);
   const int64_t M = x2.size(0);
   const at::Tensor qw = qweight.contiguous(), sc = scales.contiguous(), lt = lut.contiguous();
   const at::Tensor mn = mins.has_value() ? mins->contiguous() : at::Tensor();
@@ -76,10 +63,7 @@ at::Tensor lut4_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, co
     float* op = out.data_ptr<float>();
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) { kern(w, a, t0, t1, op, N); });
   }
-  if (bias.has_value()) out.add_(bias->to(at::kFloat));
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = N;
-  return out.to(x.scalar_type()).view(shape);
+  return finish_linear(out, x, bias);
 }
 
 }  // namespace torch_lowbit

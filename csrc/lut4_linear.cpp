@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "common/dispatch.h"
+#include "common/linear_io.h"
 #include "common/lut4.h"
 
 namespace torch_lowbit {
@@ -36,28 +37,12 @@ Lut4Kernels kernels_for(CpuPath p) {
 void check_inputs(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                   const c10::optional<at::Tensor>& mins, const at::Tensor& lut, int64_t group,
                   const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.is_floating_point() && x.scalar_type() != at::kDouble,
-              "lut4_linear: x must be float32, bfloat16 or float16, got ", x.scalar_type());
-  TORCH_CHECK(x.dim() >= 1, "lut4_linear: x must have at least one dimension");
   TORCH_CHECK(qweight.scalar_type() == at::kByte && qweight.dim() == 2,
               "lut4_linear: qweight must be a 2-D uint8 tensor [N, K/2]");
   const int64_t N = qweight.size(0), K = qweight.size(1) * 2;
-  TORCH_CHECK(x.size(-1) == K, "lut4_linear: x has ", x.size(-1), " features but the weight has K=", K);
-  TORCH_CHECK(group > 0 && group % 32 == 0 && K % group == 0,
-              "lut4_linear: group size ", group, " must be a multiple of 32 dividing K=", K);
-  TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.dim() == 2 && scales.size(0) == N &&
-                  scales.size(1) == K / group,
-              "lut4_linear: scales must be fp16 [", N, ", ", K / group, "], got ", scales.scalar_type(), " ",
-              scales.sizes());
-  if (mins.has_value())
-    TORCH_CHECK(mins->scalar_type() == at::kHalf && mins->sizes() == scales.sizes(),
-                "lut4_linear: mins must be fp16 with the shape of scales");
+  check_linear_io("lut4_linear", x, K, N, group, bias, {&qweight, &scales, &lut});
+  check_group_params("lut4_linear", scales, mins, {N, K / group});
   TORCH_CHECK(lut.scalar_type() == at::kFloat && lut.numel() == 16, "lut4_linear: lut must be 16 fp32 values");
-  if (bias.has_value())
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->is_floating_point(),
-                "lut4_linear: bias must be a float vector of length N=", N);
-  for (const at::Tensor* t : {&x, &qweight, &scales, &lut})
-    TORCH_CHECK(t->device().is_cpu(), "lut4_linear (CPU kernel): all tensors must be on the CPU");
 }
 
 }  // namespace
@@ -67,7 +52,7 @@ at::Tensor lut4_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, const
                            const c10::optional<at::Tensor>& bias) {
   check_inputs(x, qweight, scales, mins, lut, group, bias);
   const int64_t N = qweight.size(0), K = qweight.size(1) * 2;
-  const at::Tensor x2 = x.reshape({-1, K}).to(at::kFloat).contiguous();
+  const at::Tensor x2 = activations_fp32(x, K);
   const int64_t M = x2.size(0);
   const at::Tensor qw = qweight.contiguous(), sc = scales.contiguous(), lt = lut.contiguous();
   const at::Tensor mn = mins.has_value() ? mins->contiguous() : at::Tensor();
@@ -94,10 +79,7 @@ at::Tensor lut4_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, const
       out.narrow(1, t0, nt).copy_(at::mm(x2, tile.narrow(0, 0, nt).t()));
     }
   }
-  if (bias.has_value()) out.add_(bias->to(at::kFloat));
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = N;
-  return out.to(x.scalar_type()).view(shape);
+  return finish_linear(out, x, bias);
 }
 
 at::Tensor lut4_dequantize_cpu(const at::Tensor& qweight, const at::Tensor& scales,
