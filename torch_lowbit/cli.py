@@ -98,7 +98,8 @@ def cmd_eval(args) -> None:
 def cmd_bench(args) -> None:
     if args.what == "cpu":
         from .bench.cpu import bench_cpu, format_table
-        shapes = [(4096, 4096)] if args.quick else [(4096, 4096), (14336, 4096), (4096, 14336)]
+        shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes]
+        shapes = shapes[:1] if args.quick else shapes
         ms = (1, 8) if args.quick else tuple(args.m)
         rows, bw = bench_cpu(shapes=shapes, ms=ms, threads=tuple(args.threads), formats=tuple(args.formats),
                              layouts=tuple(args.layouts))
@@ -160,7 +161,9 @@ def main(argv=None) -> None:
 
     sp = sub.add_parser("bench", help="benchmarks")
     sp.add_argument("what", choices=["cpu"])
-    sp.add_argument("--quick", action="store_true", help="one shape, M in {1, 8}")
+    sp.add_argument("--quick", action="store_true", help="first shape only, M in {1, 8}")
+    sp.add_argument("--shapes", nargs="+", default=["4096x4096", "14336x4096", "4096x14336"],
+                    help="weights as NxK (out x in)")
     sp.add_argument("--m", type=int, nargs="+", default=[1, 8, 64, 512])
     sp.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     sp.add_argument("--formats", nargs="+", default=["q4_0", "iq4_nl", "int4_g32", "int4_g128"])
