@@ -102,7 +102,7 @@ def cmd_bench(args) -> None:
         shapes = shapes[:1] if args.quick else shapes
         ms = (1, 8) if args.quick else tuple(args.m)
         rows, bw = bench_cpu(shapes=shapes, ms=ms, threads=tuple(args.threads), formats=tuple(args.formats),
-                             layouts=tuple(args.layouts))
+                             layouts=tuple(args.layouts), rotate_mib=args.rotate_mib)
         print(format_table(rows, bw))
         if args.decode:
             from .bench.cpu import bench_decode
@@ -169,6 +169,8 @@ def main(argv=None) -> None:
     sp.add_argument("--formats", nargs="+", default=["q4_0", "iq4_nl", "int4_g32", "int4_g128"])
     sp.add_argument("--layouts", nargs="+", default=["lut4_i8_n16"],
                     help="CPU layouts to run (lut4_i8_n16: int8 activations; lut4_rowmajor: fp32 activations)")
+    sp.add_argument("--rotate-mib", type=int, default=256,
+                    help="total size of the weight copies each contender cycles through (> L3 streams from DRAM)")
     sp.add_argument("--decode", action="store_true", help="also SmolLM2 decode tok/s: fp32, bf16, first format")
     sp.set_defaults(fn=cmd_bench)
 

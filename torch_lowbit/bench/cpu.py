@@ -118,7 +118,7 @@ def bench_cpu(shapes=((4096, 4096),), ms=(1, 8, 64, 512), threads=(1, 2),
     rows = []
     saved_threads = torch.get_num_threads()
     torch.set_num_threads(max(threads))
-    bw = dram_read_gbs()
+    bw = dram_read_gbs(mib=max(64, 2 * rotate_mib))
     try:
         for n, k in shapes:  # shape given as (out N, in K)
             contenders = _contenders(n, k, list(formats), rotate_mib, list(layouts))

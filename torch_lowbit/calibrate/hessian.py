@@ -37,7 +37,7 @@ def collect_hessians(model: nn.Module, batches: Iterable[Tensor], modules: dict[
     was_training = model.training
     model.eval()
     try:
-        for ids in tqdm(list(batches), desc="calibrate", disable=not progress, leave=False):
+        for ids in tqdm(list(batches), desc="calibrate", disable=None if progress else True, leave=False):
             by_input.clear()
             device = next(model.parameters()).device
             model(ids.to(device), use_cache=False) if _accepts_use_cache(model) else model(ids.to(device))

@@ -24,7 +24,7 @@ def perplexity(model, tokenizer, text: str, ctx: int = 512, max_tokens: Optional
         raise ValueError(f"the text has {ids.numel()} tokens, fewer than one window of ctx={ctx}")
     device = next(model.parameters()).device
     nll, count = 0.0, 0
-    for w in tqdm(range(n_windows), desc="perplexity", disable=not progress, leave=False):
+    for w in tqdm(range(n_windows), desc="perplexity", disable=None if progress else True, leave=False):
         window = ids[w * ctx:(w + 1) * ctx].unsqueeze(0).to(device)
         logits = model(window, use_cache=False).logits.float()
         nll += F.cross_entropy(logits[0, :-1], window[0, 1:], reduction="sum").item()

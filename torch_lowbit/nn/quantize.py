@@ -110,7 +110,7 @@ def quantize_(model: nn.Module, fmt: Union[str, Format], *, filter_fn: Optional[
             return {"importance": torch.diagonal(stat) if stat.dim() == 2 else stat}
         return {"hessian": stat}
 
-    for pfqn, names, fused_name in tqdm(jobs, desc=f"quantize {fmt.name}", disable=not progress, leave=False):
+    for pfqn, names, fused_name in tqdm(jobs, desc=f"quantize {fmt.name}", disable=None if progress else True, leave=False):
         if fused_name is None:
             _set_child(model, pfqn, QuantLinear.from_linear(targets[pfqn], fmt, layout=layout, **data_args(pfqn)))
         else:
