@@ -22,7 +22,8 @@ TLB_VNNI inline __m512i bcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-template <int MT>
+// kIdentity: the unsigned table is u[c] = c (q4_0, int4), so the vpshufb lookups are skipped.
+template <int MT, bool kIdentity>
 TLB_VNNI void tile_tokens(const Lut4I8Weights& w, const Q8Acts& a, int64_t t, int64_t m0, float* out, int64_t ldo) {
   const int64_t kb_count = w.K / 32, groups = w.K / w.group, blocks_per_group = w.group / 32;
   const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.utable)));
@@ -41,8 +42,12 @@ TLB_VNNI void tile_tokens(const Lut4I8Weights& w, const Q8Acts& a, int64_t t, in
       __m512i lo[4], hi[4];
       for (int i = 0; i < 4; ++i) {
         const __m512i packed = _mm512_loadu_si512(p + 64 * i);
-        lo[i] = _mm512_shuffle_epi8(table, _mm512_and_si512(packed, low4));
-        hi[i] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4));
+        lo[i] = _mm512_and_si512(packed, low4);
+        hi[i] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
+        if (!kIdentity) {
+          lo[i] = _mm512_shuffle_epi8(table, lo[i]);
+          hi[i] = _mm512_shuffle_epi8(table, hi[i]);
+        }
       }
       for (int m = 0; m < MT; ++m) {
         const int8_t* xq = a.q + (m0 + m) * a.K + b * 32;
@@ -66,8 +71,15 @@ TLB_VNNI void tile_tokens(const Lut4I8Weights& w, const Q8Acts& a, int64_t t, in
 
 TLB_VNNI void lut4_i8_avx512vnni(const Lut4I8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out,
                                 int64_t ldo) {
+  bool identity = true;
+  for (int i = 0; i < 16; ++i) identity &= w.utable[i] == i;
   for (int64_t t = t0; t < t1; ++t)
-    for_token_blocks<8>(a.M, [&](auto mt, int64_t m0) TLB_VNNI { tile_tokens<decltype(mt)::value>(w, a, t, m0, out, ldo); });
+    for_token_blocks<8>(a.M, [&](auto mt, int64_t m0) TLB_VNNI {
+      if (identity)
+        tile_tokens<decltype(mt)::value, true>(w, a, t, m0, out, ldo);
+      else
+        tile_tokens<decltype(mt)::value, false>(w, a, t, m0, out, ldo);
+    });
 }
 
 }  // namespace torch_lowbit
