@@ -3,6 +3,7 @@
 // twin that tests compare with is torch_lowbit/formats/activations.py.
 #pragma once
 #include <cstdint>
+#include <cstring>
 
 namespace torch_lowbit {
 
@@ -12,6 +13,13 @@ struct Q8Acts {
   const int32_t* sum;  // [M, K/32]: sum of q over the block (for offsets and mins)
   int64_t M, K;
 };
+
+// The 4 consecutive int8 activations at p as one 32-bit word (for broadcasting to every lane).
+inline int32_t load_act4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
 
 // Quantizes x [M, K] (K % 32 == 0) into the three buffers (threaded over tokens and blocks).
 void quantize_acts_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sum);

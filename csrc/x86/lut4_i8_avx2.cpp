@@ -8,7 +8,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "common/lut4_i8.h"
 #include "common/token_blocks.h"
@@ -17,12 +16,6 @@
 
 namespace torch_lowbit {
 namespace {
-
-TLB_AVX2_I8 inline __m256i bcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
-}
 
 // 4 products per int32 lane: sum over the lane's bytes of t * x (t signed table bytes).
 TLB_AVX2_I8 inline __m256i dot4(__m256i t, __m256i x) {
@@ -60,8 +53,8 @@ TLB_AVX2_I8 void tile_tokens(const Lut4I8Weights& w, const Q8Acts& a, int64_t t,
         for (int m = 0; m < MT; ++m) {
           const int8_t* xq = a.q + (m0 + m) * a.K + b * 32;
           __m256i isum = _mm256_setzero_si256();
-          for (int i = 0; i < 4; ++i) isum = _mm256_add_epi32(isum, dot4(lo[i], bcast4(xq + 4 * i)));
-          for (int i = 0; i < 4; ++i) isum = _mm256_add_epi32(isum, dot4(hi[i], bcast4(xq + 16 + 4 * i)));
+          for (int i = 0; i < 4; ++i) isum = _mm256_add_epi32(isum, dot4(lo[i], _mm256_set1_epi32(load_act4(xq + 4 * i))));
+          for (int i = 0; i < 4; ++i) isum = _mm256_add_epi32(isum, dot4(hi[i], _mm256_set1_epi32(load_act4(xq + 16 + 4 * i))));
           const int32_t xsum = a.sum[(m0 + m) * kb_count + b];
           const float xd = a.d[(m0 + m) * kb_count + b];
           acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(scale, _mm256_set1_ps(xd)), acc[m]);

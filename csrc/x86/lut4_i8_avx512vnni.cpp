@@ -6,7 +6,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "common/lut4_i8.h"
 #include "common/token_blocks.h"
@@ -15,12 +14,6 @@
 
 namespace torch_lowbit {
 namespace {
-
-TLB_VNNI inline __m512i bcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
-}
 
 // kIdentity: the unsigned table is u[c] = c (q4_0, int4), so the vpshufb lookups are skipped.
 template <int MT, bool kIdentity>
@@ -52,8 +45,8 @@ TLB_VNNI void tile_tokens(const Lut4I8Weights& w, const Q8Acts& a, int64_t t, in
       for (int m = 0; m < MT; ++m) {
         const int8_t* xq = a.q + (m0 + m) * a.K + b * 32;
         __m512i isum = _mm512_setzero_si512();
-        for (int i = 0; i < 4; ++i) isum = _mm512_dpbusd_epi32(isum, lo[i], bcast4(xq + 4 * i));
-        for (int i = 0; i < 4; ++i) isum = _mm512_dpbusd_epi32(isum, hi[i], bcast4(xq + 16 + 4 * i));
+        for (int i = 0; i < 4; ++i) isum = _mm512_dpbusd_epi32(isum, lo[i], _mm512_set1_epi32(load_act4(xq + 4 * i)));
+        for (int i = 0; i < 4; ++i) isum = _mm512_dpbusd_epi32(isum, hi[i], _mm512_set1_epi32(load_act4(xq + 16 + 4 * i)));
         const int32_t xsum = a.sum[(m0 + m) * kb_count + b];
         const float xd = a.d[(m0 + m) * kb_count + b];
         isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(w.offset * xsum));
