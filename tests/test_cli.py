@@ -24,3 +24,13 @@ def test_cli_bench_cpu_runs_every_contender():
     for name in ("torch fp32 F.linear", "aten int4pack g32", "q4_0 [lut4_i8_n16", "int4_g128 [lut4_rowmajor"):
         assert name in out, name
     assert out.count("| 256x512 |") == 2 * 8  # M in {1, 8} x 8 contenders
+
+
+def test_cpu_path_forced_from_environment():
+    code = "import torch_lowbit as tl; from torch_lowbit.ops.library import cpu_extension as c; print(c().get_cpu_path())"
+    env = dict(__import__("os").environ, TORCH_LOWBIT_CPU_PATH="scalar")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "scalar", r.stderr[-1000:]
+    env["TORCH_LOWBIT_CPU_PATH"] = "neon9"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode != 0 and "unknown CPU path 'neon9'" in r.stderr
