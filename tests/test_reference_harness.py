@@ -85,12 +85,13 @@ def test_int8_paths_are_bit_exact_with_scalar_path(fmt):
     """The integer kernels perform the same operations in the same order on every ISA path."""
     lin = _random_linear(tl.get_format(fmt).group_size * 4, 53, True, torch.Generator().manual_seed(5))
     q = tl.QuantLinear.from_linear(lin, fmt, layout="lut4_i8_n16")
-    x = torch.randn(6, lin.in_features)
-    with tl.use_backend("cpu", path="scalar"):
-        base = q(x)
-    for path in cpu_extension().available_cpu_paths():
-        with tl.use_backend("cpu", path=path):
-            assert torch.equal(q(x), base), path
+    for m in (1, 3, 6, 11):  # two-tile passes (M <= 4), one-tile 8-token blocks, remainders
+        x = torch.randn(m, lin.in_features)
+        with tl.use_backend("cpu", path="scalar"):
+            base = q(x)
+        for path in cpu_extension().available_cpu_paths():
+            with tl.use_backend("cpu", path=path):
+                assert torch.equal(q(x), base), (path, m)
 
 
 def test_activation_quantizer_matches_kernel_integer_math():
