@@ -27,6 +27,8 @@ TLB_AVX512 inline Decoded32 decode32(const uint8_t* bytes16, __m512 lut, __m512 
 }
 
 // Calls body(k, decoded) for every 32-weight run of row n, converting group params once per group.
+// Each ISA file keeps its own copy of this walk: a shared template would lack this file's `target`
+// attribute, so GCC could not inline the ISA's vector code into it (a call per run instead).
 template <typename Body>
 TLB_AVX512 inline void for_each_run(const Lut4Weights& w, __m512 lut, int64_t n, Body&& body) {
   const int64_t groups = w.K / w.group;

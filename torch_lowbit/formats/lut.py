@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from .registry import register_format
-from .scalar import ScalarCodebookFormat
+from .scalar import FixedBlockFormat
 
 # llama.cpp's kvalues_iq4nl: a 16-level non-uniform grid fitted to the bell-shaped weight
 # distribution (finer steps near zero), stored as int8.
@@ -16,7 +16,7 @@ IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69
 
 
 @dataclasses.dataclass(frozen=True)
-class IQ4_NL(ScalarCodebookFormat):
+class IQ4_NL(FixedBlockFormat):
     """IQ4_NL: blocks of 32, fp16 scale d, value = d * kvalues[code] (same block bytes as ggml).
 
     Scale search as llama.cpp's quantize_row_iq4_nl_impl: candidates d = max / (kvalues[0] + 0.1 i),
@@ -25,15 +25,6 @@ class IQ4_NL(ScalarCodebookFormat):
     """
 
     kind: ClassVar[str] = "iq4_nl"
-    layout_family: ClassVar[str] = "lut4"
-
-    @property
-    def name(self) -> str:
-        return "iq4_nl"
-
-    @property
-    def group_size(self) -> int:
-        return 32
 
     def code_values(self) -> Tensor:
         return torch.tensor(IQ4_NL_VALUES, dtype=torch.float32)

@@ -23,6 +23,7 @@ FP16_MAX = 65504.0
 class ScalarCodebookFormat(Format):
     code_bits: ClassVar[int] = 4
     has_mins: ClassVar[bool] = False
+    layout_family: ClassVar[str] = "lut4"  # 4-bit codes + a 16-entry table: the lut4 kernels
 
     @abstractmethod
     def code_values(self) -> Tensor:
@@ -94,3 +95,18 @@ class ScalarCodebookFormat(Format):
                              "rescale the layer or use a format with fp32 scales")
         out_f, in_f = weight.shape
         return weight.detach().float().reshape(out_f, in_f // self.group_size, self.group_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedBlockFormat(ScalarCodebookFormat):
+    """A ggml-style format with one setting-free config: its name is its kind, its group a block."""
+
+    block: ClassVar[int] = 32
+
+    @property
+    def name(self) -> str:
+        return self.kind
+
+    @property
+    def group_size(self) -> int:
+        return self.block

@@ -8,11 +8,11 @@ import torch
 from torch import Tensor
 
 from .registry import register_format
-from .scalar import ScalarCodebookFormat
+from .scalar import FixedBlockFormat, ScalarCodebookFormat
 
 
 @dataclasses.dataclass(frozen=True)
-class Q4_0(ScalarCodebookFormat):
+class Q4_0(FixedBlockFormat):
     """ggml Q4_0: blocks of 32, one fp16 scale d, value = (q - 8) * d.
 
     Quantization follows ggml's quantize_row_q4_0_ref step by step: d = (signed value of largest
@@ -22,15 +22,6 @@ class Q4_0(ScalarCodebookFormat):
     """
 
     kind: ClassVar[str] = "q4_0"
-    layout_family: ClassVar[str] = "lut4"
-
-    @property
-    def name(self) -> str:
-        return "q4_0"
-
-    @property
-    def group_size(self) -> int:
-        return 32
 
     def code_values(self) -> Tensor:
         return torch.arange(16, dtype=torch.float32) - 8
@@ -65,7 +56,6 @@ class Int4(ScalarCodebookFormat):
     """
 
     kind: ClassVar[str] = "int4"
-    layout_family: ClassVar[str] = "lut4"
     has_mins: ClassVar[bool] = True
     group: int = 128
     rounding: str = "lsq"
