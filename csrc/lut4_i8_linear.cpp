@@ -40,8 +40,11 @@ at::Tensor lut4_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, co
   const at::Tensor qw = qweight.contiguous(), sc = scales.contiguous(), lt = lut.contiguous();
   const at::Tensor mn = mins.has_value() ? mins->contiguous() : at::Tensor();
 
+  const at::Tensor b32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+
   Lut4I8Weights w{qw.data_ptr<uint8_t>(), sc.data_ptr<c10::Half>(),
-                  mins.has_value() ? mn.data_ptr<c10::Half>() : nullptr, {}, 0, N, K, group};
+                  mins.has_value() ? mn.data_ptr<c10::Half>() : nullptr, {}, 0, N, K, group,
+                  bias.has_value() ? b32.data_ptr<float>() : nullptr};
   const int8_t* table = lt.data_ptr<int8_t>();
   w.offset = -*std::min_element(table, table + 16);
   for (int i = 0; i < 16; ++i) {
@@ -63,7 +66,7 @@ at::Tensor lut4_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, co
     float* op = out.data_ptr<float>();
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) { kern(w, a, t0, t1, op, N); });
   }
-  return finish_linear(out, x, bias);
+  return finish_linear(out, x, bias, /*bias_fused=*/true);
 }
 
 }  // namespace torch_lowbit

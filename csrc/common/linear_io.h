@@ -35,9 +35,10 @@ inline at::Tensor activations_fp32(const at::Tensor& x, int64_t K) {
   return x.reshape({-1, K}).to(at::kFloat).contiguous();
 }
 
-// out [M, N] fp32 -> + bias, x's dtype, x's leading dims.
-inline at::Tensor finish_linear(at::Tensor out, const at::Tensor& x, const c10::optional<at::Tensor>& bias) {
-  if (bias.has_value()) out.add_(bias->to(at::kFloat));
+// out [M, N] fp32 -> + bias (unless the kernel fused it), x's dtype, x's leading dims.
+inline at::Tensor finish_linear(at::Tensor out, const at::Tensor& x, const c10::optional<at::Tensor>& bias,
+                               bool bias_fused = false) {
+  if (bias.has_value() && !bias_fused) out.add_(bias->to(at::kFloat));
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = out.size(1);
   return out.to(x.scalar_type()).view(shape);

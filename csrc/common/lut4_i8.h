@@ -10,7 +10,8 @@
 // Integer math per (row, 32-block): isum = sum_j u[code_j] * xq_j - offset * sum_j xq_j, where
 // u = table + offset >= 0 (vpdpbusd multiplies unsigned by signed bytes); then
 // acc = fma(float(isum), scale * xd, acc) and, with mins, acc = fma(min, xd * float(sum xq), acc).
-// Every path performs exactly these operations in this order, so all paths agree bit for bit.
+// Accumulators start at the bias (0 without one). Every path performs exactly these operations in
+// this order, so all paths agree bit for bit.
 #pragma once
 #include <c10/util/Half.h>
 
@@ -29,6 +30,7 @@ struct Lut4I8Weights {
   uint8_t utable[16];       // table + offset, all in 0..255
   int32_t offset;
   int64_t N, K, group;
+  const float* bias;         // [N] fp32 or nullptr: accumulators start from it (bias fused)
 };
 
 // out[m * ldo + n] for tiles [t0, t1) and all tokens of `a`.

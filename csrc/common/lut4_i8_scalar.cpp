@@ -12,6 +12,7 @@ void lut4_i8_scalar(const Lut4I8Weights& w, const Q8Acts& a, int64_t t0, int64_t
     const int64_t rows = std::min(kI8TileRows, w.N - t * kI8TileRows);
     for (int64_t m = 0; m < a.M; ++m) {
       float acc[kI8TileRows] = {0};
+      for (int64_t r = 0; r < rows && w.bias; ++r) acc[r] = w.bias[t * kI8TileRows + r];
       for (int64_t g = 0; g < groups; ++g) {
         for (int64_t bb = 0; bb < blocks_per_group; ++bb) {
           const int64_t b = g * blocks_per_group + bb;

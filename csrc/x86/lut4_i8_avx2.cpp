@@ -34,8 +34,11 @@ TLB_AVX2_I8 void tile_tokens(const Lut4I8Weights& w, const Q8Acts& a, int64_t t,
   const uint8_t* tile = w.qweight + t * kb_count * 256;
   const int64_t rows = std::min(kI8TileRows, w.N - t * kI8TileRows);
   for (int half = 0; half < 2; ++half) {
+    const int64_t n_here = std::min<int64_t>(8, rows - 8 * half);
+    float start[8] = {0};
+    for (int64_t r = 0; r < n_here && w.bias; ++r) start[r] = w.bias[t * kI8TileRows + 8 * half + r];
     __m256 acc[MT];
-    for (int m = 0; m < MT; ++m) acc[m] = _mm256_setzero_ps();
+    for (int m = 0; m < MT; ++m) acc[m] = _mm256_loadu_ps(start);
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t pidx = (t * groups + g) * kI8TileRows + 8 * half;
       const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.scales + pidx)));
@@ -62,7 +65,6 @@ TLB_AVX2_I8 void tile_tokens(const Lut4I8Weights& w, const Q8Acts& a, int64_t t,
         }
       }
     }
-    const int64_t n_here = std::min<int64_t>(8, rows - 8 * half);
     for (int m = 0; m < MT && n_here > 0; ++m) {
       float tmp[8];
       _mm256_storeu_ps(tmp, acc[m]);

@@ -24,8 +24,13 @@ TLB_VNNI void tiles_tokens(const Lut4I8Weights& w, const Q8Acts& a, int64_t t, i
   const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.utable)));
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   __m512 acc[NT][MT];
-  for (int n = 0; n < NT; ++n)
-    for (int m = 0; m < MT; ++m) acc[n][m] = _mm512_setzero_ps();
+  __mmask16 row_mask[NT];
+  for (int n = 0; n < NT; ++n) {
+    const int64_t rows = std::min(kI8TileRows, w.N - (t + n) * kI8TileRows);
+    row_mask[n] = static_cast<__mmask16>((1u << rows) - 1u);
+    const __m512 start = w.bias ? _mm512_maskz_loadu_ps(row_mask[n], w.bias + (t + n) * kI8TileRows) : _mm512_setzero_ps();
+    for (int m = 0; m < MT; ++m) acc[n][m] = start;
+  }
   for (int64_t g = 0; g < groups; ++g) {
     __m512 scale[NT], mn[NT];
     for (int n = 0; n < NT; ++n) {
@@ -65,11 +70,8 @@ TLB_VNNI void tiles_tokens(const Lut4I8Weights& w, const Q8Acts& a, int64_t t, i
       }
     }
   }
-  for (int n = 0; n < NT; ++n) {
-    const int64_t rows = std::min(kI8TileRows, w.N - (t + n) * kI8TileRows);
-    const __mmask16 mask = static_cast<__mmask16>((1u << rows) - 1u);
-    for (int m = 0; m < MT; ++m) _mm512_mask_storeu_ps(out + (m0 + m) * ldo + (t + n) * kI8TileRows, mask, acc[n][m]);
-  }
+  for (int n = 0; n < NT; ++n)
+    for (int m = 0; m < MT; ++m) _mm512_mask_storeu_ps(out + (m0 + m) * ldo + (t + n) * kI8TileRows, row_mask[n], acc[n][m]);
 }
 
 template <int NT, bool kIdentity>
