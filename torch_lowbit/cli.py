@@ -104,6 +104,9 @@ def cmd_bench(args) -> None:
         rows, bw = bench_cpu(shapes=shapes, ms=ms, threads=tuple(args.threads), formats=tuple(args.formats),
                              layouts=tuple(args.layouts), rotate_mib=args.rotate_mib)
         print(format_table(rows, bw))
+        if args.png:
+            from .bench.plots import roofline_png
+            print(f"roofline: {roofline_png(rows, bw, args.png, max(args.threads))}")
         if args.decode:
             from .bench.cpu import bench_decode
             print()
@@ -172,6 +175,7 @@ def main(argv=None) -> None:
     sp.add_argument("--rotate-mib", type=int, default=256,
                     help="total size of the weight copies each contender cycles through (> L3 streams from DRAM)")
     sp.add_argument("--decode", action="store_true", help="also SmolLM2 decode tok/s: fp32, bf16, first format")
+    sp.add_argument("--png", help="write a roofline plot (largest thread count) to this PNG file")
     sp.set_defaults(fn=cmd_bench)
 
     sp = sub.add_parser("formats", help="list formats")
