@@ -11,24 +11,24 @@ at::Tensor lut4_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, const
                            const c10::optional<at::Tensor>& bias);
 at::Tensor lut4_dequantize_cpu(const at::Tensor& qweight, const at::Tensor& scales,
                                const c10::optional<at::Tensor>& mins, const at::Tensor& lut, int64_t group);
-at::Tensor lut4_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
-                              const c10::optional<at::Tensor>& mins, const at::Tensor& lut, int64_t group,
-                              int64_t out_features, const c10::optional<at::Tensor>& bias);
+at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                             const c10::optional<at::Tensor>& mins, const at::Tensor& lut, int64_t code_bits,
+                             int64_t group, int64_t out_features, const c10::optional<at::Tensor>& bias);
 int64_t read_probe(const at::Tensor& buf);
 }  // namespace torch_lowbit
 
 TORCH_LIBRARY(torch_lowbit, m) {
   m.def("lut4_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int group_size, "
         "Tensor? bias) -> Tensor");
-  m.def("lut4_i8_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int group_size, "
-        "int out_features, Tensor? bias) -> Tensor");
+  m.def("lut_i8_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int code_bits, "
+        "int group_size, int out_features, Tensor? bias) -> Tensor");
   m.def("lut4_dequantize(Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int group_size) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(torch_lowbit, CPU, m) {
   m.impl("lut4_linear", &torch_lowbit::lut4_linear_cpu);
   m.impl("lut4_dequantize", &torch_lowbit::lut4_dequantize_cpu);
-  m.impl("lut4_i8_linear", &torch_lowbit::lut4_i8_linear_cpu);
+  m.impl("lut_i8_linear", &torch_lowbit::lut_i8_linear_cpu);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -76,4 +76,4 @@ def test_custom_op_checks_shapes_itself():
         torch.ops.torch_lowbit.lut4_linear(torch.randn(1, 64), q.qweight, q.scales.float(), None, q.lut, 32, None)
     q8 = tl.QuantLinear.from_linear(torch.nn.Linear(64, 8), "q4_0", layout="lut4_i8_n16")
     with pytest.raises(RuntimeError, match="out_features 40 does not match 1 tiles"):
-        torch.ops.torch_lowbit.lut4_i8_linear(torch.randn(1, 64), q8.qweight, q8.scales, None, q8.lut_i8, 32, 40, None)
+        torch.ops.torch_lowbit.lut_i8_linear(torch.randn(1, 64), q8.qweight, q8.scales, None, q8.lut_i8, 4, 32, 40, None)

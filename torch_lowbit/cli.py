@@ -95,13 +95,18 @@ def cmd_eval(args) -> None:
     print(f"perplexity ({args.tokens} tokens, ctx {args.ctx}): {ppl:.3f}")
 
 
+CPU_BENCH_SHAPES = ["4096x4096", "14336x4096", "4096x14336"]
+CPU_BENCH_FORMATS = ["q4_0", "iq4_nl", "int4_g32", "int4_g128"]
+
+
 def cmd_bench(args) -> None:
     if args.what == "cpu":
         from .bench.cpu import bench_cpu, format_table
-        shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes]
+        formats = args.formats or CPU_BENCH_FORMATS
+        shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes or CPU_BENCH_SHAPES]
         shapes = shapes[:1] if args.quick else shapes
         ms = (1, 8) if args.quick else tuple(args.m)
-        rows, bw = bench_cpu(shapes=shapes, ms=ms, threads=tuple(args.threads), formats=tuple(args.formats),
+        rows, bw = bench_cpu(shapes=shapes, ms=ms, threads=tuple(args.threads), formats=tuple(formats),
                              layouts=tuple(args.layouts), rotate_mib=args.rotate_mib)
         print(format_table(rows, bw))
         if args.png:
@@ -111,9 +116,14 @@ def cmd_bench(args) -> None:
             from .bench.cpu import bench_decode
             print()
             print(f"SmolLM2-135M greedy decode, batch 1, {__import__('torch').get_num_threads()} threads:")
-            print(_table(["model", "linear weights MB", "tok/s", "vs fp32"], bench_decode(tuple(args.formats[:1]))))
-    else:
-        sys.exit(f"bench {args.what}: not available; choose cpu")
+            print(_table(["model", "linear weights MB", "tok/s", "vs fp32"], bench_decode(tuple(formats[:1]))))
+    elif args.what == "distortion":
+        from .bench.distortion import bench_distortion, distortion_png, format_distortion_table
+        rows, cols = (int(v) for v in (args.shapes or ["4096x4096"])[0].split("x"))
+        table = bench_distortion(args.formats, rows=rows, cols=cols)
+        print(format_distortion_table(table, f"{rows}x{cols}"))
+        if args.png:
+            print(f"plot: {distortion_png(table, args.png)}")
 
 
 def cmd_formats(args) -> None:
@@ -163,19 +173,22 @@ def main(argv=None) -> None:
     sp.set_defaults(fn=cmd_eval)
 
     sp = sub.add_parser("bench", help="benchmarks")
-    sp.add_argument("what", choices=["cpu"])
+    sp.add_argument("what", choices=["cpu", "distortion"],
+                    help="cpu: kernels vs PyTorch, DRAM-streamed; distortion: palette formats on a Gaussian")
     sp.add_argument("--quick", action="store_true", help="first shape only, M in {1, 8}")
-    sp.add_argument("--shapes", nargs="+", default=["4096x4096", "14336x4096", "4096x14336"],
-                    help="weights as NxK (out x in)")
+    sp.add_argument("--shapes", nargs="+", help="weights as NxK (out x in); cpu default: "
+                    f"{' '.join(CPU_BENCH_SHAPES)}; distortion default: 4096x4096 (first shape only)")
     sp.add_argument("--m", type=int, nargs="+", default=[1, 8, 64, 512])
     sp.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    sp.add_argument("--formats", nargs="+", default=["q4_0", "iq4_nl", "int4_g32", "int4_g128"])
+    sp.add_argument("--formats", nargs="+", help=f"cpu default: {' '.join(CPU_BENCH_FORMATS)}; distortion "
+                    "default: every palette format")
     sp.add_argument("--layouts", nargs="+", default=["lut4_i8_n16"],
                     help="CPU layouts to run (lut4_i8_n16: int8 activations; lut4_rowmajor: fp32 activations)")
     sp.add_argument("--rotate-mib", type=int, default=256,
                     help="total size of the weight copies each contender cycles through (> L3 streams from DRAM)")
     sp.add_argument("--decode", action="store_true", help="also SmolLM2 decode tok/s: fp32, bf16, first format")
-    sp.add_argument("--png", help="write a roofline plot (largest thread count) to this PNG file")
+    sp.add_argument("--png", help="write the plot (cpu: roofline at the largest thread count; distortion: MSE "
+                    "vs bits) to this PNG file")
     sp.set_defaults(fn=cmd_bench)
 
     sp = sub.add_parser("formats", help="list formats")

@@ -55,16 +55,21 @@ class Format(ABC):
         if weight.device.type == "meta":
             raise ValueError(f"{self.name}: {what} is on the meta device; load real weights before quantizing "
                              "(or use torch_lowbit.load_quantized for a saved checkpoint)")
-        in_features = weight.shape[1]
-        if in_features % self.group_size != 0:
-            raise ValueError(
-                f"{self.name}: in_features={in_features} of {what} is not divisible by the group size "
-                f"{self.group_size}; pick a format with a group size dividing {in_features} "
-                f"(e.g. a smaller group) or exclude this layer with filter_fn")
+        problem = self.shape_problem(*weight.shape)
+        if problem:
+            raise ValueError(f"{self.name}: {what} {problem}")
         if not bool(torch.isfinite(weight).all()):
             bad = int((~torch.isfinite(weight)).sum())
             raise ValueError(f"{self.name}: {what} has {bad} NaN/Inf values; fix the checkpoint or the layer "
                              "before quantizing (quantizing them would silently produce garbage)")
+
+    def shape_problem(self, out_features: int, in_features: int) -> Optional[str]:
+        """Why a weight of this shape cannot be held (with the fix), or None if it can."""
+        if in_features % self.group_size != 0:
+            return (f"has in_features={in_features}, not divisible by the group size {self.group_size}; pick a "
+                    f"format with a group size dividing {in_features} (e.g. a smaller group) or exclude this "
+                    "layer with filter_fn")
+        return None
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "version": self.version, "params": dataclasses.asdict(self)}

@@ -23,7 +23,11 @@ FP16_MAX = 65504.0
 class ScalarCodebookFormat(Format):
     code_bits: ClassVar[int] = 4
     has_mins: ClassVar[bool] = False
-    layout_family: ClassVar[str] = "lut4"  # 4-bit codes + a 16-entry table: the lut4 kernels
+
+    @property
+    def layout_family(self) -> str:
+        """b-bit codes + a 2^b-entry table: the lut{b} layouts and kernels."""
+        return f"lut{self.code_bits}"
 
     @abstractmethod
     def code_values(self) -> Tensor:

@@ -1,4 +1,4 @@
-"""Uniform integer group formats: q4_0 (ggml, symmetric) and int4_g{32,64,128} (asymmetric)."""
+"""Uniform integer group formats: q4_0 (ggml, symmetric) and int{4,3,2}_g{32,64,128} (asymmetric)."""
 from __future__ import annotations
 
 import dataclasses
@@ -47,66 +47,86 @@ class Q4_0(FixedBlockFormat):
 
 
 @dataclasses.dataclass(frozen=True)
-class Int4(ScalarCodebookFormat):
-    """Asymmetric 4-bit: value = q * scale + min, q in 0..15, fp16 scale and min per group.
+class IntAsym(ScalarCodebookFormat):
+    """Asymmetric b-bit (b = 1..4): value = q * scale + min, q in 0..2^b - 1, fp16 scale and min per group.
 
     rounding="minmax" spans each group's [min, max]; "lsq" (default) starts there and alternates
     nearest-code assignment with a least-squares refit of (scale, min), keeping a group's refit only
     when it lowers that group's squared error, so it is never worse than minmax (tests check this).
     """
 
-    kind: ClassVar[str] = "int4"
+    kind: ClassVar[str] = "int_asym"
     has_mins: ClassVar[bool] = True
+    bits: int = 4
     group: int = 128
     rounding: str = "lsq"
     lsq_iters: int = 4
 
     def __post_init__(self):
+        if self.bits not in (1, 2, 3, 4):
+            raise ValueError(f"{self.kind}: bits must be 1, 2, 3 or 4, got {self.bits}")
         if self.group <= 0 or self.group % 32:
-            raise ValueError(f"int4: group must be a positive multiple of 32, got {self.group}")
+            raise ValueError(f"{self.kind}: group must be a positive multiple of 32, got {self.group}")
         if self.rounding not in ("minmax", "lsq"):
-            raise ValueError(f"int4: rounding must be 'minmax' or 'lsq', got {self.rounding!r}")
+            raise ValueError(f"{self.kind}: rounding must be 'minmax' or 'lsq', got {self.rounding!r}")
 
     @property
     def name(self) -> str:
-        base = f"int4_g{self.group}"
+        base = f"int{self.bits}_g{self.group}"
         return base if self.rounding == "lsq" else f"{base}_{self.rounding}"
+
+    @property
+    def code_bits(self) -> int:
+        return self.bits
 
     @property
     def group_size(self) -> int:
         return self.group
 
     def code_values(self) -> Tensor:
-        return torch.arange(16, dtype=torch.float32)
+        return torch.arange(2 ** self.bits, dtype=torch.float32)
 
     def fit_groups(self, x: Tensor, importance: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
-        scale, mn = (hi - lo) / 15.0, lo
+        top = 2 ** self.bits - 1
+        scale, mn = (hi - lo) / top, lo
         if self.rounding == "lsq" or importance is not None:
             w = torch.ones_like(x) if importance is None else importance.expand_as(x)
-            scale, mn = _refine_affine(x, w, scale, mn, self.lsq_iters)
+            scale, mn = _refine_affine(x, w, scale, mn, self.lsq_iters, top)
         return scale, mn
 
     def encode(self, x: Tensor, scale: Tensor, mn: Tensor) -> Tensor:
-        return _nearest_codes(x, scale, mn)
+        return _nearest_codes(x, scale, mn, 2 ** self.bits - 1)
 
 
-def _nearest_codes(x: Tensor, scale: Tensor, mn: Tensor) -> Tensor:
+@dataclasses.dataclass(frozen=True)
+class Int4(IntAsym):
+    """int4_g*: IntAsym at 4 bits (its own checkpoint kind, as saved before other widths existed)."""
+
+    kind: ClassVar[str] = "int4"
+
+    def __post_init__(self):
+        if self.bits != 4:
+            raise ValueError(f"int4: bits must be 4, got {self.bits}; use IntAsym for other widths")
+        super().__post_init__()
+
+
+def _nearest_codes(x: Tensor, scale: Tensor, mn: Tensor, top: int) -> Tensor:
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return torch.round((x - mn) / safe).clamp_(0, 15).to(torch.uint8)
+    return torch.round((x - mn) / safe).clamp_(0, top).to(torch.uint8)
 
 
-def _sq_err(x: Tensor, w: Tensor, scale: Tensor, mn: Tensor) -> Tensor:
-    return (w * (_nearest_codes(x, scale, mn).float() * scale + mn - x) ** 2).sum(-1, keepdim=True)
+def _sq_err(x: Tensor, w: Tensor, scale: Tensor, mn: Tensor, top: int) -> Tensor:
+    return (w * (_nearest_codes(x, scale, mn, top).float() * scale + mn - x) ** 2).sum(-1, keepdim=True)
 
 
-def _refine_affine(x: Tensor, w: Tensor, scale: Tensor, mn: Tensor, iters: int) -> tuple[Tensor, Tensor]:
+def _refine_affine(x: Tensor, w: Tensor, scale: Tensor, mn: Tensor, iters: int, top: int) -> tuple[Tensor, Tensor]:
     """Alternating (weighted) least squares for x ≈ scale * q + mn per group, keeping only
     improvements, so the result is never worse than the starting point."""
     n = w.sum(-1, keepdim=True)
-    err = _sq_err(x, w, scale, mn)
+    err = _sq_err(x, w, scale, mn, top)
     for _ in range(iters):
-        q = _nearest_codes(x, scale, mn).float()
+        q = _nearest_codes(x, scale, mn, top).float()
         sq, sqq = (w * q).sum(-1, keepdim=True), (w * q * q).sum(-1, keepdim=True)
         sx, sqx = (w * x).sum(-1, keepdim=True), (w * q * x).sum(-1, keepdim=True)
         det = n * sqq - sq * sq
@@ -114,7 +134,7 @@ def _refine_affine(x: Tensor, w: Tensor, scale: Tensor, mn: Tensor, iters: int) 
         new_scale = torch.where(ok, (n * sqx - sq * sx) / torch.where(ok, det, torch.ones_like(det)), scale)
         new_mn = torch.where(ok, (sx - new_scale * sq) / n, mn)
         ok &= new_scale > 0
-        new_err = _sq_err(x, w, new_scale, new_mn)
+        new_err = _sq_err(x, w, new_scale, new_mn, top)
         better = ok & (new_err < err)
         scale, mn = torch.where(better, new_scale, scale), torch.where(better, new_mn, mn)
         err = torch.where(better, new_err, err)
@@ -149,4 +169,6 @@ def _weighted_symmetric_scale(x: Tensor, w: Tensor, signed_max: Tensor) -> Tenso
 register_format(Q4_0())
 for _g in (32, 64, 128):
     register_format(Int4(group=_g))
+    for _b in (3, 2):
+        register_format(IntAsym(bits=_b, group=_g))
     register_format(Int4(group=_g, rounding="minmax"))

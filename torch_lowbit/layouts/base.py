@@ -16,14 +16,17 @@ class Layout(ABC):
     name: str
     version: int = 1
     backends: tuple[str, ...] = ("cpu", "triton")  # kernel backends that read this layout
+    isa_paths: bool = True  # its CPU kernels differ per ISA path (tests run each path)
 
     def supports(self, fmt: Format) -> bool:
         """Whether this layout can hold the format (e.g. integer code tables only)."""
         return True
 
-    def reference_activations(self, x: Tensor) -> Tensor:
-        """The activations its kernels effectively multiply with (identity for float kernels; the
-        int8 round trip for int8-activation kernels). Tests build the expected output from this."""
+    def reference_activations(self, x: Tensor, fmt: Optional[Format] = None,
+                              buffers: Optional[dict[str, Tensor]] = None) -> Tensor:
+        """The activations its kernels effectively multiply the dequantized weight with (identity for
+        float kernels; the int8 round trip for int8-activation kernels, taken in the rotated basis
+        for rotated formats). Tests build the expected output from this."""
         return x
 
     @abstractmethod

@@ -33,6 +33,9 @@ class Lut4RowMajor(Layout):
     name = "lut4_rowmajor"
     version = 1
 
+    def supports(self, fmt) -> bool:
+        return isinstance(fmt, ScalarCodebookFormat) and fmt.code_bits == 4 and fmt.group_size % 32 == 0
+
     def pack(self, fmt: ScalarCodebookFormat, q: dict[str, Tensor]) -> dict[str, Tensor]:
         out = {"qweight": pack_nibbles(q["codes"]), "scales": q["scales"].contiguous()}
         if fmt.has_mins:

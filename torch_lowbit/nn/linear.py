@@ -111,6 +111,11 @@ class QuantLinear(nn.Module):
         """The fp32 [out_features, in_features] weight this module's forward is equivalent to."""
         return self.fmt.dequantize(self.layout.unpack(self.fmt, self.packed, self.out_features))
 
+    def reference_activations(self, x: Tensor) -> Tensor:
+        """fp32 activations that, times dequantize().T, give exactly what the kernels compute
+        (x itself for float kernels; the int8 round trip for int8-activation kernels)."""
+        return self.layout.reference_activations(x.float(), self.fmt, self.packed)
+
     def repack(self, layout: Union[str, Layout]) -> "QuantLinear":
         """The same quantized weight in another layout (e.g. "lut4_rowmajor" for Triton/CUDA), in place."""
         new = _resolve_layout(layout, self.fmt, "cpu")

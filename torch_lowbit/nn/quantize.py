@@ -73,14 +73,12 @@ def quantize_(model: nn.Module, fmt: Union[str, Format], *, filter_fn: Optional[
         raise ValueError(f"rounding={rounding!r} needs calibration batches (token ids); pass calibration=...")
     keep = filter_fn or default_filter(model, include_lm_head)
     targets = {fqn: m for fqn, m in model.named_modules() if isinstance(m, nn.Linear) and keep(m, fqn)}
-    bad = [f"{fqn} (in_features={m.in_features})" for fqn, m in targets.items()
-           if m.in_features % fmt.group_size]
+    problems = {fqn: fmt.shape_problem(m.out_features, m.in_features) for fqn, m in targets.items()}
+    bad = [f"{fqn} {p}" for fqn, p in problems.items() if p]
     if bad and not skip_incompatible:
-        raise ValueError(f"{fmt.name}: group size {fmt.group_size} does not divide in_features of "
-                         f"{len(bad)} layer(s): {', '.join(bad[:5])}{' …' if len(bad) > 5 else ''}; use a format "
-                         "with a smaller group, pass skip_incompatible=True to keep them in float, or exclude "
-                         "them with filter_fn")
-    targets = {fqn: m for fqn, m in targets.items() if m.in_features % fmt.group_size == 0}
+        raise ValueError(f"{fmt.name} cannot hold {len(bad)} layer(s): {'; '.join(bad[:3])}"
+                         f"{' …' if len(bad) > 3 else ''}. Pass skip_incompatible=True to keep them in float")
+    targets = {fqn: m for fqn, m in targets.items() if not problems[fqn]}
 
     jobs: list[tuple[str, list[str], Optional[str]]] = []  # (parent fqn, child names, fused name)
     done: set[str] = set()

@@ -49,24 +49,26 @@ def _register() -> None:
             _check(bias.dim() == 1 and bias.shape[0] == n, f"lut4_linear: bias must have {n} elements")
         return x.new_empty((*x.shape[:-1], n))
 
-    @torch.library.register_fake("torch_lowbit::lut4_i8_linear")
-    def _lut4_i8_linear_fake(x, qweight, scales, mins, lut, group_size, out_features, bias):
-        _check(qweight.dtype == torch.uint8 and qweight.dim() == 3 and qweight.shape[2] == 256,
-               "lut4_i8: qweight must be uint8 [N/16, K/32, 256]")
+    @torch.library.register_fake("torch_lowbit::lut_i8_linear")
+    def _lut_i8_linear_fake(x, qweight, scales, mins, lut, code_bits, group_size, out_features, bias):
+        _check(1 <= code_bits <= 4, f"lut_i8: code_bits must be 1..4, got {code_bits}")
+        _check(qweight.dtype == torch.uint8 and qweight.dim() == 3 and qweight.shape[2] == 64 * code_bits,
+               f"lut_i8: qweight must be uint8 [N/16, K/32, {64 * code_bits}] for {code_bits}-bit codes")
         tiles, k = qweight.shape[0], qweight.shape[1] * 32
         _check(out_features <= tiles * 16 and out_features > (tiles - 1) * 16,
-               f"lut4_i8: out_features {out_features} does not fit {tiles} tiles of 16 rows")
+               f"lut_i8: out_features {out_features} does not fit {tiles} tiles of 16 rows")
         _check(group_size > 0 and group_size % 32 == 0 and k % group_size == 0,
-               f"lut4_i8: group size {group_size} must be a multiple of 32 dividing K={k}")
+               f"lut_i8: group size {group_size} must be a multiple of 32 dividing K={k}")
         _check(scales.dtype == torch.float16 and tuple(scales.shape) == (tiles, k // group_size, 16),
-               f"lut4_i8: scales must be fp16 [{tiles}, {k // group_size}, 16]")
+               f"lut_i8: scales must be fp16 [{tiles}, {k // group_size}, 16]")
         if mins is not None:
-            _check(mins.dtype == torch.float16 and mins.shape == scales.shape, "lut4_i8: mins must match scales")
-        _check(lut.dtype == torch.int8 and lut.numel() == 16, "lut4_i8: lut must be 16 int8 values")
-        _check(x.dtype in _FLOAT_ACTS, f"lut4_i8_linear: x must be fp32/bf16/fp16, got {x.dtype}")
-        _check(x.shape[-1] == k, f"lut4_i8_linear: x has {x.shape[-1]} features, weight has K={k}")
+            _check(mins.dtype == torch.float16 and mins.shape == scales.shape, "lut_i8: mins must match scales")
+        _check(lut.dtype == torch.int8 and lut.numel() == 2 ** code_bits,
+               f"lut_i8: lut must be {2 ** code_bits} int8 values")
+        _check(x.dtype in _FLOAT_ACTS, f"lut_i8_linear: x must be fp32/bf16/fp16, got {x.dtype}")
+        _check(x.shape[-1] == k, f"lut_i8_linear: x has {x.shape[-1]} features, weight has K={k}")
         if bias is not None:
-            _check(bias.dim() == 1 and bias.shape[0] == out_features, f"lut4_i8: bias must have {out_features} elements")
+            _check(bias.dim() == 1 and bias.shape[0] == out_features, f"lut_i8: bias must have {out_features} elements")
         return x.new_empty((*x.shape[:-1], out_features))
 
     @torch.library.register_fake("torch_lowbit::lut4_dequantize")

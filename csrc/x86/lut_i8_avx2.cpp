@@ -1,4 +1,4 @@
-// AVX2 lut4 x int8 kernel over the same lut4_i8_n16 layout. Without vpdpbusd, products go through
+// AVX2 lut x int8 kernel over the same lut{b}_i8_n16 layouts. Without vpdpbusd, products go through
 // vpmaddubsw (unsigned x signed bytes -> saturating int16 pairs): to stay clear of saturation it
 // multiplies |t| by sign(t)*x, both within +-127 (the sign trick), then vpmaddwd sums 4 products
 // into each int32 lane. That yields sum t*x, which equals the other paths' sum u*x - offset*sum x
@@ -9,7 +9,7 @@
 
 #include <algorithm>
 
-#include "common/lut4_i8.h"
+#include "common/lut_i8.h"
 #include "common/token_blocks.h"
 
 #define TLB_AVX2_I8 __attribute__((target("avx2,fma,f16c")))
@@ -23,15 +23,38 @@ TLB_AVX2_I8 inline __m256i dot4(__m256i t, __m256i x) {
   return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
 
-template <int MT>
-TLB_AVX2_I8 void tile_tokens(const Lut4I8Weights& w, const Q8Acts& a, int64_t t, int64_t m0, float* out,
+// The 8 quads of one half tile (p already offset by 32 * half), as lut_i8.h lays them out.
+template <int W>
+TLB_AVX2_I8 inline void plane_quads(const uint8_t* p, __m256i q[8]) {
+  const __m256i mask = _mm256_set1_epi8((1 << W) - 1);
+  for (int c = 0; c < W; ++c) {
+    const __m256i chunk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * c));
+    for (int f = 0; f < 8 / W; ++f) q[f * W + c] = _mm256_and_si256(_mm256_srli_epi16(chunk, W * f), mask);
+  }
+}
+
+template <int B>
+TLB_AVX2_I8 inline void decode_quads(const uint8_t* p, __m256i q[8]) {
+  if constexpr (B == 3) {
+    plane_quads<2>(p, q);
+    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128)), bit2 = _mm256_set1_epi8(4);
+    for (int f = 0; f < 8; ++f) {
+      const __m256i moved = f < 2 ? _mm256_slli_epi16(hi, 2 - f) : _mm256_srli_epi16(hi, f - 2);
+      q[f] = _mm256_or_si256(q[f], _mm256_and_si256(moved, bit2));
+    }
+  } else {
+    plane_quads<B>(p, q);
+  }
+}
+
+template <int B, int MT>
+TLB_AVX2_I8 void tile_tokens(const LutI8Weights& w, const Q8Acts& a, int64_t t, int64_t m0, float* out,
                              int64_t ldo) {
   const int64_t kb_count = w.K / 32, groups = w.K / w.group, blocks_per_group = w.group / 32;
   int8_t signed_table[16];
   for (int i = 0; i < 16; ++i) signed_table[i] = static_cast<int8_t>(w.utable[i] - w.offset);
   const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(signed_table)));
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const uint8_t* tile = w.qweight + t * kb_count * 256;
+  const uint8_t* tile = w.qweight + t * kb_count * (64 * B);
   const int64_t rows = std::min(kI8TileRows, w.N - t * kI8TileRows);
   for (int half = 0; half < 2; ++half) {
     const int64_t n_here = std::min<int64_t>(8, rows - 8 * half);
@@ -46,18 +69,14 @@ TLB_AVX2_I8 void tile_tokens(const Lut4I8Weights& w, const Q8Acts& a, int64_t t,
                                : _mm256_setzero_ps();
       for (int64_t bb = 0; bb < blocks_per_group; ++bb) {
         const int64_t b = g * blocks_per_group + bb;
-        const uint8_t* p = tile + b * 256 + 32 * half;
-        __m256i lo[4], hi[4];
-        for (int i = 0; i < 4; ++i) {
-          const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * i));
-          lo[i] = _mm256_shuffle_epi8(table, _mm256_and_si256(packed, low4));
-          hi[i] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4));
-        }
+        __m256i quad[8];
+        decode_quads<B>(tile + b * (64 * B) + 32 * half, quad);
+        for (int qd = 0; qd < 8; ++qd) quad[qd] = _mm256_shuffle_epi8(table, quad[qd]);
         for (int m = 0; m < MT; ++m) {
           const int8_t* xq = a.q + (m0 + m) * a.K + b * 32;
           __m256i isum = _mm256_setzero_si256();
-          for (int i = 0; i < 4; ++i) isum = _mm256_add_epi32(isum, dot4(lo[i], _mm256_set1_epi32(load_act4(xq + 4 * i))));
-          for (int i = 0; i < 4; ++i) isum = _mm256_add_epi32(isum, dot4(hi[i], _mm256_set1_epi32(load_act4(xq + 16 + 4 * i))));
+          for (int qd = 0; qd < 8; ++qd)
+            isum = _mm256_add_epi32(isum, dot4(quad[qd], _mm256_set1_epi32(load_act4(xq + 4 * qd))));
           const int32_t xsum = a.sum[(m0 + m) * kb_count + b];
           const float xd = a.d[(m0 + m) * kb_count + b];
           acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(scale, _mm256_set1_ps(xd)), acc[m]);
@@ -73,12 +92,22 @@ TLB_AVX2_I8 void tile_tokens(const Lut4I8Weights& w, const Q8Acts& a, int64_t t,
   }
 }
 
+template <int B>
+TLB_AVX2_I8 void run_bits(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out, int64_t ldo) {
+  for (int64_t t = t0; t < t1; ++t)
+    for_token_blocks(a.M, [&](auto mt, int64_t m0) TLB_AVX2_I8 { tile_tokens<B, decltype(mt)::value>(w, a, t, m0, out, ldo); });
+}
+
 }  // namespace
 
-TLB_AVX2_I8 void lut4_i8_avx2(const Lut4I8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out,
-                             int64_t ldo) {
-  for (int64_t t = t0; t < t1; ++t)
-    for_token_blocks(a.M, [&](auto mt, int64_t m0) TLB_AVX2_I8 { tile_tokens<decltype(mt)::value>(w, a, t, m0, out, ldo); });
+TLB_AVX2_I8 void lut_i8_avx2(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out,
+                            int64_t ldo) {
+  switch (w.bits) {
+    case 1: return run_bits<1>(w, a, t0, t1, out, ldo);
+    case 2: return run_bits<2>(w, a, t0, t1, out, ldo);
+    case 3: return run_bits<3>(w, a, t0, t1, out, ldo);
+    default: return run_bits<4>(w, a, t0, t1, out, ldo);
+  }
 }
 
 }  // namespace torch_lowbit

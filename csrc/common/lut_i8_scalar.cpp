@@ -1,13 +1,14 @@
-// Portable lut4 x int8 kernel: the path the SIMD paths are checked against bit for bit.
+// Portable lut x int8 kernel: the path the SIMD paths are checked against bit for bit.
 #include <algorithm>
 #include <cmath>
 
-#include "common/lut4_i8.h"
+#include "common/lut_i8.h"
 
 namespace torch_lowbit {
 
-void lut4_i8_scalar(const Lut4I8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out, int64_t ldo) {
+void lut_i8_scalar(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out, int64_t ldo) {
   const int64_t kb_count = w.K / 32, groups = w.K / w.group, blocks_per_group = w.group / 32;
+  const int64_t block_bytes = lut_i8_block_bytes(w.bits);
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t rows = std::min(kI8TileRows, w.N - t * kI8TileRows);
     for (int64_t m = 0; m < a.M; ++m) {
@@ -16,17 +17,13 @@ void lut4_i8_scalar(const Lut4I8Weights& w, const Q8Acts& a, int64_t t0, int64_t
       for (int64_t g = 0; g < groups; ++g) {
         for (int64_t bb = 0; bb < blocks_per_group; ++bb) {
           const int64_t b = g * blocks_per_group + bb;
-          const uint8_t* p = w.qweight + (t * kb_count + b) * 256;
+          const uint8_t* p = w.qweight + (t * kb_count + b) * block_bytes;
           const int8_t* xq = a.q + m * a.K + b * 32;
           const int32_t xsum = a.sum[m * kb_count + b];
           const float xd = a.d[m * kb_count + b];
           for (int r = 0; r < kI8TileRows; ++r) {
             int32_t isum = 0;
-            for (int i = 0; i < 4; ++i)
-              for (int j = 0; j < 4; ++j) {
-                const uint8_t byte = p[i * 64 + r * 4 + j];
-                isum += w.utable[byte & 0x0F] * xq[4 * i + j] + w.utable[byte >> 4] * xq[16 + 4 * i + j];
-              }
+            for (int k = 0; k < 32; ++k) isum += w.utable[lut_i8_code(p, w.bits, r, k)] * xq[k];
             isum -= w.offset * xsum;
             const int64_t pidx = (t * groups + g) * kI8TileRows + r;
             acc[r] = std::fma(static_cast<float>(isum), static_cast<float>(w.scales[pidx]) * xd, acc[r]);

@@ -1,0 +1,63 @@
+// Kernels for formats whose b-bit codes (b = 1..4) index a table of integers (q4_0, int4_g*,
+// iq4_nl, nuq*, ...) over int8 activations.
+//
+// Layouts "lut{b}_i8_n16" (torch_lowbit/layouts/lut_i8.py packs them): rows in tiles of 16 (N
+// padded), K in blocks of 32. qweight [N/16, K/32, 64 b] uint8. A code splits into planes of
+// width 4 (b = 4), 2 (b = 2), 2 + 1 (b = 3: low two bits, then the high bit) or 1 (b = 1); a plane
+// of width w takes w chunks of 64 bytes, and "quad" qd (codes 4qd .. 4qd+3 of each row, qd < 8)
+// sits in chunk qd % w at bit offset w * (qd / w): byte r*4 + j of that chunk holds row r's code
+// 4qd + j. So one 64-byte load, a shift and a mask give, per 32-bit lane, 4 consecutive codes of
+// one row: vpdpbusd against 4 broadcast activations accumulates 16 rows at once, with no
+// horizontal reduction. (b = 4 is the original lut4_i8_n16 byte layout.) scales/mins
+// [N/16, K/group, 16] fp16 (16 rows contiguous).
+//
+// Integer math per (row, 32-block): isum = sum_j u[code_j] * xq_j - offset * sum_j xq_j, where
+// u = table + offset >= 0 (vpdpbusd multiplies unsigned by signed bytes), quads in order 0..7;
+// then acc = fma(float(isum), scale * xd, acc) and, with mins, acc = fma(min, xd * float(sum xq), acc).
+// Accumulators start at the bias (0 without one). Every path performs exactly these operations in
+// this order, so all paths agree bit for bit.
+#pragma once
+#include <c10/util/Half.h>
+
+#include <cstdint>
+
+#include "common/act_q8.h"
+
+namespace torch_lowbit {
+
+constexpr int64_t kI8TileRows = 16;
+
+struct LutI8Weights {
+  const uint8_t* qweight;   // [N/16, K/32, 64 * bits]
+  const c10::Half* scales;  // [N/16, K/group, 16]
+  const c10::Half* mins;    // same, or nullptr
+  uint8_t utable[16];       // table + offset, all in 0..255 (entries past 2^bits unused)
+  int32_t offset;
+  int64_t N, K, group;
+  const float* bias;         // [N] fp32 or nullptr: accumulators start from it (bias fused)
+  int bits;                  // code width, 1..4
+};
+
+inline int64_t lut_i8_block_bytes(int bits) { return 64 * bits; }
+
+// Row r's code k (< 32) of the (tile, block) whose bytes start at p: the layout's definition.
+inline int lut_i8_code(const uint8_t* p, int bits, int r, int k) {
+  const int qd = k / 4, j = k % 4;
+  auto field = [&](const uint8_t* plane, int w) {
+    return (plane[(qd % w) * 64 + r * 4 + j] >> (w * (qd / w))) & ((1 << w) - 1);
+  };
+  if (bits == 3) return field(p, 2) | (field(p + 128, 1) << 2);
+  return field(p, bits);
+}
+
+// out[m * ldo + n] for tiles [t0, t1) and all tokens of `a`.
+using LutI8Fn = void (*)(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out,
+                         int64_t ldo);
+
+void lut_i8_scalar(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);
+#if defined(TORCH_LOWBIT_X86)
+void lut_i8_avx512vnni(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);
+void lut_i8_avx2(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);
+#endif
+
+}  // namespace torch_lowbit

@@ -1,0 +1,75 @@
+// torch_lowbit::lut_i8_linear on CPU: activations quantized once per call to int8 (per-32 fp32
+// scales), then the tiled integer kernel of the active ISA path, threaded over 16-row tiles.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+
+#include "common/dispatch.h"
+#include "common/linear_io.h"
+#include "common/lut_i8.h"
+
+namespace torch_lowbit {
+namespace {
+
+LutI8Fn kernel_for(CpuPath p) {
+#if defined(TORCH_LOWBIT_X86)
+  if (p == CpuPath::Avx512 && cpu_has_avx512_vnni()) return lut_i8_avx512vnni;
+  if (p == CpuPath::Avx512 || p == CpuPath::Avx2) return lut_i8_avx2;  // AVX-512 without VNNI: AVX2
+#endif
+  (void)p;
+  return lut_i8_scalar;
+}
+
+}  // namespace
+
+at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                             const c10::optional<at::Tensor>& mins, const at::Tensor& lut, int64_t code_bits,
+                             int64_t group, int64_t out_features, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(code_bits >= 1 && code_bits <= 4, "lut_i8_linear: code_bits must be 1..4, got ", code_bits);
+  const int64_t block_bytes = lut_i8_block_bytes(static_cast<int>(code_bits));
+  TORCH_CHECK(qweight.scalar_type() == at::kByte && qweight.dim() == 3 && qweight.size(2) == block_bytes,
+              "lut_i8_linear: qweight must be uint8 [N/16, K/32, ", block_bytes, "] for ", code_bits, "-bit codes");
+  const int64_t tiles = qweight.size(0), K = qweight.size(1) * 32, N = out_features;
+  TORCH_CHECK(N > (tiles - 1) * kI8TileRows && N <= tiles * kI8TileRows,
+              "lut_i8_linear: out_features ", N, " does not match ", tiles, " tiles of 16 rows");
+  check_linear_io("lut_i8_linear", x, K, N, group, bias, {&qweight, &scales, &lut});
+  check_group_params("lut_i8_linear", scales, mins, {tiles, K / group, kI8TileRows});
+  const int64_t entries = int64_t{1} << code_bits;
+  TORCH_CHECK(lut.scalar_type() == at::kChar && lut.numel() == entries, "lut_i8_linear: lut must be ", entries,
+              " int8 values for ", code_bits, "-bit codes");
+
+  const at::Tensor x2 = activations_fp32(x, K);
+  const int64_t M = x2.size(0);
+  const at::Tensor qw = qweight.contiguous(), sc = scales.contiguous(), lt = lut.contiguous();
+  const at::Tensor mn = mins.has_value() ? mins->contiguous() : at::Tensor();
+  const at::Tensor b32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+
+  LutI8Weights w{qw.data_ptr<uint8_t>(), sc.data_ptr<c10::Half>(),
+                 mins.has_value() ? mn.data_ptr<c10::Half>() : nullptr, {}, 0, N, K, group,
+                 bias.has_value() ? b32.data_ptr<float>() : nullptr, static_cast<int>(code_bits)};
+  const int8_t* table = lt.data_ptr<int8_t>();
+  w.offset = -*std::min_element(table, table + entries);
+  for (int i = 0; i < entries; ++i) {
+    TORCH_CHECK(table[i] + w.offset <= 255, "lut_i8_linear: table spans more than 256 values");
+    w.utable[i] = static_cast<uint8_t>(table[i] + w.offset);
+  }
+
+  // The activation buffer: the only allocation on the hot path besides the output.
+  const int64_t kb = K / 32;
+  at::Tensor qbuf = at::empty({M * K + M * kb * 8}, x2.options().dtype(at::kChar));
+  int8_t* xq = qbuf.data_ptr<int8_t>();
+  float* xd = reinterpret_cast<float*>(xq + M * K);
+  int32_t* xs = reinterpret_cast<int32_t*>(xd + M * kb);
+  at::Tensor out = at::empty({M, N}, x2.options());
+  if (M > 0) {
+    quantize_acts_q8(x2.data_ptr<float>(), M, K, xq, xd, xs);
+    const Q8Acts a{xq, xd, xs, M, K};
+    const LutI8Fn kern = kernel_for(active_cpu_path());
+    float* op = out.data_ptr<float>();
+    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) { kern(w, a, t0, t1, op, N); });
+  }
+  return finish_linear(out, x, bias, /*bias_fused=*/true);
+}
+
+}  // namespace torch_lowbit

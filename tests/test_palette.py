@@ -1,0 +1,127 @@
+"""Q-Palette formats (nuq*, vq*, tcq*): codebooks, distortion on a Gaussian, incoherence processing,
+and the whole foundation (QuantLinear, fusion, quantize_, compile, save/load)."""
+import math
+
+import pytest
+import torch
+
+import torch_lowbit as tl
+from torch_lowbit.formats import gaussian_codebooks as gc
+from torch_lowbit.formats.gaussian import NUQ, VQ
+
+from conftest import tiny_llama
+
+
+def normalized_mse(fmt, w):
+    q = fmt.quantize(w)
+    return float(((fmt.dequantize(q) - w) ** 2).sum() / (w ** 2).sum())
+
+
+def test_nuq_tables_regenerate_exactly():
+    shipped = gc._shipped()
+    for b in gc.NUQ_BITS:
+        assert torch.equal(gc.lloyd_max_gaussian(b).float(), shipped[gc.nuq_key(b)]), b
+
+
+def test_small_vq_tables_regenerate_exactly():
+    shipped = gc._shipped()
+    for key, table in gc.generate_tables(vq_bits=(1.5,)).items():
+        assert torch.equal(table, shipped[key]), key
+
+
+@pytest.mark.slow
+def test_vq_tables_regenerate_exactly_up_to_3_bits():
+    shipped = gc._shipped()
+    for key, table in gc.generate_tables(vq_bits=(2.0, 2.5, 3.0)).items():
+        assert torch.equal(table, shipped[key]), key
+
+
+def test_lloyd_max_levels_meet_the_known_distortions():
+    # Max (1960): MSE of the optimal 1..4-bit quantizers of N(0, 1)
+    known = {1: 1 - 2 / math.pi, 2: 0.1175, 3: 0.03454, 4: 0.009497}
+    x = torch.randn(1 << 21, dtype=torch.float64)
+    for b, d in known.items():
+        levels = gc.nuq_levels(b).double()
+        err = ((x[:, None] - levels[None]) ** 2).min(1).values.mean().item()
+        assert abs(err - d) / d < 0.02, (b, err, d)
+        assert torch.equal(levels, -levels.flip(0))  # symmetric
+
+
+@pytest.mark.parametrize("name,bound", [("nuq2", 0.119), ("nuq3", 0.0352), ("vq2", 0.110), ("vq3", 0.030)])
+def test_distortion_targets_on_a_gaussian(name, bound):
+    w = torch.randn(256, 4096)
+    err = normalized_mse(tl.get_format(name), w)
+    assert err <= bound, (name, err)
+    # and not absurdly below the Gaussian rate-distortion bound 2^(-2b)
+    assert err >= 2 ** (-2 * tl.get_format(name).bits)
+
+
+def test_more_bits_less_distortion():
+    w = torch.randn(64, 1024)
+    for family, bits in (("nuq", gc.NUQ_BITS), ("vq", gc.VQ_BITS[:5])):
+        errs = [normalized_mse(tl.get_format(f"{family}{b:g}"), w) for b in bits]
+        assert all(a > b for a, b in zip(errs, errs[1:])), (family, errs)
+
+
+def test_rotation_spreads_outliers():
+    """Incoherence processing: a weight with outlier input features loses far less with the rotation."""
+    w = torch.randn(128, 512) * 0.02
+    w[:, ::37] *= 30
+    rotated = normalized_mse(NUQ(bits=3), w)
+    plain = normalized_mse(NUQ(bits=3, rotate=False), w)
+    assert rotated < 0.6 * plain, (rotated, plain)
+
+
+def test_dequantize_undoes_the_rotation():
+    w = torch.randn(48, 320)
+    for fmt in (NUQ(bits=4), VQ(bits=4.0), NUQ(bits=4, seed=3)):
+        q = fmt.quantize(w)
+        assert q["signs"].shape == (320,) and q["row_scales"].shape == (48,)
+        err = float(((fmt.dequantize(q) - w) ** 2).sum() / (w ** 2).sum())
+        assert err < 0.02, (fmt.name, err)
+    assert NUQ(bits=4, seed=3).name == "nuq4_s3" and NUQ(bits=4, rotate=False).name == "nuq4_norot"
+    assert not torch.equal(NUQ(bits=4).quantize(w)["signs"], NUQ(bits=4, seed=3).quantize(w)["signs"])
+
+
+def test_nuq_codes_use_an_int8_table():
+    t = NUQ(bits=3).code_values()
+    assert torch.equal(t, t.round()) and t.max() == 127 and t.min() == -127
+
+
+def test_quantize_model_fused_compile_and_checkpoint(tmp_path):
+    model = tiny_llama()
+    x = torch.randint(0, 256, (1, 12))
+    with torch.no_grad():
+        ref = model(x).logits
+    tl.quantize_(model, "nuq4")
+    attn = model.model.layers[0].self_attn
+    fused = attn.qkv_proj
+    assert fused.fmt.name == "nuq4" and fused.split_sizes and fused.layout.name == "palette_dense"
+    with torch.no_grad():
+        y = model(x).logits
+    assert (y - ref).norm() / ref.norm() < 0.2
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x).logits, y, rtol=1e-4, atol=1e-4)
+    path = tmp_path / "m.safetensors"
+    tl.save_quantized(model, path)
+    loaded = tl.load_quantized(tiny_llama(), path)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x).logits, y)
+
+
+def test_bad_inputs_are_rejected_clearly():
+    with pytest.raises(ValueError, match="bits must be one of"):
+        NUQ(bits=5)
+    with pytest.raises(ValueError, match="bits must be one of"):
+        VQ(bits=2.25)
+    with pytest.raises(ValueError, match="Hadamard"):
+        NUQ(bits=3).quantize(torch.randn(8, 100))
+    with pytest.raises(ValueError, match="importance"):
+        NUQ(bits=3).quantize(torch.randn(8, 64), importance=torch.ones(64))
+    with pytest.raises(ValueError, match="not divisible"):
+        VQ(bits=2.0, rotate=False).quantize(torch.randn(8, 63))
+    w = torch.randn(8, 64)
+    w[2, 3] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        VQ(bits=2.0).quantize(w)

@@ -1,0 +1,209 @@
+"""Q-Palette formats: incoherence processing, then a quantizer built for the standard Gaussian.
+
+Every member does the same around its own codebook (Q-Palette, QuIP#):
+1. Rotate along the input dimension: W' = (W * s) @ H (random signs s from `seed`, normalized
+   Hadamard H, torch_lowbit/rotations). Activations get the same rotation online (x' = (x * s) @ H),
+   so x' @ W'^T = x @ W^T. Layers of one input (q/k/v, gate/up) fused into one module share it.
+2. Divide each output row by its RMS: rows of W' are close to i.i.d. N(0, σ_row²).
+3. Quantize the unit-variance rows with the format's codebook (NUQ, VQ, TCQ: subclasses).
+4. Refit each row's scale by least squares on the chosen codes (the best scale for those codes),
+   stored in fp16 [out_features].
+
+The reference dequantizer undoes it: W = ((decode(codes) * row_scale) @ H^T) * s.
+Stored per layer: the codes, row_scales [N] fp16 and signs [K] int8 (the rotation, saved so that
+checkpoints never depend on a random generator). Bits per weight count the codes; the row scale
+adds 16 / in_features (0.03 at K = 576) and the signs 8 / out_features.
+"""
+from __future__ import annotations
+
+import dataclasses
+from abc import abstractmethod
+from typing import ClassVar, Optional
+
+import torch
+from torch import Tensor
+
+from ..rotations import hadamard_transform, random_signs, supported_hadamard_size
+from .base import Format
+from .gaussian_codebooks import nuq_levels, vq_codebook, vq_entries, NUQ_BITS, VQ_BITS
+from .registry import register_format
+
+
+@dataclasses.dataclass(frozen=True)
+class GaussianFormat(Format):
+    bits: float
+    rotate: bool = True  # incoherence processing; False quantizes W as is (for ablations)
+    seed: int = 0  # of the rotation's random signs
+
+    prefix: ClassVar[str]
+    layout_family: ClassVar[str] = "palette"
+    row_multiple: ClassVar[int] = 1  # out_features must be a multiple of this (TCQ tiles)
+
+    @property
+    def name(self) -> str:
+        return f"{self.prefix}{self.bits:g}" + ("" if self.rotate else "_norot") + (f"_s{self.seed}" if self.seed else "")
+
+    def bits_per_weight(self) -> float:
+        return float(self.bits)
+
+    # -- the codebook: subclasses -------------------------------------------------------------
+    @abstractmethod
+    def encode_unit(self, x: Tensor) -> dict[str, Tensor]:
+        """Codes for fp32 rows x [N, K] of unit variance (the format's nearest / Viterbi rounding)."""
+
+    @abstractmethod
+    def decode_unit(self, q: dict[str, Tensor]) -> Tensor:
+        """fp32 [N, K]: the values the codes stand for before the row scale (any fixed unit)."""
+
+    @abstractmethod
+    def code_shapes(self, out_features: int, in_features: int) -> dict[str, tuple]:
+        """name -> (shape, dtype) of the code tensors encode_unit returns."""
+
+    # -- shared ---------------------------------------------------------------------------------
+    def shape_problem(self, out_features: int, in_features: int) -> Optional[str]:
+        problem = super().shape_problem(out_features, in_features)
+        if problem is None and out_features % self.row_multiple:
+            problem = (f"has out_features={out_features}, not a multiple of {self.row_multiple} (the format's "
+                       "tiles); exclude this layer with filter_fn")
+        if problem is None and self.rotate and not supported_hadamard_size(in_features):
+            problem = (f"has in_features={in_features}, which has no Hadamard transform (sizes k * 2^m, see "
+                       "torch_lowbit.rotations); exclude the layer with filter_fn or use rotate=False")
+        return problem
+
+    def signs(self, in_features: int) -> Tensor:
+        return random_signs(in_features, self.seed)
+
+    def quantize(self, weight: Tensor, importance: Optional[Tensor] = None) -> dict[str, Tensor]:
+        self.check_weight(weight)
+        if importance is not None:
+            raise ValueError(f"{self.name}: per-feature importance does not survive the rotation; "
+                             "use Hessian-based rounding (rounding='gptq') or plain rounding")
+        w = self.rotate_weight(weight)
+        rms = w.pow(2).mean(1, keepdim=True).sqrt()
+        q = self.encode_unit(w / torch.where(rms > 0, rms, torch.ones_like(rms)))
+        return self.finish(w, q)
+
+    def rotate_weight(self, weight: Tensor) -> Tensor:
+        """fp32 W' = (W * s) @ H (or W itself without rotation)."""
+        w = weight.detach().float()
+        return hadamard_transform(w, self.signs(w.shape[1]).to(w.device)) if self.rotate else w
+
+    def finish(self, w: Tensor, q: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Adds the least-squares row scales (for rotated weight w) and the signs to codes q."""
+        unit = self.decode_unit(q)
+        den = (unit * unit).sum(1)
+        scale = torch.where(den > 0, (w * unit).sum(1) / den.clamp_min(1e-30), torch.zeros_like(den))
+        q = dict(q, row_scales=scale.half())
+        if self.rotate:
+            q["signs"] = self.signs(w.shape[1]).to(device=w.device, dtype=torch.int8)
+        return q
+
+    def dequantize_rotated(self, q: dict[str, Tensor]) -> Tensor:
+        """fp32 W' as the codes give it, still in the rotated basis (what kernels multiply x' with)."""
+        return self.decode_unit(q) * q["row_scales"].float()[:, None]
+
+    def dequantize(self, q: dict[str, Tensor]) -> Tensor:
+        w = self.dequantize_rotated(q)
+        if self.rotate:
+            w = hadamard_transform(w, q["signs"].float(), inverse=True)
+        return w
+
+    def rotate_activations(self, x: Tensor, signs: Optional[Tensor]) -> Tensor:
+        """x' = (x * s) @ H, in x's dtype (identity without rotation)."""
+        return hadamard_transform(x, signs.to(torch.float32)) if self.rotate else x
+
+    def buffer_shapes(self, out_features: int, in_features: int) -> dict[str, tuple]:
+        shapes = dict(self.code_shapes(out_features, in_features))
+        shapes["row_scales"] = ((out_features,), torch.float16)
+        if self.rotate:
+            shapes["signs"] = ((in_features,), torch.int8)
+        return shapes
+
+
+@dataclasses.dataclass(frozen=True)
+class NUQ(GaussianFormat):
+    """nuq{b}: one code per weight, the b-bit Lloyd-Max levels of N(0, 1) on an int8 grid.
+
+    The levels are rounded to integers t = round(127 * level / max level) (error ~1e-5 of the
+    signal, far below the b-bit distortion) and a code decodes to t[code] itself (the row scale
+    carries the rest), so the int8-activation kernels run the format exactly."""
+
+    kind: ClassVar[str] = "nuq"
+    prefix: ClassVar[str] = "nuq"
+    layout_family: ClassVar[str] = "nuq"  # int8-table kernels on CPU (nuq_i8_n16), palette_dense elsewhere
+
+    def __post_init__(self):
+        if self.bits not in NUQ_BITS:
+            raise ValueError(f"nuq: bits must be one of {list(NUQ_BITS)}, got {self.bits}")
+
+    @property
+    def group_size(self) -> int:
+        return 1
+
+    @property
+    def code_bits(self) -> int:
+        return int(self.bits)
+
+    def code_values(self) -> Tensor:
+        """fp32 integers [2^bits], ascending: the int8 table kernels look codes up in."""
+        levels = nuq_levels(int(self.bits))
+        return torch.round(levels * 127 / levels.max())
+
+    def encode_unit(self, x: Tensor) -> dict[str, Tensor]:
+        t = self.code_values().to(x.device)
+        step = float(nuq_levels(int(self.bits)).max()) / 127  # unit variance -> table units
+        return {"codes": torch.bucketize(x / step, (t[1:] + t[:-1]) / 2).to(torch.uint8)}
+
+    def decode_unit(self, q: dict[str, Tensor]) -> Tensor:
+        t = self.code_values().to(q["codes"].device)
+        return t[q["codes"].long()]
+
+    def code_shapes(self, out_features: int, in_features: int) -> dict[str, tuple]:
+        return {"codes": ((out_features, in_features), torch.uint8)}
+
+
+@dataclasses.dataclass(frozen=True)
+class VQ(GaussianFormat):
+    """vq{b}: one code per pair of consecutive weights, the nearest of 2^(2b) points of a 2-D
+    k-means codebook of the standard Gaussian (fp32 table)."""
+
+    kind: ClassVar[str] = "vq"
+    prefix: ClassVar[str] = "vq"
+
+    def __post_init__(self):
+        if self.bits not in VQ_BITS:
+            raise ValueError(f"vq: bits must be one of {list(VQ_BITS)}, got {self.bits}")
+
+    @property
+    def group_size(self) -> int:
+        return 2
+
+    def codebook(self) -> Tensor:
+        return vq_codebook(self.bits)
+
+    def code_dtype(self) -> torch.dtype:
+        return torch.uint8 if vq_entries(self.bits) <= 256 else torch.int16
+
+    def encode_unit(self, x: Tensor) -> dict[str, Tensor]:
+        cb = self.codebook().to(x.device)
+        pairs = x.reshape(-1, 2)
+        c2 = (cb * cb).sum(1)
+        codes = torch.empty(pairs.shape[0], dtype=torch.long, device=x.device)
+        chunk = max(1024, (1 << 22) // cb.shape[0])
+        for s in range(0, pairs.shape[0], chunk):
+            codes[s:s + chunk] = (c2 - 2 * pairs[s:s + chunk] @ cb.T).argmin(1)
+        return {"codes": codes.reshape(x.shape[0], x.shape[1] // 2).to(self.code_dtype())}
+
+    def decode_unit(self, q: dict[str, Tensor]) -> Tensor:
+        codes = q["codes"]
+        cb = self.codebook().to(codes.device)
+        return cb[codes.long()].reshape(codes.shape[0], codes.shape[1] * 2)
+
+    def code_shapes(self, out_features: int, in_features: int) -> dict[str, tuple]:
+        return {"codes": ((out_features, in_features // 2), self.code_dtype())}
+
+
+for _b in NUQ_BITS:
+    register_format(NUQ(bits=_b))
+for _b in VQ_BITS:
+    register_format(VQ(bits=_b))

@@ -1,0 +1,194 @@
+"""lut{b}_i8_n16 (b = 1..4): the x86 CPU layouts of formats whose b-bit codes index a table of
+integers (q4_0, int4_g*, iq4_nl; nuq* through nuq_i8_n16), run by int8-activation kernels
+(AVX-512 VNNI, AVX2, portable scalar).
+
+Rows are tiled by 16 (N padded with zero codes and scales), K by blocks of 32. A (tile, block) is
+64 b bytes: the code splits into planes of width 4 (b = 4), 2 (b = 2), 2 + 1 (b = 3) or 1 (b = 1);
+a width-w plane takes w chunks of 64 bytes, and quad qd (codes 4qd .. 4qd+3, qd < 8) lies in chunk
+qd % w at bit offset w * (qd // w), byte r*4 + j holding row r's code 4qd + j. One 64-byte load, a
+shift and a mask thus feed vpdpbusd with 4 codes of each of 16 rows. Group params are
+[N/16, K/group, 16] fp16: a tile's 16 scales of one group convert in one op.
+See csrc/common/lut_i8.h for the kernel's integer math.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..formats.activations import fake_quantize_q8_blocks
+from ..formats.gaussian import NUQ
+from ..formats.scalar import ScalarCodebookFormat
+from ..rotations import hadamard_transform
+from .base import Layout, register_layout
+
+TILE = 16
+# (width, shift) of each plane a b-bit code is split into, in storage order.
+PLANES = {4: ((4, 0),), 3: ((2, 0), (1, 2)), 2: ((2, 0),), 1: ((1, 0),)}
+
+
+def _pad_rows(t: Tensor, rows: int) -> Tensor:
+    return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])]) if rows > t.shape[0] else t
+
+
+def pack_codes(codes: Tensor, bits: int) -> Tensor:
+    """uint8 codes [N, K] (K % 32 == 0, values < 2^bits) -> qweight [ceil(N/16), K/32, 64 bits]."""
+    n, k = codes.shape
+    tiles, kb = -(-n // TILE), k // 32
+    c = _pad_rows(codes, tiles * TILE).reshape(tiles, TILE, kb, 8, 4)  # t, r, block, quad, j
+    chunks = []
+    for w, shift in PLANES[bits]:
+        v = ((c >> shift) & ((1 << w) - 1)).reshape(tiles, TILE, kb, 8 // w, w, 4)  # quad = field * w + chunk
+        byte = sum(v[:, :, :, f] << (w * f) for f in range(8 // w))  # t, r, block, chunk, j
+        chunks.append(byte.permute(0, 2, 3, 1, 4))  # t, block, chunk, r, j
+    return torch.cat(chunks, dim=2).reshape(tiles, kb, 64 * bits).to(torch.uint8).contiguous()
+
+
+def unpack_codes(qweight: Tensor, bits: int, out_features: int) -> Tensor:
+    tiles, kb, _ = qweight.shape
+    b = qweight.reshape(tiles, kb, bits, TILE, 4)
+    codes = torch.zeros(tiles, TILE, kb, 8, 4, dtype=torch.uint8, device=qweight.device)
+    at = 0
+    for w, shift in PLANES[bits]:
+        plane = b[:, :, at:at + w].permute(0, 3, 1, 2, 4)  # t, r, block, chunk, j
+        at += w
+        fields = torch.stack([(plane >> (w * f)) & ((1 << w) - 1) for f in range(8 // w)], dim=3)
+        codes |= fields.reshape(tiles, TILE, kb, 8, 4) << shift
+    return codes.reshape(tiles * TILE, kb * 32)[:out_features]
+
+
+def _int8_table(fmt) -> Optional[Tensor]:
+    v = fmt.code_values()
+    if bool((v == v.round()).all()) and v.min() >= -128 and v.max() <= 127 and v.max() - v.min() <= 255:
+        return v.round().to(torch.int8)
+    return None
+
+
+class LutI8Tiled(Layout):
+    """Group-wise scalar-codebook formats (codes, scales [, mins]) with b-bit integer tables."""
+
+    version = 1
+    backends = ("cpu",)
+
+    def __init__(self, bits: int):
+        self.bits = bits
+        self.name = f"lut{bits}_i8_n16"
+
+    def supports(self, fmt) -> bool:
+        return (isinstance(fmt, ScalarCodebookFormat) and fmt.code_bits == self.bits and fmt.group_size % 32 == 0
+                and _int8_table(fmt) is not None)
+
+    def _check(self, fmt):
+        if not self.supports(fmt):
+            raise ValueError(f"layout {self.name} needs a {self.bits}-bit format with integer code values in int8 "
+                             f"range and groups of 32k; {fmt.name} is not one: use its portable layout")
+
+    def pack(self, fmt: ScalarCodebookFormat, q: dict[str, Tensor]) -> dict[str, Tensor]:
+        self._check(fmt)
+        out = {"qweight": pack_codes(q["codes"], self.bits)}
+        tiles = out["qweight"].shape[0]
+        for name in ("scales", "mins") if fmt.has_mins else ("scales",):
+            p = _pad_rows(q[name], tiles * TILE)
+            out[name] = p.reshape(tiles, TILE, -1).permute(0, 2, 1).contiguous()
+        return out
+
+    def unpack(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], out_features: int) -> dict[str, Tensor]:
+        tiles = buffers["qweight"].shape[0]
+        q = {"codes": unpack_codes(buffers["qweight"], self.bits, out_features)}
+        for name in ("scales", "mins") if fmt.has_mins else ("scales",):
+            q[name] = buffers[name].permute(0, 2, 1).reshape(tiles * TILE, -1)[:out_features]
+        return q
+
+    def buffer_shapes(self, fmt: ScalarCodebookFormat, out_features: int, in_features: int):
+        tiles, groups = -(-out_features // TILE), in_features // fmt.group_size
+        shapes = {"qweight": ((tiles, in_features // 32, 64 * self.bits), torch.uint8),
+                  "scales": ((tiles, groups, TILE), torch.float16)}
+        if fmt.has_mins:
+            shapes["mins"] = ((tiles, groups, TILE), torch.float16)
+        return shapes
+
+    def runtime_buffers(self, fmt) -> dict[str, Tensor]:
+        self._check(fmt)
+        return {"lut_i8": _int8_table(fmt)}
+
+    def reference_activations(self, x: Tensor, fmt=None, buffers=None) -> Tensor:
+        return fake_quantize_q8_blocks(x)
+
+    def _run(self, x: Tensor, buffers: dict[str, Tensor], bits: int, group: int, bias, backend: str,
+             out_features: int) -> Tensor:
+        if backend != "cpu" or x.device.type != "cpu":
+            raise RuntimeError(f"layout {self.name} runs on the CPU backend only; repack the module with "
+                               "QuantLinear.repack(...) to a portable layout (lut4_rowmajor, palette_dense) for "
+                               "Triton/CUDA")
+        return torch.ops.torch_lowbit.lut_i8_linear(x, buffers["qweight"], buffers["scales"], buffers.get("mins"),
+                                                    buffers["lut_i8"], bits, group, out_features, bias)
+
+    def linear(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
+               backend: str, out_features: int) -> Tensor:
+        return self._run(x, buffers, self.bits, fmt.group_size, bias, backend, out_features)
+
+
+class NuqI8Tiled(LutI8Tiled):
+    """nuq*: the same tiles, one scale per row (a single group of K), and the activations rotated
+    before they are quantized to int8 (x' = (x * s) @ H, see formats/gaussian.py)."""
+
+    def __init__(self):
+        self.bits = None
+        self.name = "nuq_i8_n16"
+
+    def supports(self, fmt) -> bool:
+        return isinstance(fmt, NUQ)
+
+    def _check(self, fmt):
+        if not self.supports(fmt):
+            raise ValueError(f"layout {self.name} holds nuq formats only, not {fmt.name}")
+
+    def pack(self, fmt: NUQ, q: dict[str, Tensor]) -> dict[str, Tensor]:
+        if q["codes"].shape[1] % 32:
+            raise ValueError(f"layout {self.name} needs in_features divisible by 32 (int8 activation blocks), got "
+                             f"{q['codes'].shape[1]}; use layout palette_dense for this layer")
+        qweight = pack_codes(q["codes"], fmt.code_bits)
+        tiles = qweight.shape[0]
+        scales = _pad_rows(q["row_scales"], tiles * TILE).reshape(tiles, 1, TILE).contiguous()
+        out = {"qweight": qweight, "scales": scales}
+        if "signs" in q:
+            out["signs"] = q["signs"].contiguous()
+        return out
+
+    def unpack(self, fmt: NUQ, buffers: dict[str, Tensor], out_features: int) -> dict[str, Tensor]:
+        q = {"codes": unpack_codes(buffers["qweight"], fmt.code_bits, out_features),
+             "row_scales": buffers["scales"].reshape(-1)[:out_features]}
+        if "signs" in buffers:
+            q["signs"] = buffers["signs"]
+        return q
+
+    def buffer_shapes(self, fmt: NUQ, out_features: int, in_features: int):
+        tiles = -(-out_features // TILE)
+        shapes = {"qweight": ((tiles, in_features // 32, 64 * fmt.code_bits), torch.uint8),
+                  "scales": ((tiles, 1, TILE), torch.float16)}
+        if fmt.rotate:
+            shapes["signs"] = ((in_features,), torch.int8)
+        return shapes
+
+    def runtime_buffers(self, fmt: NUQ) -> dict[str, Tensor]:
+        self._check(fmt)
+        return {"lut_i8": fmt.code_values().to(torch.int8)}
+
+    def linear(self, fmt: NUQ, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
+               backend: str, out_features: int) -> Tensor:
+        xr = fmt.rotate_activations(x.float(), buffers.get("signs"))  # fp32: no second rounding of bf16 inputs
+        return self._run(xr, buffers, fmt.code_bits, x.shape[-1], bias, backend, out_features).to(x.dtype)
+
+    def reference_activations(self, x: Tensor, fmt=None, buffers=None) -> Tensor:
+        # kernel: q8(x') @ W'^T with x' = x S H; as a product with W = W' H^T S that is
+        # (q8(x') H^T S) @ W^T, so the effective activations are the rotation undone after q8.
+        if not fmt.rotate:
+            return fake_quantize_q8_blocks(x)
+        signs = buffers["signs"].float()
+        return hadamard_transform(fake_quantize_q8_blocks(fmt.rotate_activations(x, signs)), signs, inverse=True)
+
+
+LUT_I8 = {b: register_layout(LutI8Tiled(b), default_for=f"lut{b}", device="cpu")
+          for b in (4, 3, 2, 1)}
+NUQ_I8 = register_layout(NuqI8Tiled(), default_for="nuq", device="cpu")
