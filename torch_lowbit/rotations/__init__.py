@@ -1,0 +1,7 @@
+"""Rotations for incoherence processing: randomized Hadamard transforms (QuaRot / QuIP# style)."""
+from .hadamard import (SUPPORTED_BASE_ORDERS, base_hadamard_matrix, base_order, hadamard_matrix,
+                       hadamard_transform, hadamard_transform_reference, random_signs,
+                       supported_hadamard_size)
+
+__all__ = ["SUPPORTED_BASE_ORDERS", "base_hadamard_matrix", "base_order", "hadamard_matrix",
+           "hadamard_transform", "hadamard_transform_reference", "random_signs", "supported_hadamard_size"]
