@@ -287,6 +287,8 @@ def test_op_rejects_bad_inputs(case):
 def test_wrapper_names_nearest_sizes():
     with pytest.raises(ValueError, match=r"nearest supported: 96 or 104"):
         hadamard_transform(torch.randn(2, 100))
+    with pytest.raises(ValueError, match="at least one dimension"):
+        hadamard_transform(torch.tensor(3.0))
 
 
 def test_register_base_rejects_non_hadamard():

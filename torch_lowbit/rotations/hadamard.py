@@ -144,6 +144,8 @@ def hadamard_transform(x: torch.Tensor, signs: Optional[torch.Tensor] = None,
     """
     from ..ops import current_backend
 
+    if x.dim() == 0:
+        raise ValueError("hadamard_transform: x must have at least one dimension (the rotated one is the last)")
     check_hadamard_size(x.shape[-1])  # ValueError naming the nearest supported sizes
     if current_backend() == "reference" or x.device.type not in ("cpu", "cuda", "meta"):
         return hadamard_transform_reference(x, signs, inverse)
