@@ -12,6 +12,7 @@ namespace torch_lowbit {
 namespace {
 
 constexpr int64_t kLanes = 8;
+constexpr int64_t kL1Chunk = 2048;  // floats: 8 KiB
 
 // The three in-register stages (h = 1, 2, 4) of one 8-float vector.
 TLB_AVX2 inline __m256 fwht8(__m256 v) {
@@ -26,10 +27,11 @@ TLB_AVX2 inline __m256 fwht8(__m256 v) {
   return _mm256_fmadd_ps(v, sign4, _mm256_permutevar8x32_ps(v, pair4));
 }
 
-TLB_AVX2 void fwht_block(float* x, int64_t len) {
-  for (int64_t j = 0; j < len; j += kLanes) _mm256_storeu_ps(x + j, fwht8(_mm256_loadu_ps(x + j)));
-  int64_t h = kLanes;
-  for (; 4 * h <= len; h *= 4) {  // stages h and 2h together
+// Stages h_begin, 2 h_begin, ... < h_end (h_begin >= one vector) over x[0, len): two per pass,
+// then a radix-2 pass if one is left.
+TLB_AVX2 void butterfly_passes(float* x, int64_t len, int64_t h_begin, int64_t h_end) {
+  int64_t h = h_begin;
+  for (; 4 * h <= h_end; h *= 4) {
     for (int64_t i = 0; i < len; i += 4 * h) {
       for (int64_t j = i; j < i + h; j += kLanes) {
         const __m256 v0 = _mm256_loadu_ps(x + j), v1 = _mm256_loadu_ps(x + j + h);
@@ -43,13 +45,26 @@ TLB_AVX2 void fwht_block(float* x, int64_t len) {
       }
     }
   }
-  if (2 * h == len) {  // one stage left
-    for (int64_t j = 0; j < h; j += kLanes) {
-      const __m256 lo = _mm256_loadu_ps(x + j), hi = _mm256_loadu_ps(x + j + h);
-      _mm256_storeu_ps(x + j, _mm256_add_ps(lo, hi));
-      _mm256_storeu_ps(x + j + h, _mm256_sub_ps(lo, hi));
+  if (2 * h == h_end) {
+    for (int64_t i = 0; i < len; i += 2 * h) {
+      for (int64_t j = i; j < i + h; j += kLanes) {
+        const __m256 lo = _mm256_loadu_ps(x + j), hi = _mm256_loadu_ps(x + j + h);
+        _mm256_storeu_ps(x + j, _mm256_add_ps(lo, hi));
+        _mm256_storeu_ps(x + j + h, _mm256_sub_ps(lo, hi));
+      }
     }
   }
+}
+
+TLB_AVX2 void fwht_block(float* x, int64_t len) {
+  // Strides below kL1Chunk run chunk by chunk while the chunk sits in L1; only the wider ones
+  // stream the whole block (a 2^14 row is 64 KiB, past L1).
+  const int64_t chunk = len < kL1Chunk ? len : kL1Chunk;
+  for (int64_t c0 = 0; c0 < len; c0 += chunk) {
+    for (int64_t j = c0; j < c0 + chunk; j += kLanes) _mm256_storeu_ps(x + j, fwht8(_mm256_loadu_ps(x + j)));
+    butterfly_passes(x + c0, chunk, kLanes, chunk);
+  }
+  butterfly_passes(x, len, chunk, len);
 }
 
 // Output blocks c..c+3, columns j..j+8*V: four rows of the mix share every input load

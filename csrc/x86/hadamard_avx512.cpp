@@ -15,6 +15,7 @@ namespace torch_lowbit {
 namespace {
 
 constexpr int64_t kLanes = 16;
+constexpr int64_t kL1Chunk = 2048;  // floats: 8 KiB
 
 // All four in-register stages (h = 1, 2, 4, 8) of one 16-float vector.
 TLB_AVX512 inline __m512 fwht16(__m512 v) {
@@ -32,10 +33,11 @@ TLB_AVX512 inline __m512 fwht16(__m512 v) {
   return _mm512_fmadd_ps(v, sign8, _mm512_permutexvar_ps(pair8, v));
 }
 
-TLB_AVX512 void fwht_block(float* x, int64_t len) {
-  for (int64_t j = 0; j < len; j += kLanes) _mm512_storeu_ps(x + j, fwht16(_mm512_loadu_ps(x + j)));
-  int64_t h = kLanes;
-  for (; 4 * h <= len; h *= 4) {  // stages h and 2h together
+// Stages h_begin, 2 h_begin, ... < h_end (h_begin >= one vector) over x[0, len): two per pass,
+// then a radix-2 pass if one is left.
+TLB_AVX512 void butterfly_passes(float* x, int64_t len, int64_t h_begin, int64_t h_end) {
+  int64_t h = h_begin;
+  for (; 4 * h <= h_end; h *= 4) {
     for (int64_t i = 0; i < len; i += 4 * h) {
       for (int64_t j = i; j < i + h; j += kLanes) {
         const __m512 v0 = _mm512_loadu_ps(x + j), v1 = _mm512_loadu_ps(x + j + h);
@@ -49,13 +51,26 @@ TLB_AVX512 void fwht_block(float* x, int64_t len) {
       }
     }
   }
-  if (2 * h == len) {  // one stage left
-    for (int64_t j = 0; j < h; j += kLanes) {
-      const __m512 lo = _mm512_loadu_ps(x + j), hi = _mm512_loadu_ps(x + j + h);
-      _mm512_storeu_ps(x + j, _mm512_add_ps(lo, hi));
-      _mm512_storeu_ps(x + j + h, _mm512_sub_ps(lo, hi));
+  if (2 * h == h_end) {
+    for (int64_t i = 0; i < len; i += 2 * h) {
+      for (int64_t j = i; j < i + h; j += kLanes) {
+        const __m512 lo = _mm512_loadu_ps(x + j), hi = _mm512_loadu_ps(x + j + h);
+        _mm512_storeu_ps(x + j, _mm512_add_ps(lo, hi));
+        _mm512_storeu_ps(x + j + h, _mm512_sub_ps(lo, hi));
+      }
     }
   }
+}
+
+TLB_AVX512 void fwht_block(float* x, int64_t len) {
+  // Strides below kL1Chunk run chunk by chunk while the chunk sits in L1; only the wider ones
+  // stream the whole block (a 2^14 row is 64 KiB, past L1).
+  const int64_t chunk = len < kL1Chunk ? len : kL1Chunk;
+  for (int64_t c0 = 0; c0 < len; c0 += chunk) {
+    for (int64_t j = c0; j < c0 + chunk; j += kLanes) _mm512_storeu_ps(x + j, fwht16(_mm512_loadu_ps(x + j)));
+    butterfly_passes(x + c0, chunk, kLanes, chunk);
+  }
+  butterfly_passes(x, len, chunk, len);
 }
 
 // Output blocks c..c+3, columns j..j+16*V: four rows of the mix share every input load.
