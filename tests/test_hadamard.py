@@ -304,3 +304,28 @@ def test_register_base_rejects_non_hadamard():
     # the registered table is untouched: the op still matches the reference for k = 12
     x = _data(2, 12 * 16)
     assert _rel(hadamard_transform(x), hadamard_transform_reference(x)) < 2e-6
+
+
+def _quarot_matmul_hadU(x, had_k, k):
+    """QuaRot's fake_quant/hadamard_utils.matmul_hadU (github.com/spcl/QuaRot), condensed: the
+    butterflies pair neighbours and move the finished bit to the back, then H_k mixes the blocks."""
+    n = x.shape[-1]
+    cur = x.clone().view(-1, n, 1)
+    while cur.shape[1] > k:
+        cur = cur.view(cur.shape[0], cur.shape[1] // 2, 2, cur.shape[2])
+        cur = torch.stack([cur[:, :, 0] + cur[:, :, 1], cur[:, :, 0] - cur[:, :, 1]], dim=2)
+        cur = cur.view(cur.shape[0], cur.shape[1], -1)
+    if k > 1:
+        cur = had_k.view(1, k, k).to(cur) @ cur
+    return cur.view(x.shape) / math.sqrt(n)
+
+
+@pytest.mark.parametrize("n", [64, 12 * 8, 20 * 2, 36 * 16, 52 * 4, 172 * 2])
+def test_same_matrix_as_quarot(n):
+    # QuaRot's matmul_hadU(x) is x @ H_n^T here (our inverse without signs), and its matmul_hadUt
+    # (H_k transposed) our forward: the same matrix and Kronecker layout, so QuaRot rotations carry over.
+    x = _data(3, n)
+    k = base_order(n)
+    h_k = base_hadamard_matrix(k)
+    assert _rel(hadamard_transform(x, inverse=True), _quarot_matmul_hadU(x, h_k, k)) < 2e-6
+    assert _rel(hadamard_transform(x), _quarot_matmul_hadU(x, h_k.T.contiguous(), k)) < 2e-6
