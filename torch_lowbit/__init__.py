@@ -13,6 +13,7 @@ from .formats import (IQ4_NL, NUQ, VQ, Format, GaussianFormat, Int4, IntAsym, Q4
 from .io import CheckpointError, load_quantized, save_quantized
 from .nn import ProjectionSlot, QuantLinear, quantize_
 from .ops import current_backend, use_backend
+from . import rotations  # noqa: F401  (Hadamard rotations; registers torch_lowbit::hadamard_transform impls)
 
 __version__ = "0.1.0"
 

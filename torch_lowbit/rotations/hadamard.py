@@ -94,8 +94,10 @@ def _sylvester(p: int) -> torch.Tensor:
 def hadamard_matrix(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The normalized n x n matrix H_n = (H_k ⊗ H_{2^m}) / sqrt(n); orthogonal."""
     k = check_hadamard_size(n)
-    h = torch.kron(base_hadamard_matrix(k).double(), _sylvester(n // k).double()) / math.sqrt(n)
-    return h.to(dtype)
+    # +-1 entries are exact in fp32; float64 only when asked for (n = 2^14 is 1 GiB in fp32)
+    build = torch.float64 if dtype == torch.float64 else torch.float32
+    h = torch.kron(base_hadamard_matrix(k).to(build), _sylvester(n // k).to(build))
+    return h.mul_(1 / math.sqrt(n)).to(dtype)
 
 
 def random_signs(n: int, seed: int) -> torch.Tensor:
@@ -136,7 +138,15 @@ def hadamard_transform(x: torch.Tensor, signs: Optional[torch.Tensor] = None,
                        inverse: bool = False) -> torch.Tensor:
     """Randomized Hadamard transform along the last dim (see the module docstring for the formulas).
 
-    Output dtype = input dtype; arithmetic in fp32. For now the dense reference product; the fast
-    kernels (custom op torch_lowbit::hadamard_transform) take over behind this same signature.
+    CPU and CUDA tensors run the custom op torch.ops.torch_lowbit.hadamard_transform (fast
+    Walsh-Hadamard butterflies plus the k x k base mix); use_backend("reference") forces the dense
+    fp32 product. Output dtype = input dtype; arithmetic in fp32.
     """
-    return hadamard_transform_reference(x, signs, inverse)
+    from ..ops import current_backend
+
+    if x.dim() == 0:
+        raise ValueError("hadamard_transform: x must have at least one dimension (the rotated one is the last)")
+    check_hadamard_size(x.shape[-1])  # ValueError naming the nearest supported sizes
+    if current_backend() == "reference" or x.device.type not in ("cpu", "cuda", "meta"):
+        return hadamard_transform_reference(x, signs, inverse)
+    return torch.ops.torch_lowbit.hadamard_transform(x, signs, inverse)

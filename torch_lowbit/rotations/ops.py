@@ -1,0 +1,83 @@
+"""torch_lowbit::hadamard_transform(Tensor x, Tensor? signs, bool inverse) -> Tensor.
+
+Schema and CPU kernel: csrc/hadamard.cpp. Here: the base matrices handed to the C++ registry (the
+tables stay in _base_matrices.py only), the fake implementation (shapes and validation for
+torch.compile and meta tensors) and the CUDA implementation (fast_hadamard_transform for the 2^m
+part when that package is installed, else the Triton kernel).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional
+
+import torch
+
+from ..ops.library import cpu_extension
+from .hadamard import SUPPORTED_BASE_ORDERS, base_hadamard_matrix, base_order, check_hadamard_size
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check_inputs(x: torch.Tensor, signs: Optional[torch.Tensor]) -> None:
+    torch._check(x.dtype in _FLOAT_DTYPES, lambda: f"hadamard_transform: x must be fp32, bf16 or fp16, got {x.dtype}")
+    torch._check(x.dim() >= 1, lambda: "hadamard_transform: x must have at least one dimension")
+    n = int(x.shape[-1])  # the rotated dim is a model width: static
+    check_hadamard_size(n)
+    if signs is not None:
+        torch._check(signs.dim() == 1 and signs.shape[0] == n,
+                     lambda: f"hadamard_transform: signs must be a 1-D tensor of {n} values, got {tuple(signs.shape)}")
+        torch._check(signs.dtype == torch.float32, lambda: f"hadamard_transform: signs must be fp32, got {signs.dtype}")
+
+
+@functools.lru_cache(maxsize=None)
+def _fast_hadamard_transform():
+    """fast_hadamard_transform.hadamard_transform(x, scale) if that optional CUDA-only package is
+    installed (looked up once: a failed import would otherwise rescan sys.path on every call)."""
+    try:
+        from fast_hadamard_transform import hadamard_transform
+    except ImportError:
+        return None
+    return hadamard_transform
+
+
+def _cuda_with_fast_hadamard_transform(fht, x: torch.Tensor, signs: Optional[torch.Tensor],
+                                       inverse: bool) -> torch.Tensor:
+    """fast_hadamard_transform (CUDA-only package) for the 2^m blocks, a batched matmul for the base mix."""
+    n = x.shape[-1]
+    k = base_order(n)
+    xf = x.reshape(-1, n).float()
+    if signs is not None and not inverse:
+        xf = xf * signs
+    t = fht(xf.reshape(-1, k, n // k).contiguous(), 1.0 / math.sqrt(n))  # along the last dim: each block
+    if k > 1:
+        h = base_hadamard_matrix(k).to(x.device)
+        t = torch.matmul(h if inverse else h.T, t)  # out block c = sum_a mix[c, a] * block a
+    y = t.reshape(-1, n)
+    if signs is not None and inverse:
+        y = y * signs
+    return y.reshape(x.shape).to(x.dtype)
+
+
+def _register() -> None:
+    cpu_extension()  # loads the schema and the CPU kernel
+    for k in SUPPORTED_BASE_ORDERS:
+        if k > 1:
+            torch.ops.torch_lowbit._hadamard_register_base(base_hadamard_matrix(k))
+
+    @torch.library.register_fake("torch_lowbit::hadamard_transform")
+    def _hadamard_transform_fake(x, signs, inverse):
+        _check_inputs(x, signs)
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+    @torch.library.impl("torch_lowbit::hadamard_transform", "CUDA")
+    def _hadamard_transform_cuda(x, signs, inverse):
+        _check_inputs(x, signs)
+        fht = _fast_hadamard_transform()
+        if fht is not None and x.shape[-1] // base_order(x.shape[-1]) >= 8:  # its kernels pad tiny dims
+            return _cuda_with_fast_hadamard_transform(fht, x, signs, inverse)
+        from ..triton_kernels.hadamard import hadamard_transform as triton_hadamard_transform
+        return triton_hadamard_transform(x, signs, inverse)
+
+
+_register()
