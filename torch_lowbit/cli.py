@@ -91,8 +91,10 @@ def cmd_eval(args) -> None:
         load_quantized(model, args.checkpoint)
     elif args.format != "none":
         _quantize(model, tok, args)
-    ppl = perplexity(model, tok, wiki_text(400), ctx=args.ctx, max_tokens=args.tokens)
-    print(f"perplexity ({args.tokens} tokens, ctx {args.ctx}): {ppl:.3f}")
+    from . import use_backend
+    with use_backend(args.backend):
+        ppl = perplexity(model, tok, wiki_text(400), ctx=args.ctx, max_tokens=args.tokens)
+    print(f"perplexity ({args.tokens} tokens, ctx {args.ctx}, backend {args.backend}): {ppl:.3f}")
 
 
 CPU_BENCH_SHAPES = ["4096x4096", "14336x4096", "4096x14336"]
@@ -166,6 +168,8 @@ def main(argv=None) -> None:
     sp.add_argument("--model", default="smollm2")
     quant_opts(sp)
     sp.add_argument("--checkpoint", help="a save_quantized file instead of --format")
+    sp.add_argument("--backend", default="auto", choices=["auto", "reference"],
+                    help="reference: fp32 activations times the dequantized weight (weights-only quality, any format)")
     sp.add_argument("--tokens", type=int, default=4096)
     sp.add_argument("--lm-eval", action="store_true", help="run the lm-eval `lowbit` model on the local task")
     sp.add_argument("--docs", type=int, default=64, help="documents in the local lm-eval task")
