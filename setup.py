@@ -25,7 +25,7 @@ setup(
     # triton_kernels/ sits at the repo top but installs as torch_lowbit.triton_kernels: a top-level
     # `triton_kernels` module would collide with the PyPI package of that name.
     package_dir={"torch_lowbit": "torch_lowbit", "torch_lowbit.triton_kernels": "triton_kernels"},
-    package_data={"torch_lowbit": ["eval/tasks/*.yaml"]},
+    package_data={"torch_lowbit": ["eval/tasks/*.yaml", "formats/data/*.safetensors"]},
     ext_modules=[
         CppExtension(
             "torch_lowbit._C",
