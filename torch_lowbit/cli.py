@@ -109,7 +109,7 @@ def cmd_bench(args) -> None:
         shapes = shapes[:1] if args.quick else shapes
         ms = (1, 8) if args.quick else tuple(args.m)
         rows, bw = bench_cpu(shapes=shapes, ms=ms, threads=tuple(args.threads), formats=tuple(formats),
-                             layouts=tuple(args.layouts), rotate_mib=args.rotate_mib)
+                             layouts=tuple(args.layouts) if args.layouts else None, rotate_mib=args.rotate_mib)
         print(format_table(rows, bw))
         if args.png:
             from .bench.plots import roofline_png
@@ -186,8 +186,8 @@ def main(argv=None) -> None:
     sp.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     sp.add_argument("--formats", nargs="+", help=f"cpu default: {' '.join(CPU_BENCH_FORMATS)}; distortion "
                     "default: every palette format")
-    sp.add_argument("--layouts", nargs="+", default=["lut4_i8_n16"],
-                    help="CPU layouts to run (lut4_i8_n16: int8 activations; lut4_rowmajor: fp32 activations)")
+    sp.add_argument("--layouts", nargs="+", help="CPU layouts to run where they hold the format (default: each "
+                    "format's CPU default; lut*_i8_n16: int8 activations, lut4_rowmajor: fp32 activations)")
     sp.add_argument("--rotate-mib", type=int, default=256,
                     help="total size of the weight copies each contender cycles through (> L3 streams from DRAM)")
     sp.add_argument("--decode", action="store_true", help="also SmolLM2 decode tok/s: fp32, bf16, first format")

@@ -20,6 +20,7 @@
 #include <c10/util/Half.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/act_q8.h"
 
@@ -48,6 +49,17 @@ inline int lut_i8_code(const uint8_t* p, int bits, int r, int k) {
   };
   if (bits == 3) return field(p, 2) | (field(p + 128, 1) << 2);
   return field(p, bits);
+}
+
+// Calls f(std::integral_constant<int, B>{}) with B = bits (1..4), so kernels specialize on the width.
+template <typename F>
+inline void with_code_bits(int bits, F&& f) {
+  switch (bits) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    default: return f(std::integral_constant<int, 4>{});
+  }
 }
 
 // out[m * ldo + n] for tiles [t0, t1) and all tokens of `a`.

@@ -102,12 +102,7 @@ TLB_AVX2_I8 void run_bits(const LutI8Weights& w, const Q8Acts& a, int64_t t0, in
 
 TLB_AVX2_I8 void lut_i8_avx2(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out,
                             int64_t ldo) {
-  switch (w.bits) {
-    case 1: return run_bits<1>(w, a, t0, t1, out, ldo);
-    case 2: return run_bits<2>(w, a, t0, t1, out, ldo);
-    case 3: return run_bits<3>(w, a, t0, t1, out, ldo);
-    default: return run_bits<4>(w, a, t0, t1, out, ldo);
-  }
+  with_code_bits(w.bits, [&](auto b) TLB_AVX2_I8 { run_bits<decltype(b)::value>(w, a, t0, t1, out, ldo); });
 }
 
 }  // namespace torch_lowbit

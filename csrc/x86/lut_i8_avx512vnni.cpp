@@ -119,12 +119,7 @@ TLB_VNNI void run_bits(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64
 
 TLB_VNNI void lut_i8_avx512vnni(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out,
                                int64_t ldo) {
-  switch (w.bits) {
-    case 1: return run_bits<1>(w, a, t0, t1, out, ldo);
-    case 2: return run_bits<2>(w, a, t0, t1, out, ldo);
-    case 3: return run_bits<3>(w, a, t0, t1, out, ldo);
-    default: return run_bits<4>(w, a, t0, t1, out, ldo);
-  }
+  with_code_bits(w.bits, [&](auto b) TLB_VNNI { run_bits<decltype(b)::value>(w, a, t0, t1, out, ldo); });
 }
 
 }  // namespace torch_lowbit

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..formats import get_format
-from ..layouts import get_layout
+from ..layouts import default_layout, get_layout
 from ..nn import QuantLinear
 
 
@@ -96,13 +96,13 @@ def _contenders(n: int, k: int, formats: list[str], rotate_mib: int, layouts: li
     with torch.no_grad():
         lin.weight.copy_(w)
     for fmt in formats:
-        for layout in layouts:
+        for layout in layouts or [default_layout(get_format(fmt), "cpu").name]:
             if not get_layout(layout).supports(get_format(fmt)) or "cpu" not in get_layout(layout).backends:
                 continue
             ql = QuantLinear.from_linear(lin, fmt, layout=layout)
             nbytes = ql.weight_nbytes()
             mods = [ql] + [copy.deepcopy(ql) for _ in range(_copies(nbytes, rotate_mib) - 1)]
-            act = "int8 act" if layout == "lut4_i8_n16" else "fp32 act"
+            act = "int8 act" if "_i8_" in layout else "fp32 act"
             out[f"torch_lowbit {fmt} [{layout}, {act}]"] = (lambda i, mods=mods: mods[i], nbytes, torch.float32,
                                                              len(mods))
     return out
@@ -110,7 +110,7 @@ def _contenders(n: int, k: int, formats: list[str], rotate_mib: int, layouts: li
 
 @torch.no_grad()
 def bench_cpu(shapes=((4096, 4096),), ms=(1, 8, 64, 512), threads=(1, 2),
-              formats=("q4_0", "iq4_nl", "int4_g32", "int4_g128"), layouts=("lut4_i8_n16",),
+              formats=("q4_0", "iq4_nl", "int4_g32", "int4_g128"), layouts=None,
               rotate_mib: int = 256, progress=None) -> tuple[list[Row], float]:
     """Returns the rows (one per shape x M x threads x contender) and the DRAM read GB/s."""
     if progress is None:
@@ -121,7 +121,7 @@ def bench_cpu(shapes=((4096, 4096),), ms=(1, 8, 64, 512), threads=(1, 2),
     bw = dram_read_gbs(mib=max(64, 2 * rotate_mib))
     try:
         for n, k in shapes:  # shape given as (out N, in K)
-            contenders = _contenders(n, k, list(formats), rotate_mib, list(layouts))
+            contenders = _contenders(n, k, list(formats), rotate_mib, list(layouts or []))
             for t in threads:
                 torch.set_num_threads(t)
                 for m in ms:

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ..rotations import hadamard_transform, random_signs, supported_hadamard_size
+from . import tcq
 from .base import Format
 from .gaussian_codebooks import nuq_levels, vq_codebook, vq_entries, NUQ_BITS, VQ_BITS
 from .registry import register_format
@@ -36,8 +37,19 @@ class GaussianFormat(Format):
     seed: int = 0  # of the rotation's random signs
 
     prefix: ClassVar[str]
+    supported_bits: ClassVar[tuple]
+    columns: ClassVar[int]  # in_features must be a multiple of this (weights per code, TCQ tiles)
     layout_family: ClassVar[str] = "palette"
     row_multiple: ClassVar[int] = 1  # out_features must be a multiple of this (TCQ tiles)
+
+    def __post_init__(self):
+        if not any(self.bits == b for b in self.supported_bits):
+            raise ValueError(f"{self.prefix}: bits must be one of {[float(b) for b in self.supported_bits]}, "
+                             f"got {self.bits}")
+
+    @property
+    def group_size(self) -> int:
+        return self.columns
 
     @property
     def name(self) -> str:
@@ -131,14 +143,8 @@ class NUQ(GaussianFormat):
     kind: ClassVar[str] = "nuq"
     prefix: ClassVar[str] = "nuq"
     layout_family: ClassVar[str] = "nuq"  # int8-table kernels on CPU (nuq_i8_n16), palette_dense elsewhere
-
-    def __post_init__(self):
-        if self.bits not in NUQ_BITS:
-            raise ValueError(f"nuq: bits must be one of {list(NUQ_BITS)}, got {self.bits}")
-
-    @property
-    def group_size(self) -> int:
-        return 1
+    supported_bits: ClassVar[tuple] = NUQ_BITS
+    columns: ClassVar[int] = 1
 
     @property
     def code_bits(self) -> int:
@@ -169,14 +175,8 @@ class VQ(GaussianFormat):
 
     kind: ClassVar[str] = "vq"
     prefix: ClassVar[str] = "vq"
-
-    def __post_init__(self):
-        if self.bits not in VQ_BITS:
-            raise ValueError(f"vq: bits must be one of {list(VQ_BITS)}, got {self.bits}")
-
-    @property
-    def group_size(self) -> int:
-        return 2
+    supported_bits: ClassVar[tuple] = VQ_BITS
+    columns: ClassVar[int] = 2
 
     def codebook(self) -> Tensor:
         return vq_codebook(self.bits)
@@ -203,7 +203,75 @@ class VQ(GaussianFormat):
         return {"codes": ((out_features, in_features // 2), self.code_dtype())}
 
 
+def _tiles(x: Tensor) -> Tensor:
+    """[N, K] -> [N/16, K/16 * 256]: each 16 x 16 tile flattened row-major into one TCQ sequence."""
+    n, k = x.shape
+    return x.reshape(n // 16, 16, k // 16, 16).permute(0, 2, 1, 3).reshape(n // 16, (k // 16) * 256)
+
+
+def _untiles(seqs: Tensor, n: int, k: int) -> Tensor:
+    return seqs.reshape(n // 16, k // 16, 16, 16).permute(0, 2, 1, 3).reshape(n, k)
+
+
+@dataclasses.dataclass(frozen=True)
+class TCQ(GaussianFormat):
+    """tcq{b}: QTIP's bitshift trellis (L = 16, V = 2, tail-biting sequences of 256 weights, hybrid
+    quantlut_sym code), one sequence per 16 x 16 tile of W', Viterbi-encoded (torch_lowbit/formats/tcq.py
+    holds the math and the packing). b in 1.5 .. 5 by 0.5."""
+
+    kind: ClassVar[str] = "tcq"
+    prefix: ClassVar[str] = "tcq"
+    row_multiple: ClassVar[int] = 16
+    supported_bits: ClassVar[tuple] = tcq.TCQ_SUPPORTED_BITS
+    columns: ClassVar[int] = 16
+
+    def encode_unit(self, x: Tensor) -> dict[str, Tensor]:
+        return {"codes": tcq.tcq_encode(_tiles(x), self.bits)}
+
+    def decode_unit(self, q: dict[str, Tensor]) -> Tensor:
+        codes = q["codes"]
+        n, k = codes.shape[0] * 16, codes.shape[1] * 16
+        return _untiles(tcq.tcq_decode(codes, self.bits, (k // 16) * 256), n, k)
+
+    def code_shapes(self, out_features: int, in_features: int) -> dict[str, tuple]:
+        return {"codes": ((out_features // 16, in_features // 16, 4 * tcq.tcq_shift_bits(self.bits)), torch.int32)}
+
+
+@dataclasses.dataclass(frozen=True)
+class HalfTCQ(GaussianFormat):
+    """tcq{b} for b = 1.75, 2.25, .., 4.75 (Q-Palette's half-TCQ): the first half of the input
+    features at b - 0.25 bits, the second at b + 0.25, each a TCQ code as above."""
+
+    kind: ClassVar[str] = "tcq_half"
+    prefix: ClassVar[str] = "tcq"
+    row_multiple: ClassVar[int] = 16
+    supported_bits: ClassVar[tuple] = tuple(b + 0.25 for b in tcq.TCQ_SUPPORTED_BITS[:-1])
+    columns: ClassVar[int] = 32  # two halves of whole 16-column tiles
+
+    def halves(self) -> tuple[TCQ, TCQ]:
+        return TCQ(self.bits - 0.25, rotate=False), TCQ(self.bits + 0.25, rotate=False)
+
+    def encode_unit(self, x: Tensor) -> dict[str, Tensor]:
+        lo, hi = self.halves()
+        h = x.shape[1] // 2
+        return {"codes_lo": lo.encode_unit(x[:, :h].contiguous())["codes"],
+                "codes_hi": hi.encode_unit(x[:, h:].contiguous())["codes"]}
+
+    def decode_unit(self, q: dict[str, Tensor]) -> Tensor:
+        lo, hi = self.halves()
+        return torch.cat([lo.decode_unit({"codes": q["codes_lo"]}), hi.decode_unit({"codes": q["codes_hi"]})], 1)
+
+    def code_shapes(self, out_features: int, in_features: int) -> dict[str, tuple]:
+        lo, hi = self.halves()
+        h = in_features // 2
+        return {"codes_lo": lo.code_shapes(out_features, h)["codes"], "codes_hi": hi.code_shapes(out_features, h)["codes"]}
+
+
 for _b in NUQ_BITS:
     register_format(NUQ(bits=_b))
 for _b in VQ_BITS:
     register_format(VQ(bits=_b))
+for _b in tcq.TCQ_SUPPORTED_BITS:
+    register_format(TCQ(bits=_b))
+for _b in HalfTCQ.supported_bits:
+    register_format(HalfTCQ(bits=_b))
