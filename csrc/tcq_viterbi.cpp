@@ -108,8 +108,7 @@ class SequenceBatchEncoder {
       int64_t k = 0;
       for (; k < fan; ++k) {
         const int64_t p = k * groups_ + g;
-        const float dist = std::fma(ay, code_.cy[p], std::fma(ax, code_.cx[p], code_.c2[p]));
-        if (prev[p >> shift_] + dist == best) break;
+        if (tcq_state_cost(prev[p >> shift_], ax, ay, code_.cx[p], code_.cy[p], code_.c2[p]) == best) break;
       }
       TORCH_CHECK(k < fan, "tcq_viterbi: internal error, traceback found no predecessor");
       state = k * groups_ + g;

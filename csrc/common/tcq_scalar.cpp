@@ -1,5 +1,4 @@
 // Portable TCQ Viterbi step: the reference the vectorized steps must equal bit for bit.
-#include <cmath>
 #include <limits>
 
 #include "common/tcq.h"
@@ -15,8 +14,7 @@ void tcq_step_scalar(const TcqCode& code, int batch, const float* const* prev, c
       float best = std::numeric_limits<float>::infinity();
       for (int64_t k = 0; k < fan; ++k) {
         const int64_t p = k * groups + g;
-        const float dist = std::fma(ay[i], code.cy[p], std::fma(ax[i], code.cx[p], code.c2[p]));
-        const float cost = prev[i][p >> s] + dist;
+        const float cost = tcq_state_cost(prev[i][p >> s], ax[i], ay[i], code.cx[p], code.cy[p], code.c2[p]);
         best = best < cost ? best : cost;  // as vminps(best, cost)
       }
       next[i][g] = best;

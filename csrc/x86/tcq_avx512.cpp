@@ -1,5 +1,6 @@
 // AVX-512 TCQ Viterbi step: 16 consecutive successor groups per register, the 2^s predecessors of
-// each walked in the inner loop (over the blocked table copy, so reads are sequential) with the running min kept in registers; up to 4 sequences share each
+// each walked in the inner loop (over the blocked table copy, so reads are sequential) with the
+// running min kept in registers; up to 8 sequences share each
 // load of the state-value table (768 KB, meant to stay in L2), which also gives the min-chains
 // independent work to hide their latency.
 #if defined(TORCH_LOWBIT_X86)
@@ -37,8 +38,8 @@ TLB_AVX512 void step(const TcqCode& code, const float* const* prev, const float*
       for (int i = 0; i < B; ++i) {
         const __m512 from = kNarrow ? _mm512_permutexvar_ps(lane_group, _mm512_loadu_ps(prev[i] + (p0 >> s)))
                                     : _mm512_set1_ps(prev[i][p0 >> s]);
-        const __m512 dist = _mm512_fmadd_ps(vay[i], cy, _mm512_fmadd_ps(vax[i], cx, c2));
-        best[i] = _mm512_min_ps(best[i], _mm512_add_ps(from, dist));
+        const __m512 cost = _mm512_fmadd_ps(vay[i], cy, _mm512_fmadd_ps(vax[i], cx, _mm512_add_ps(from, c2)));
+        best[i] = _mm512_min_ps(best[i], cost);  // = tcq_state_cost per lane
       }
     }
     for (int i = 0; i < B; ++i) _mm512_storeu_ps(next[i] + g0, best[i]);
@@ -48,11 +49,16 @@ TLB_AVX512 void step(const TcqCode& code, const float* const* prev, const float*
 template <bool kNarrow>
 TLB_AVX512 void step_batch(const TcqCode& code, int batch, const float* const* prev, const float* ax,
                            const float* ay, float* const* next) {
+  static_assert(kTcqMaxBatch == 8, "one instantiation per batch size");
   switch (batch) {
     case 1: return step<1, kNarrow>(code, prev, ax, ay, next);
     case 2: return step<2, kNarrow>(code, prev, ax, ay, next);
     case 3: return step<3, kNarrow>(code, prev, ax, ay, next);
-    default: return step<4, kNarrow>(code, prev, ax, ay, next);
+    case 4: return step<4, kNarrow>(code, prev, ax, ay, next);
+    case 5: return step<5, kNarrow>(code, prev, ax, ay, next);
+    case 6: return step<6, kNarrow>(code, prev, ax, ay, next);
+    case 7: return step<7, kNarrow>(code, prev, ax, ay, next);
+    default: return step<8, kNarrow>(code, prev, ax, ay, next);
   }
 }
 

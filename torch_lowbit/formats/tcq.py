@@ -16,8 +16,8 @@ QTIP scales each weight matrix to an RMS of 0.9 * RMS(raw values over all 2**16 
 encoding (scale_override = 0.9, also Q-Palette's default); for unit-variance input that is the same
 as encoding against raw / (0.9 * RMS(raw)), which is what tcq_state_values returns.
 
-Packing. The bitstream of one sequence is, for step t = 0..127, the top s bits of state t (its
-newest-but-oldest bits), concatenated MSB first: stream bits [t*s, t*s + s) = state_t >> (L - s).
+Packing. The bitstream of one sequence is, for step t = 0..127, the top s bits of state t (the
+oldest ones), concatenated MSB first: stream bits [t*s, t*s + s) = state_t >> (L - s).
 Then state t is the L-bit window of stream bits [t*s, t*s + L), read MSB first, wrapping around the
 end of the 128*s-bit stream (this is what tail-biting buys). The stream is stored in 4*s int32 words
 (128*s is always a multiple of 32): word j holds stream bits [32j, 32j + 32), stream bit 32j being
