@@ -71,6 +71,15 @@ class GaussianFormat(Format):
     def code_shapes(self, out_features: int, in_features: int) -> dict[str, tuple]:
         """name -> (shape, dtype) of the code tensors encode_unit returns."""
 
+    @abstractmethod
+    def decode_tables(self) -> dict[str, Tensor]:
+        """The constant tables decode_unit reads (codebook / state values). Layouts keep them as
+        module buffers and pass them in with the codes, so a compiled forward never loads files."""
+
+    def _table(self, q: dict[str, Tensor], name: str, device) -> Tensor:
+        t = q.get(name)
+        return t if t is not None else self.decode_tables()[name].to(device)
+
     # -- shared ---------------------------------------------------------------------------------
     def shape_problem(self, out_features: int, in_features: int) -> Optional[str]:
         problem = super().shape_problem(out_features, in_features)
@@ -160,9 +169,11 @@ class NUQ(GaussianFormat):
         step = float(nuq_levels(int(self.bits)).max()) / 127  # unit variance -> table units
         return {"codes": torch.bucketize(x / step, (t[1:] + t[:-1]) / 2).to(torch.uint8)}
 
+    def decode_tables(self) -> dict[str, Tensor]:
+        return {"nuq_table": self.code_values()}
+
     def decode_unit(self, q: dict[str, Tensor]) -> Tensor:
-        t = self.code_values().to(q["codes"].device)
-        return t[q["codes"].long()]
+        return self._table(q, "nuq_table", q["codes"].device)[q["codes"].long()]
 
     def code_shapes(self, out_features: int, in_features: int) -> dict[str, tuple]:
         return {"codes": ((out_features, in_features), torch.uint8)}
@@ -194,9 +205,12 @@ class VQ(GaussianFormat):
             codes[s:s + chunk] = (c2 - 2 * pairs[s:s + chunk] @ cb.T).argmin(1)
         return {"codes": codes.reshape(x.shape[0], x.shape[1] // 2).to(self.code_dtype())}
 
+    def decode_tables(self) -> dict[str, Tensor]:
+        return {"vq_codebook": self.codebook()}
+
     def decode_unit(self, q: dict[str, Tensor]) -> Tensor:
         codes = q["codes"]
-        cb = self.codebook().to(codes.device)
+        cb = self._table(q, "vq_codebook", codes.device)
         return cb[codes.long()].reshape(codes.shape[0], codes.shape[1] * 2)
 
     def code_shapes(self, out_features: int, in_features: int) -> dict[str, tuple]:
@@ -228,10 +242,14 @@ class TCQ(GaussianFormat):
     def encode_unit(self, x: Tensor) -> dict[str, Tensor]:
         return {"codes": tcq.tcq_encode(_tiles(x), self.bits)}
 
+    def decode_tables(self) -> dict[str, Tensor]:
+        return {"tcq_values": tcq.tcq_state_values(self.bits)}
+
     def decode_unit(self, q: dict[str, Tensor]) -> Tensor:
         codes = q["codes"]
         n, k = codes.shape[0] * 16, codes.shape[1] * 16
-        return _untiles(tcq.tcq_decode(codes, self.bits, (k // 16) * 256), n, k)
+        values = self._table(q, "tcq_values", codes.device)[tcq.tcq_unpack_states(codes, self.bits).long()]
+        return _untiles(values.reshape(codes.shape[0], -1), n, k)
 
     def code_shapes(self, out_features: int, in_features: int) -> dict[str, tuple]:
         return {"codes": ((out_features // 16, in_features // 16, 4 * tcq.tcq_shift_bits(self.bits)), torch.int32)}
@@ -257,9 +275,14 @@ class HalfTCQ(GaussianFormat):
         return {"codes_lo": lo.encode_unit(x[:, :h].contiguous())["codes"],
                 "codes_hi": hi.encode_unit(x[:, h:].contiguous())["codes"]}
 
+    def decode_tables(self) -> dict[str, Tensor]:
+        lo, hi = self.halves()
+        return {"tcq_values_lo": lo.decode_tables()["tcq_values"], "tcq_values_hi": hi.decode_tables()["tcq_values"]}
+
     def decode_unit(self, q: dict[str, Tensor]) -> Tensor:
         lo, hi = self.halves()
-        return torch.cat([lo.decode_unit({"codes": q["codes_lo"]}), hi.decode_unit({"codes": q["codes_hi"]})], 1)
+        return torch.cat([lo.decode_unit({"codes": q["codes_lo"], "tcq_values": q.get("tcq_values_lo")}),
+                          hi.decode_unit({"codes": q["codes_hi"], "tcq_values": q.get("tcq_values_hi")})], 1)
 
     def code_shapes(self, out_features: int, in_features: int) -> dict[str, tuple]:
         lo, hi = self.halves()

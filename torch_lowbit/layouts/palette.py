@@ -34,6 +34,9 @@ class PaletteDense(Layout):
     def buffer_shapes(self, fmt: GaussianFormat, out_features: int, in_features: int):
         return fmt.buffer_shapes(out_features, in_features)
 
+    def runtime_buffers(self, fmt: GaussianFormat) -> dict[str, Tensor]:
+        return fmt.decode_tables()
+
     def linear(self, fmt: GaussianFormat, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
                backend: str, out_features: int) -> Tensor:
         # fp32 throughout (the rotation would otherwise round bf16/fp16 inputs a second time)
