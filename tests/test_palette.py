@@ -128,3 +128,16 @@ def test_bad_inputs_are_rejected_clearly():
     w[2, 3] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
         VQ(bits=2.0).quantize(w)
+
+
+@pytest.mark.parametrize("fmt", ["nuq2", "vq2", "tcq2", "tcq2.25"])
+def test_ldlq_lowers_output_error_over_rtn(fmt):
+    from torch_lowbit.calibrate.ldlq import ldlq_quantize
+    f = tl.get_format(fmt)
+    w = torch.randn(32, 128) * 0.05
+    x = torch.randn(1024, 128) @ (torch.randn(128, 128) * 0.3 + torch.eye(128))  # correlated inputs
+    h = x.T @ x / x.shape[0]
+    out_err = lambda q: float(((x @ (f.dequantize(q) - w).T) ** 2).mean())  # noqa: E731
+    rtn, ldlq = f.quantize(w), ldlq_quantize(f, w, h)
+    assert set(ldlq) == set(rtn) and all(ldlq[k].shape == rtn[k].shape for k in rtn)
+    assert out_err(ldlq) < 0.85 * out_err(rtn), (out_err(ldlq), out_err(rtn))

@@ -76,6 +76,10 @@ class GaussianFormat(Format):
         """The constant tables decode_unit reads (codebook / state values). Layouts keep them as
         module buffers and pass them in with the codes, so a compiled forward never loads files."""
 
+    def unit_scale(self) -> float:
+        """decode_unit(encode_unit(x)) * unit_scale() approximates x (unit variance in, same out)."""
+        return 1.0
+
     def _table(self, q: dict[str, Tensor], name: str, device) -> Tensor:
         t = q.get(name)
         return t if t is not None else self.decode_tables()[name].to(device)
@@ -164,10 +168,12 @@ class NUQ(GaussianFormat):
         levels = nuq_levels(int(self.bits))
         return torch.round(levels * 127 / levels.max())
 
+    def unit_scale(self) -> float:
+        return float(nuq_levels(int(self.bits)).max()) / 127  # table units -> unit variance
+
     def encode_unit(self, x: Tensor) -> dict[str, Tensor]:
         t = self.code_values().to(x.device)
-        step = float(nuq_levels(int(self.bits)).max()) / 127  # unit variance -> table units
-        return {"codes": torch.bucketize(x / step, (t[1:] + t[:-1]) / 2).to(torch.uint8)}
+        return {"codes": torch.bucketize(x / self.unit_scale(), (t[1:] + t[:-1]) / 2).to(torch.uint8)}
 
     def decode_tables(self) -> dict[str, Tensor]:
         return {"nuq_table": self.code_values()}

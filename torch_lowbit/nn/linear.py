@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..formats import Format, get_format
+from ..formats import Format, GaussianFormat, get_format
 from ..layouts import Layout, default_layout, get_layout
 from ..ops import resolve_backend
 
@@ -75,7 +75,10 @@ class QuantLinear(nn.Module):
         weight = torch.cat([w.detach() for w in weights], dim=0) if len(weights) > 1 else weights[0].detach()
         fmt.check_weight(weight)
         layout = _resolve_layout(layout, fmt, weight.device.type)
-        if hessian is not None:
+        if hessian is not None and isinstance(fmt, GaussianFormat):
+            from ..calibrate.ldlq import ldlq_quantize
+            q = ldlq_quantize(fmt, weight, hessian)
+        elif hessian is not None:
             from ..calibrate.gptq import gptq_quantize
             q = gptq_quantize(fmt, weight, hessian)
         else:
