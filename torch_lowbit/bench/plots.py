@@ -42,7 +42,7 @@ def roofline_png(rows: Sequence, dram_gbs: float, path: str, threads: int) -> st
     ax.set_ylabel("GFLOPS")
     ax.set_title(f"CPU roofline, {threads} thread(s), weights streamed from DRAM")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -35,7 +35,8 @@ def _block_coder(fmt: GaussianFormat, k: int):
 
 
 @torch.no_grad()
-def ldlq_quantize(fmt: GaussianFormat, weight: Tensor, hessian: Tensor, *, damp: float = 0.01) -> dict[str, Tensor]:
+def ldlq_quantize(fmt: GaussianFormat, weight: Tensor, hessian: Tensor, *, damp: float = 0.01,
+                  lazy_columns: int = 128) -> dict[str, Tensor]:
     """fmt's tensors for `weight` [N, K] rounded with block LDLQ against `hessian` [K, K] (E[x xᵀ])."""
     if not isinstance(fmt, GaussianFormat):
         raise ValueError(f"LDLQ rounding is for the palette formats; {fmt.name} is not one")
@@ -51,16 +52,21 @@ def ldlq_quantize(fmt: GaussianFormat, weight: Tensor, hessian: Tensor, *, damp:
     rms = torch.where(rms > 0, rms, torch.ones_like(rms))
     width, coder = _block_coder(fmt, k)
     parts: dict[str, list[Tensor]] = {}
-    for c0 in range(0, k, width):
-        c1 = c0 + width
-        f = coder(c0)
-        codes = f.encode_unit(w[:, c0:c1] / rms)
-        q_block = f.decode_unit(codes) * f.unit_scale() * rms
-        err = w[:, c0:c1] - q_block
-        if c1 < k:
-            w[:, c1:] -= torch.linalg.solve_triangular(u[c0:c1, c0:c1], err, upper=True, left=False) @ u[c0:c1, c1:]
-        key_suffix = ("_lo" if c0 < k // 2 else "_hi") if isinstance(fmt, HalfTCQ) else ""
-        for name, t in codes.items():
-            parts.setdefault(name + key_suffix, []).append(t)
+    lazy = max(lazy_columns // width, 1) * width
+    for b0 in range(0, k, lazy):  # GPTQ's lazy batches: updates past the batch wait for one matmul
+        b1 = min(b0 + lazy, k)
+        scaled_err = torch.empty(n, b1 - b0, device=w.device)
+        for c0 in range(b0, b1, width):
+            c1 = c0 + width
+            f = coder(c0)
+            codes = f.encode_unit(w[:, c0:c1] / rms)
+            err = w[:, c0:c1] - f.decode_unit(codes) * f.unit_scale() * rms
+            e = torch.linalg.solve_triangular(u[c0:c1, c0:c1], err, upper=True, left=False)
+            scaled_err[:, c0 - b0:c1 - b0] = e
+            w[:, c1:b1] -= e @ u[c0:c1, c1:b1]
+            key_suffix = ("_lo" if c0 < k // 2 else "_hi") if isinstance(fmt, HalfTCQ) else ""
+            for name, t in codes.items():
+                parts.setdefault(name + key_suffix, []).append(t)
+        w[:, b1:] -= scaled_err @ u[b0:b1, b1:]
     q = {name: torch.cat(ts, dim=1) for name, ts in parts.items()}
     return fmt.finish(w0, q)
