@@ -14,6 +14,14 @@ at::Tensor lut4_dequantize_cpu(const at::Tensor& qweight, const at::Tensor& scal
 at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                              const c10::optional<at::Tensor>& mins, const at::Tensor& lut, int64_t code_bits,
                              int64_t group, int64_t out_features, const c10::optional<at::Tensor>& bias);
+at::Tensor codebook_linear_cpu(const at::Tensor& x, const at::Tensor& codes, int64_t code_bits, const at::Tensor& table,
+                               const at::Tensor& row_scales, const c10::optional<at::Tensor>& bias);
+at::Tensor codebook_dequantize_cpu(const at::Tensor& codes, int64_t code_bits, const at::Tensor& table,
+                                   const at::Tensor& row_scales, int64_t in_features);
+at::Tensor tcq_linear_cpu(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& table, int64_t table_bits,
+                          int64_t shift_bits, const at::Tensor& row_scales, const c10::optional<at::Tensor>& bias);
+at::Tensor tcq_dequantize_cpu(const at::Tensor& codes, const at::Tensor& table, int64_t table_bits, int64_t shift_bits,
+                              const at::Tensor& row_scales);
 int64_t read_probe(const at::Tensor& buf);
 }  // namespace torch_lowbit
 
@@ -23,12 +31,21 @@ TORCH_LIBRARY(torch_lowbit, m) {
   m.def("lut_i8_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int code_bits, "
         "int group_size, int out_features, Tensor? bias) -> Tensor");
   m.def("lut4_dequantize(Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int group_size) -> Tensor");
+  m.def("codebook_linear(Tensor x, Tensor codes, int code_bits, Tensor table, Tensor row_scales, Tensor? bias) -> Tensor");
+  m.def("codebook_dequantize(Tensor codes, int code_bits, Tensor table, Tensor row_scales, int in_features) -> Tensor");
+  m.def("tcq_linear(Tensor x, Tensor codes, Tensor table, int table_bits, int shift_bits, Tensor row_scales, "
+        "Tensor? bias) -> Tensor");
+  m.def("tcq_dequantize(Tensor codes, Tensor table, int table_bits, int shift_bits, Tensor row_scales) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(torch_lowbit, CPU, m) {
   m.impl("lut4_linear", &torch_lowbit::lut4_linear_cpu);
   m.impl("lut4_dequantize", &torch_lowbit::lut4_dequantize_cpu);
   m.impl("lut_i8_linear", &torch_lowbit::lut_i8_linear_cpu);
+  m.impl("codebook_linear", &torch_lowbit::codebook_linear_cpu);
+  m.impl("codebook_dequantize", &torch_lowbit::codebook_dequantize_cpu);
+  m.impl("tcq_linear", &torch_lowbit::tcq_linear_cpu);
+  m.impl("tcq_dequantize", &torch_lowbit::tcq_dequantize_cpu);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

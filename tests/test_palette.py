@@ -8,6 +8,7 @@ import torch
 import torch_lowbit as tl
 from torch_lowbit.formats import gaussian_codebooks as gc
 from torch_lowbit.formats.gaussian import NUQ, VQ
+from torch_lowbit.ops.library import cpu_extension
 
 from conftest import tiny_llama
 
@@ -88,8 +89,8 @@ def test_nuq_codes_use_an_int8_table():
     assert torch.equal(t, t.round()) and t.max() == 127 and t.min() == -127
 
 
-@pytest.mark.parametrize("fmt,layout,tol", [("nuq4", "nuq_i8_n16", 0.3), ("vq3", "palette_dense", 0.5),
-                                            ("tcq2.75", "palette_dense", 0.6)])
+@pytest.mark.parametrize("fmt,layout,tol", [("nuq4", "nuq_i8_n16", 0.3), ("vq3", "palette_packed", 0.5),
+                                            ("tcq2.75", "palette_packed", 0.6), ("tcq2.25", "palette_packed", 0.6)])
 def test_quantize_model_fused_compile_and_checkpoint(tmp_path, fmt, layout, tol):
     model = tiny_llama()
     x = torch.randint(0, 256, (1, 12))
@@ -155,3 +156,101 @@ def test_ldlq_lazy_batches_change_nothing():
     a, b = ldlq_quantize(f, w, h, lazy_columns=1), ldlq_quantize(f, w, h, lazy_columns=64)
     # same algorithm, updates grouped differently: codes agree but for float rounding near midpoints
     assert (a["codes"] != b["codes"]).float().mean() < 0.01
+
+
+# ---- palette_packed: the fused CPU kernels -------------------------------------------------------
+
+@pytest.mark.parametrize("bits", [1, 3, 4, 7, 10])
+def test_code_streams_round_trip(bits):
+    from torch_lowbit.layouts.palette_packed import pack_streams, stream_words, unpack_streams
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    codes = torch.randint(0, 2 ** bits, (5, 531), generator=gen)
+    words = pack_streams(codes, bits)
+    assert words.dtype == torch.int32 and words.shape == (5, stream_words(531, bits))
+    assert torch.equal(unpack_streams(words, bits, 531), codes)
+    # code j is stream j % 16 at position j // 16: stream 3's first code is code 3, MSB first
+    assert torch.equal((words[:, 3].to(torch.int64) & 0xFFFFFFFF) >> (32 - bits), codes[:, 3])
+
+
+@pytest.mark.parametrize("dim,bits", [(1, 2), (1, 3), (1, 4), (2, 3), (2, 4), (2, 5), (2, 6), (2, 8), (2, 10), (1, 6)])
+@pytest.mark.parametrize("path", ["scalar", "avx512"])
+def test_codebook_kernel_matches_its_definition(dim, bits, path):
+    """Random codes and tables (not a format's): whole 512-code periods, a ragged tail, every lookup
+    kind (register tables up to 64 entries, gathers beyond), GEMV, token blocks and the decode path."""
+    from torch_lowbit.layouts.palette_packed import pack_streams
+    if path not in cpu_extension().available_cpu_paths():
+        pytest.skip(f"CPU path {path} not available")
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    n, k = 7, dim * (1024 + 48 + 3)
+    codes = torch.randint(0, 2 ** bits, (n, k // dim), generator=gen)
+    table = torch.randn(2 ** bits, dim, generator=gen)
+    scales = torch.rand(n, generator=gen).add(0.5).half()
+    w = table[codes].reshape(n, k) * scales.float()[:, None]
+    words = pack_streams(codes, bits)
+    with tl.use_backend("cpu", path=path):
+        torch.testing.assert_close(torch.ops.torch_lowbit.codebook_dequantize(words, bits, table, scales, k), w)
+        for m in (1, 5, 11):  # fused (token blocks of 4 + tail) and decode + matmul
+            x = torch.randn(m, k, generator=gen)
+            bias = torch.randn(n, generator=gen)
+            y = torch.ops.torch_lowbit.codebook_linear(x, words, bits, table, scales, bias)
+            torch.testing.assert_close(y, x @ w.T + bias, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", ["tcq1.5", "tcq2", "tcq2.5", "tcq4", "tcq5"])
+@pytest.mark.parametrize("path", ["scalar", "avx512"])
+def test_tcq_kernel_matches_the_reference_decoder(fmt, path):
+    """Random code words (every state pattern, both halves of the signed table), tail-biting wrap."""
+    from torch_lowbit.formats import tcq
+    if path not in cpu_extension().available_cpu_paths():
+        pytest.skip(f"CPU path {path} not available")
+    f = tl.get_format(fmt)
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    n, k, s = 48, 272, tcq.tcq_shift_bits(f.bits)
+    codes = torch.randint(-2**31, 2**31 - 1, (n // 16, k // 16, 4 * s), generator=gen, dtype=torch.int64).to(torch.int32)
+    scales = torch.rand(n, generator=gen).add(0.5).half()
+    w = f.dequantize_rotated({"codes": codes, "row_scales": scales})
+    args = (tcq.tcq_signed_table(f.bits), tcq.tcq_table_bits(f.bits), s, scales)
+    with tl.use_backend("cpu", path=path):
+        torch.testing.assert_close(torch.ops.torch_lowbit.tcq_dequantize(codes, *args), w)
+        for m in (1, 6, 9):
+            x = torch.randn(m, k, generator=gen)
+            bias = torch.randn(n, generator=gen)
+            torch.testing.assert_close(torch.ops.torch_lowbit.tcq_linear(x, codes, args[0], args[1], s, args[3], bias),
+                                       x @ w.T + bias, rtol=1e-4, atol=1e-4)
+
+
+def test_signed_table_is_the_hybrid_code():
+    from torch_lowbit.formats import tcq
+    for bits in (2.0, 4.5, 5.0):
+        q = tcq.tcq_table_bits(bits)
+        state = torch.arange(1 << 16)
+        h = (state * (state + 1)) & 0xFFFF
+        idx = (h >> (15 - q)) & ((2 << q) - 1)
+        assert torch.equal(tcq.tcq_signed_table(bits)[idx], tcq.tcq_state_values(bits))
+
+
+def test_palette_kernel_ops_reject_bad_input():
+    from torch_lowbit.formats import tcq
+    ops = torch.ops.torch_lowbit
+    words = torch.zeros(4, 16, dtype=torch.int32)  # 4-bit codes of 128 pairs: 16 words per row
+    table, scales, x = torch.randn(16, 2), torch.ones(4).half(), torch.randn(2, 256)
+    ops.codebook_linear(x, words, 4, table, scales, None)
+    with pytest.raises(RuntimeError, match=r"codes must be int32 \[N, 16\]"):
+        ops.codebook_linear(x, words[:, :15], 4, table, scales, None)
+    with pytest.raises(RuntimeError, match="table must be fp32"):
+        ops.codebook_linear(x, words, 4, table.double(), scales, None)
+    with pytest.raises(RuntimeError, match="row_scales must be fp16"):
+        ops.codebook_linear(x, words, 4, table, scales.float(), None)
+    codes = torch.zeros(1, 2, 16, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="signed table"):
+        ops.tcq_linear(torch.randn(1, 32), codes, tcq.tcq_scaled_table(2.0), 9, 4, torch.ones(16).half(), None)
+    with pytest.raises(RuntimeError, match="features but the weight has K=32"):
+        ops.tcq_linear(torch.randn(1, 48), codes, tcq.tcq_signed_table(2.0), 9, 4, torch.ones(16).half(), None)
+
+
+def test_palette_packed_ops_compile_fullgraph():
+    lin = tl.QuantLinear.from_linear(torch.nn.Linear(256, 32), "tcq2.25")
+    assert lin.layout.name == "palette_packed"
+    x = torch.randn(3, 256)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(lin, fullgraph=True)(x), lin(x))

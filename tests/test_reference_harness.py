@@ -32,8 +32,9 @@ def _accepts(f, n, k):
 
 
 # Shapes for formats with more constraints (Hadamard-size K, out_features in tiles of 16): K of
-# base orders 12, 20, 36 and a power of two, N ragged against 32- and 64-row kernel tiles.
-_CONSTRAINED_SHAPES = [(1, 96, 48), (3, 320, 32), (8, 576, 80), (33, 64, 16)]
+# base orders 12, 20, 36 and a power of two, N ragged against 32- and 64-row kernel tiles; K = 1280
+# gives the codebook kernels whole 512-code periods plus a tail.
+_CONSTRAINED_SHAPES = [(1, 96, 48), (3, 1280, 32), (8, 576, 80), (33, 64, 16)]
 
 
 def _shapes(f):

@@ -27,6 +27,14 @@ bool cpu_has_avx512() {
 
 }  // namespace
 
+bool cpu_has_avx512_vbmi() {
+#if defined(TORCH_LOWBIT_X86)
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512vbmi");
+#else
+  return false;
+#endif
+}
+
 bool cpu_has_avx512_vnni() {
 #if defined(TORCH_LOWBIT_X86)
   return cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");

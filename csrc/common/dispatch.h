@@ -14,6 +14,8 @@ enum class CpuPath { Scalar = 0, Avx2 = 1, Avx512 = 2 };
 
 // AVX-512 VNNI (vpdpbusd), used by the int8-activation kernels of the avx512 path.
 bool cpu_has_avx512_vnni();
+// AVX-512 VBMI (vpermb / vpermi2b), used by the palette kernels of the avx512 path.
+bool cpu_has_avx512_vbmi();
 // Paths this CPU can execute, best first.
 std::vector<std::string> available_cpu_paths();
 // The path kernels use now: the forced one if set (and executable), else the best available.

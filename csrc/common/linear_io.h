@@ -12,8 +12,9 @@ inline void check_linear_io(const char* op, const at::Tensor& x, int64_t K, int6
   TORCH_CHECK(x.is_floating_point() && x.scalar_type() != at::kDouble && x.dim() >= 1, op,
               ": x must be a float32, bfloat16 or float16 tensor, got ", x.scalar_type());
   TORCH_CHECK(x.size(-1) == K, op, ": x has ", x.size(-1), " features but the weight has K=", K);
-  TORCH_CHECK(group > 0 && group % 32 == 0 && K % group == 0, op, ": group size ", group,
-              " must be a multiple of 32 dividing K=", K);
+  if (group != 0)  // 0: the format has no groups along K
+    TORCH_CHECK(group > 0 && group % 32 == 0 && K % group == 0, op, ": group size ", group,
+                " must be a multiple of 32 dividing K=", K);
   if (bias.has_value())
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->is_floating_point(), op,
                 ": bias must be a float vector of length N=", N);

@@ -195,6 +195,10 @@ class VQ(GaussianFormat):
     supported_bits: ClassVar[tuple] = VQ_BITS
     columns: ClassVar[int] = 2
 
+    @property
+    def code_bits(self) -> int:
+        return round(2 * self.bits)  # one code per pair: 2^(2b) entries
+
     def codebook(self) -> Tensor:
         return vq_codebook(self.bits)
 

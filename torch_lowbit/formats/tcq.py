@@ -95,10 +95,30 @@ def hybrid_code_values(table: Tensor, table_bits: int) -> Tensor:
 
 
 @functools.lru_cache(maxsize=None)
+def _scaled_table(bits: float) -> Tensor:
+    table = tcq_lut(bits)
+    rms = hybrid_code_values(table, tcq_table_bits(bits)).double().square().mean().sqrt()
+    return (table.double() / (rms * QTIP_SCALE_OVERRIDE)).float()
+
+
+def tcq_scaled_table(bits: float) -> Tensor:
+    """fp32 [2**Q, 2]: the hybrid code's table with the unit-variance scaling folded in, so that
+    tcq_state_values(bits) == hybrid_code_values(tcq_scaled_table(bits), Q). The fused kernels decode
+    states with it (hash + 2**Q-entry lookup) instead of reading the 2**16-entry state table."""
+    return _scaled_table(_check_bits(bits)).clone()
+
+
+def tcq_signed_table(bits: float) -> Tensor:
+    """fp32 [2**(Q+1), 2]: tcq_scaled_table followed by its copy with the first coordinate negated, so
+    that a state's value is entry (h >> (15 - Q)) mod 2**(Q+1) (bit 15 of h, the sign, is the index's
+    top bit). The CPU kernels decode with it (csrc/common/palette.h)."""
+    table = tcq_scaled_table(bits)
+    return torch.cat([table, table * torch.tensor([-1.0, 1.0])]).contiguous()
+
+
+@functools.lru_cache(maxsize=None)
 def _state_values(bits: float) -> Tensor:
-    raw = hybrid_code_values(tcq_lut(bits), tcq_table_bits(bits)).double()
-    rms = raw.square().mean().sqrt()
-    return (raw / (rms * QTIP_SCALE_OVERRIDE)).float()
+    return hybrid_code_values(_scaled_table(bits), tcq_table_bits(bits))
 
 
 def tcq_state_values(bits: float) -> Tensor:

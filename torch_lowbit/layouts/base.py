@@ -34,7 +34,7 @@ class Layout(ABC):
         """Persistent buffers (saved in checkpoints) from a format's quantize() output."""
 
     @abstractmethod
-    def unpack(self, fmt: Format, buffers: dict[str, Tensor], out_features: int) -> dict[str, Tensor]:
+    def unpack(self, fmt: Format, buffers: dict[str, Tensor], out_features: int, in_features: int) -> dict[str, Tensor]:
         """Inverse of pack: the format-level tensors that fmt.dequantize() reads."""
 
     @abstractmethod

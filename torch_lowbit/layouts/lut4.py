@@ -42,7 +42,7 @@ class Lut4RowMajor(Layout):
             out["mins"] = q["mins"].contiguous()
         return out
 
-    def unpack(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], out_features: int) -> dict[str, Tensor]:
+    def unpack(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], out_features: int, in_features: int) -> dict[str, Tensor]:
         q = {"codes": unpack_nibbles(buffers["qweight"]), "scales": buffers["scales"]}
         if fmt.has_mins:
             q["mins"] = buffers["mins"]

@@ -93,7 +93,7 @@ class LutI8Tiled(Layout):
             out[name] = p.reshape(tiles, TILE, -1).permute(0, 2, 1).contiguous()
         return out
 
-    def unpack(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], out_features: int) -> dict[str, Tensor]:
+    def unpack(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], out_features: int, in_features: int) -> dict[str, Tensor]:
         tiles = buffers["qweight"].shape[0]
         q = {"codes": unpack_codes(buffers["qweight"], self.bits, out_features)}
         for name in ("scales", "mins") if fmt.has_mins else ("scales",):
@@ -156,7 +156,7 @@ class NuqI8Tiled(LutI8Tiled):
             out["signs"] = q["signs"].contiguous()
         return out
 
-    def unpack(self, fmt: NUQ, buffers: dict[str, Tensor], out_features: int) -> dict[str, Tensor]:
+    def unpack(self, fmt: NUQ, buffers: dict[str, Tensor], out_features: int, in_features: int) -> dict[str, Tensor]:
         q = {"codes": unpack_codes(buffers["qweight"], fmt.code_bits, out_features),
              "row_scales": buffers["scales"].reshape(-1)[:out_features]}
         if "signs" in buffers:

@@ -28,7 +28,7 @@ class PaletteDense(Layout):
     def pack(self, fmt: GaussianFormat, q: dict[str, Tensor]) -> dict[str, Tensor]:
         return {k: v.contiguous() for k, v in q.items()}
 
-    def unpack(self, fmt: GaussianFormat, buffers: dict[str, Tensor], out_features: int) -> dict[str, Tensor]:
+    def unpack(self, fmt: GaussianFormat, buffers: dict[str, Tensor], out_features: int, in_features: int) -> dict[str, Tensor]:
         return dict(buffers)
 
     def buffer_shapes(self, fmt: GaussianFormat, out_features: int, in_features: int):

@@ -112,7 +112,7 @@ class QuantLinear(nn.Module):
 
     def dequantize(self) -> Tensor:
         """The fp32 [out_features, in_features] weight this module's forward is equivalent to."""
-        return self.fmt.dequantize(self.layout.unpack(self.fmt, self.packed, self.out_features))
+        return self.fmt.dequantize(self.layout.unpack(self.fmt, self.packed, self.out_features, self.in_features))
 
     def reference_activations(self, x: Tensor) -> Tensor:
         """fp32 activations that, times dequantize().T, give exactly what the kernels compute
@@ -124,7 +124,7 @@ class QuantLinear(nn.Module):
         new = _resolve_layout(layout, self.fmt, "cpu")
         if new is self.layout:
             return self
-        q = self.layout.unpack(self.fmt, self.packed, self.out_features)
+        q = self.layout.unpack(self.fmt, self.packed, self.out_features, self.in_features)
         device = getattr(self, self._buffer_names[0]).device
         for name in self._kernel_buffer_names:
             delattr(self, name)

@@ -37,6 +37,38 @@ def _lut4_check(qweight, scales, mins, lut, group_size):
     return n, k
 
 
+def _bias_check(bias, n, op):
+    if bias is not None:
+        _check(bias.dim() == 1 and bias.shape[0] == n, f"{op}: bias must have {n} elements")
+
+
+def _codebook_check(codes, code_bits, table, row_scales, in_features):
+    """palette_packed nuq/vq codes: 16 interleaved bit streams per row (csrc/common/palette.h)."""
+    _check(1 <= code_bits <= 12, f"codebook: code_bits must be 1..12, got {code_bits}")
+    _check(table.dtype == torch.float32 and table.dim() == 2 and table.shape[0] == 2 ** code_bits
+           and table.shape[1] in (1, 2), "codebook: table must be fp32 [2^code_bits, 1 or 2]")
+    d = table.shape[1]
+    _check(in_features % d == 0, f"codebook: in_features {in_features} must be a multiple of {d}")
+    per_stream = -(-(in_features // d) // 16)
+    words = 16 * -(-per_stream * code_bits // 32)
+    _check(codes.dtype == torch.int32 and codes.dim() == 2 and codes.shape[1] == words,
+           f"codebook: codes must be int32 [N, {words}]")
+    n = codes.shape[0]
+    _check(row_scales.dtype == torch.float16 and tuple(row_scales.shape) == (n,), f"codebook: row_scales must be fp16 [{n}]")
+    return n, in_features
+
+
+def _tcq_check(codes, table, table_bits, shift_bits, row_scales):
+    _check(3 <= shift_bits <= 10, f"tcq: shift_bits must be 3..10, got {shift_bits}")
+    _check(table.dtype == torch.float32 and tuple(table.shape) == (2 ** (table_bits + 1), 2),
+           "tcq: table must be the fp32 signed table [2^(table_bits+1), 2]")
+    _check(codes.dtype == torch.int32 and codes.dim() == 3 and codes.shape[2] == 4 * shift_bits,
+           f"tcq: codes must be int32 [N/16, K/16, {4 * shift_bits}]")
+    n, k = codes.shape[0] * 16, codes.shape[1] * 16
+    _check(row_scales.dtype == torch.float16 and tuple(row_scales.shape) == (n,), f"tcq: row_scales must be fp16 [{n}]")
+    return n, k
+
+
 def _register() -> None:
     cpu_extension()  # loads the schemas and CPU kernels
 
@@ -70,6 +102,31 @@ def _register() -> None:
         if bias is not None:
             _check(bias.dim() == 1 and bias.shape[0] == out_features, f"lut_i8: bias must have {out_features} elements")
         return x.new_empty((*x.shape[:-1], out_features))
+
+    @torch.library.register_fake("torch_lowbit::codebook_linear")
+    def _codebook_linear_fake(x, codes, code_bits, table, row_scales, bias):
+        n, k = _codebook_check(codes, code_bits, table, row_scales, x.shape[-1])
+        _check(x.dtype in _FLOAT_ACTS, f"codebook_linear: x must be fp32/bf16/fp16, got {x.dtype}")
+        _bias_check(bias, n, "codebook_linear")
+        return x.new_empty((*x.shape[:-1], n))
+
+    @torch.library.register_fake("torch_lowbit::codebook_dequantize")
+    def _codebook_dequantize_fake(codes, code_bits, table, row_scales, in_features):
+        n, k = _codebook_check(codes, code_bits, table, row_scales, in_features)
+        return codes.new_empty((n, k), dtype=torch.float32)
+
+    @torch.library.register_fake("torch_lowbit::tcq_linear")
+    def _tcq_linear_fake(x, codes, table, table_bits, shift_bits, row_scales, bias):
+        n, k = _tcq_check(codes, table, table_bits, shift_bits, row_scales)
+        _check(x.dtype in _FLOAT_ACTS, f"tcq_linear: x must be fp32/bf16/fp16, got {x.dtype}")
+        _check(x.shape[-1] == k, f"tcq_linear: x has {x.shape[-1]} features, weight has K={k}")
+        _bias_check(bias, n, "tcq_linear")
+        return x.new_empty((*x.shape[:-1], n))
+
+    @torch.library.register_fake("torch_lowbit::tcq_dequantize")
+    def _tcq_dequantize_fake(codes, table, table_bits, shift_bits, row_scales):
+        n, k = _tcq_check(codes, table, table_bits, shift_bits, row_scales)
+        return codes.new_empty((n, k), dtype=torch.float32)
 
     @torch.library.register_fake("torch_lowbit::lut4_dequantize")
     def _lut4_dequantize_fake(qweight, scales, mins, lut, group_size):

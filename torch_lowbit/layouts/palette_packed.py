@@ -1,0 +1,163 @@
+"""palette_packed: the CPU kernel layout of the Q-Palette formats (nuq*, vq*, tcq*, half-TCQ).
+
+Codes take exactly their bits: nuq/vq codes (b = bits for nuq, 2 * bits for vq: one code per pair)
+are dealt round-robin to 16 MSB-first bit streams per row (code j to stream j % 16), word w of
+stream l stored at column 16 w + l, so 16 consecutive codes share one bit offset in 16 adjacent
+words (csrc/common/palette.h); TCQ codes are already packed that way per 16 x 16 tile and are kept as
+the format stores them (both halves of half-TCQ). row_scales and signs are the format's own.
+
+The forward rotates the activations (x' = (x * s) @ H, fp32) and calls the fused decode-matmul
+ops (csrc/palette_linear.cpp: codebook_linear, tcq_linear), whose tables come from the format
+(codebook values; TCQ's signed hybrid-code table) as runtime buffers. fp32 end to end: the
+codebooks are not integer grids, so there is no int8-activation path (nuq has one: nuq_i8_n16).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..formats import tcq
+from ..formats.gaussian import NUQ, TCQ, VQ, GaussianFormat, HalfTCQ
+from .base import Layout, register_layout
+
+
+STREAMS = 16  # a row's codes dealt round-robin to 16 bit streams (csrc/common/palette.h)
+
+
+def pack_stream(codes: Tensor, bits: int) -> Tensor:
+    """Codes [N, C] (values < 2^bits) -> int32 [N, W]: one MSB-first bit stream per row, padded to a word."""
+    n, c = codes.shape
+    words = -(-c * bits // 32)
+    shifts = torch.arange(bits - 1, -1, -1, device=codes.device)
+    stream = ((codes.to(torch.int64)[..., None] >> shifts) & 1).reshape(n, c * bits)
+    stream = torch.cat([stream, stream.new_zeros(n, words * 32 - c * bits)], 1).reshape(n, words, 32)
+    w = (stream << torch.arange(31, -1, -1, device=codes.device)).sum(-1)
+    return torch.where(w >= 1 << 31, w - (1 << 32), w).to(torch.int32)
+
+
+def unpack_stream(words: Tensor, bits: int, count: int) -> Tensor:
+    """Inverse of pack_stream: int64 codes [N, count]."""
+    u = words.to(torch.int64) & 0xFFFFFFFF
+    stream = (u[..., None] >> torch.arange(31, -1, -1, device=words.device)) & 1
+    stream = stream.reshape(words.shape[0], -1)[:, :count * bits].reshape(words.shape[0], count, bits)
+    return (stream << torch.arange(bits - 1, -1, -1, device=words.device)).sum(-1)
+
+
+def stream_words(count: int, bits: int) -> int:
+    """int32 words per row holding `count` codes of `bits` bits in the 16-stream layout."""
+    per_stream = -(-count // STREAMS)
+    return STREAMS * -(-per_stream * bits // 32)
+
+
+def pack_streams(codes: Tensor, bits: int) -> Tensor:
+    """Codes [N, C] -> int32 [N, stream_words(C, bits)]: code j to stream j % 16 at position j // 16,
+    word w of stream l at column 16 w + l (zero codes pad C to a multiple of 16)."""
+    n, c = codes.shape
+    per_stream = -(-c // STREAMS)
+    padded = torch.cat([codes, codes.new_zeros(n, per_stream * STREAMS - c)], 1)
+    lanes = padded.reshape(n, per_stream, STREAMS).permute(0, 2, 1).reshape(n * STREAMS, per_stream)
+    return pack_stream(lanes, bits).reshape(n, STREAMS, -1).permute(0, 2, 1).reshape(n, -1).contiguous()
+
+
+def unpack_streams(words: Tensor, bits: int, count: int) -> Tensor:
+    """Inverse of pack_streams: int64 codes [N, count]."""
+    n = words.shape[0]
+    per_stream = -(-count // STREAMS)
+    lanes = words.reshape(n, -1, STREAMS).permute(0, 2, 1).reshape(n * STREAMS, -1)
+    codes = unpack_stream(lanes, bits, per_stream).reshape(n, STREAMS, per_stream).permute(0, 2, 1)
+    return codes.reshape(n, per_stream * STREAMS)[:, :count]
+
+
+def _code_bits(fmt: GaussianFormat) -> int:
+    return fmt.code_bits
+
+
+def _codes_per_row(fmt: GaussianFormat, in_features: int) -> int:
+    return in_features // (2 if isinstance(fmt, VQ) else 1)
+
+
+def _codebook(fmt: GaussianFormat) -> Tensor:
+    """fp32 [2^b, d]: what each code decodes to (before the row scale)."""
+    return fmt.codebook() if isinstance(fmt, VQ) else fmt.code_values()[:, None]
+
+
+class PalettePacked(Layout):
+    name = "palette_packed"
+    version = 1
+    backends = ("cpu",)
+
+    def supports(self, fmt) -> bool:
+        return isinstance(fmt, (NUQ, VQ, TCQ, HalfTCQ))
+
+    def _check(self, fmt):
+        if not self.supports(fmt):
+            raise ValueError(f"layout {self.name} holds nuq/vq/tcq formats only, not {fmt.name}")
+
+    @staticmethod
+    def _tcq_parts(fmt) -> dict[str, TCQ]:
+        """code buffer name -> the TCQ format those codes are in."""
+        if isinstance(fmt, HalfTCQ):
+            lo, hi = fmt.halves()
+            return {"codes_lo": lo, "codes_hi": hi}
+        return {"codes": fmt}
+
+    def pack(self, fmt: GaussianFormat, q: dict[str, Tensor]) -> dict[str, Tensor]:
+        self._check(fmt)
+        out = {k: q[k].contiguous() for k in ("row_scales", "signs") if k in q}
+        if isinstance(fmt, (TCQ, HalfTCQ)):
+            out.update({k: q[k].contiguous() for k in self._tcq_parts(fmt)})
+        else:
+            out["codes"] = pack_streams(q["codes"], _code_bits(fmt))
+        return out
+
+    def unpack(self, fmt: GaussianFormat, buffers: dict[str, Tensor], out_features: int, in_features: int) -> dict[str, Tensor]:
+        self._check(fmt)
+        q = {k: v for k, v in buffers.items() if k in ("row_scales", "signs")}
+        if isinstance(fmt, (TCQ, HalfTCQ)):
+            q.update({k: buffers[k] for k in self._tcq_parts(fmt)})
+        else:
+            dtype = fmt.code_shapes(1, 2)["codes"][1]
+            codes = unpack_streams(buffers["codes"], _code_bits(fmt), _codes_per_row(fmt, in_features))
+            q["codes"] = codes.to(dtype)
+        return q
+
+    def buffer_shapes(self, fmt: GaussianFormat, out_features: int, in_features: int):
+        self._check(fmt)
+        shapes = fmt.buffer_shapes(out_features, in_features)
+        if not isinstance(fmt, (TCQ, HalfTCQ)):
+            words = stream_words(_codes_per_row(fmt, in_features), _code_bits(fmt))
+            shapes["codes"] = ((out_features, words), torch.int32)
+        return shapes
+
+    def runtime_buffers(self, fmt: GaussianFormat) -> dict[str, Tensor]:
+        self._check(fmt)
+        if isinstance(fmt, (TCQ, HalfTCQ)):
+            return {f"table{k[5:]}": tcq.tcq_signed_table(part.bits) for k, part in self._tcq_parts(fmt).items()}
+        return {"table": _codebook(fmt).contiguous()}
+
+    def linear(self, fmt: GaussianFormat, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
+               backend: str, out_features: int) -> Tensor:
+        if backend != "cpu" or x.device.type != "cpu":
+            raise RuntimeError(f"layout {self.name} runs on the CPU backend only; repack the module with "
+                               "QuantLinear.repack('palette_dense') for Triton/CUDA")
+        xr = fmt.rotate_activations(x.float(), buffers.get("signs"))  # fp32: no second rounding of bf16 inputs
+        scales = buffers["row_scales"]
+        if not isinstance(fmt, (TCQ, HalfTCQ)):
+            y = torch.ops.torch_lowbit.codebook_linear(xr, buffers["codes"], _code_bits(fmt), buffers["table"],
+                                                       scales, bias)
+            return y.to(x.dtype)
+        parts = list(self._tcq_parts(fmt).items())
+        width = x.shape[-1] // len(parts)
+        y = None
+        for i, (name, part) in enumerate(parts):  # half-TCQ: the two halves of K, bias added once
+            xs = xr[..., i * width:(i + 1) * width] if len(parts) > 1 else xr
+            yi = torch.ops.torch_lowbit.tcq_linear(xs, buffers[name], buffers[f"table{name[5:]}"],
+                                                   tcq.tcq_table_bits(part.bits), tcq.tcq_shift_bits(part.bits),
+                                                   scales, bias if i == len(parts) - 1 else None)
+            y = yi if y is None else y + yi
+        return y.to(x.dtype)
+
+
+PALETTE_PACKED = register_layout(PalettePacked(), default_for="palette", device="cpu")
