@@ -1,8 +1,10 @@
 """The Triton kernels of the lut4_rowmajor layout (q4_0, iq4_nl, int4_g*): every kernel path (CUDA-core
 split-K GEMV, tiled tl.dot with and without split-K) against the reference dequantizer under the
 interpreter, the launcher's input checks, the autotune cache, fused projections as one launch, and
-the fake path a CUDA model compiles through. `-m gpu` runs the comparisons on CUDA at 4096x4096."""
+the fake path a CUDA model compiles through. `TRITON_INTERPRET=0 pytest -m gpu` runs the comparisons on
+CUDA at 4096x4096."""
 import json
+import os
 
 import pytest
 import torch
@@ -265,6 +267,8 @@ def test_autotune_times_once_and_caches_per_gpu(tmp_path, monkeypatch):
 # -- GPU -----------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="conftest defaults to the interpreter: run with TRITON_INTERPRET=0 to test the GPU kernels")
 @pytest.mark.parametrize("fmt", ["q4_0", "iq4_nl", "int4_g32", "int4_g64", "int4_g128"])
 @pytest.mark.parametrize("m", [1, 8, 64, 512])
 def test_cuda_kernels_match_reference_at_real_sizes(fmt, m):
