@@ -36,3 +36,47 @@ def test_cpu_path_forced_from_environment():
     env["TORCH_LOWBIT_CPU_PATH"] = "neon9"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode != 0 and "unknown CPU path 'neon9'" in r.stderr
+
+
+def test_cli_bench_gpu_without_cuda_exits_with_clear_error():
+    import torch
+    if torch.cuda.is_available():
+        import pytest
+        pytest.skip("a CUDA GPU is present")
+    r = subprocess.run([sys.executable, "-m", "torch_lowbit", "bench", "gpu", "--quick"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 and "bench gpu needs a CUDA GPU" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bench_gpu_tables_on_tiny_cpu_inputs():
+    """The GPU benchmark's loop and tables, run on CPU tensors (Triton interpreter, host clock)."""
+    import pytest
+    import torch
+
+    from conftest import triton_available
+    if not triton_available() or __import__("os").environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs triton and TRITON_INTERPRET=1")
+    import torch_lowbit as tl
+    from torch_lowbit.bench import gpu
+    from torch_lowbit.rotations.hadamard import hadamard_matrix
+    with tl.use_backend("triton"):
+        rows = gpu.bench_gpu(shapes=((64, 128),), ms=(1, 17), formats=("q4_0", "int4_g128"), rotate_mib=1,
+                             device="cpu", timer=gpu.wall_us, progress=lambda msg: None)
+    assert [(r.m, r.name) for r in rows] == [(m, name) for m in (1, 17) for name in
+                                            (gpu.BASELINE, "torch_lowbit q4_0 [lut4_rowmajor]",
+                                             "torch_lowbit int4_g128 [lut4_rowmajor]")]
+    assert rows[0].weight_bytes == 64 * 128 * 2 and rows[1].weight_bytes == 64 * 128 // 2 + 64 * 4 * 2
+    table = gpu.format_gpu_table(rows, "cpu (interpreter)")
+    lines = [line for line in table.splitlines() if line.startswith("| 64x128 |")]
+    assert len(lines) == 6 and all(line.count("|") == 8 for line in lines)
+    assert lines[0].endswith("| 1.00x |")  # the baseline against itself
+    ratio = float(lines[1].split("|")[-2].strip().rstrip("x"))
+    assert abs(ratio - rows[0].us / rows[1].us) < 0.01
+
+    h = hadamard_matrix(256)
+    hrows = gpu.bench_hadamard(ms=(1, 3), n=256, fht=lambda x, scale: (x.float() @ h.T).half(), device="cpu",
+                               timer=gpu.wall_us)
+    htable = gpu.format_hadamard_table(hrows, 256)
+    assert [r[0] for r in hrows] == [1, 3] and all(r[1] > 0 and r[2] > 0 for r in hrows)
+    assert "| 3 |" in htable and htable.count("x |") == 2
+    assert "| 1 | - |" in gpu.format_hadamard_table([[1, None, 5.0]])

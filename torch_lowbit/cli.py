@@ -119,6 +119,23 @@ def cmd_bench(args) -> None:
             print()
             print(f"SmolLM2-135M greedy decode, batch 1, {__import__('torch').get_num_threads()} threads:")
             print(_table(["model", "linear weights MB", "tok/s", "vs fp32"], bench_decode(tuple(formats[:1]))))
+    elif args.what == "gpu":
+        from .bench import gpu
+        gpu.require_cuda()
+        import torch
+        shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes] if args.shapes else gpu.GPU_BENCH_SHAPES
+        shapes = shapes[:1] if args.quick else shapes
+        ms = (1, 8) if args.quick else tuple(args.m)
+        rows = gpu.bench_gpu(shapes=shapes, ms=ms, formats=tuple(args.formats or gpu.GPU_BENCH_FORMATS),
+                             rotate_mib=args.rotate_mib)
+        print(gpu.format_gpu_table(rows, torch.cuda.get_device_name()))
+        print()
+        fht = gpu.fast_hadamard_transform_fn()
+        if fht is None:
+            print("fast_hadamard_transform is not installed: Hadamard comparison skipped "
+                  "(pip install fast-hadamard-transform)")
+        else:
+            print(gpu.format_hadamard_table(gpu.bench_hadamard(ms, fht=fht)))
     elif args.what == "distortion":
         from .bench.distortion import bench_distortion, distortion_png, format_distortion_table
         rows, cols = (int(v) for v in (args.shapes or ["4096x4096"])[0].split("x"))
@@ -177,19 +194,22 @@ def main(argv=None) -> None:
     sp.set_defaults(fn=cmd_eval)
 
     sp = sub.add_parser("bench", help="benchmarks")
-    sp.add_argument("what", choices=["cpu", "distortion"],
-                    help="cpu: kernels vs PyTorch, DRAM-streamed; distortion: palette formats on a Gaussian")
+    sp.add_argument("what", choices=["cpu", "gpu", "distortion"],
+                    help="cpu: kernels vs PyTorch, DRAM-streamed; gpu: Triton kernels vs fp16 F.linear, "
+                    "HBM-streamed (needs CUDA); distortion: palette formats on a Gaussian")
     sp.add_argument("--quick", action="store_true", help="first shape only, M in {1, 8}")
     sp.add_argument("--shapes", nargs="+", help="weights as NxK (out x in); cpu default: "
-                    f"{' '.join(CPU_BENCH_SHAPES)}; distortion default: 4096x4096 (first shape only)")
+                    f"{' '.join(CPU_BENCH_SHAPES)}; gpu default: 4096x4096 4096x14336; distortion default: "
+                    "4096x4096 (first shape only)")
     sp.add_argument("--m", type=int, nargs="+", default=[1, 8, 64, 512])
     sp.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    sp.add_argument("--formats", nargs="+", help=f"cpu default: {' '.join(CPU_BENCH_FORMATS)}; distortion "
-                    "default: every palette format")
+    sp.add_argument("--formats", nargs="+", help=f"cpu default: {' '.join(CPU_BENCH_FORMATS)}; gpu default: "
+                    "q4_0 int4_g128 iq4_nl; distortion default: every palette format")
     sp.add_argument("--layouts", nargs="+", help="CPU layouts to run where they hold the format (default: each "
                     "format's CPU default; lut*_i8_n16: int8 activations, lut4_rowmajor: fp32 activations)")
     sp.add_argument("--rotate-mib", type=int, default=256,
-                    help="total size of the weight copies each contender cycles through (> L3 streams from DRAM)")
+                    help="total size of the weight copies each contender cycles through (> L3 / the GPU's L2 "
+                    "streams from DRAM / HBM)")
     sp.add_argument("--decode", action="store_true", help="also SmolLM2 decode tok/s: fp32, bf16, first format")
     sp.add_argument("--png", help="write the plot (cpu: roofline at the largest thread count; distortion: MSE "
                     "vs bits) to this PNG file")

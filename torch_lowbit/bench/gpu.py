@@ -1,0 +1,173 @@
+"""`python -m torch_lowbit bench gpu`: our Triton kernels side by side with torch's fp16 F.linear on
+a CUDA GPU, weights streamed from HBM.
+
+Each contender gets enough copies of its weight to total more than `rotate_mib` (default 256 MiB,
+well past an H100's 50 MB L2) and cycles through them, so every call reads its weight from HBM.
+Each call is timed with CUDA events; tables show medians. GB/s is the weight's bytes over the time
+(the activations and output are small next to it at these M). With `fast_hadamard_transform`
+installed, its transform of [M, 4096] is timed against our Triton Hadamard kernel too.
+
+The timing loop and the tables take a device and a timer, so tests run them on CPU tensors (the
+Triton interpreter) without a GPU; the command itself refuses to run without CUDA.
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..formats import get_format
+from ..layouts import default_layout
+from ..nn import QuantLinear
+
+GPU_BENCH_SHAPES = ((4096, 4096), (4096, 14336))  # (N out, K in)
+GPU_BENCH_FORMATS = ("q4_0", "int4_g128", "iq4_nl")
+BASELINE = "torch fp16 F.linear"
+
+
+@dataclass
+class GpuRow:
+    shape: str
+    m: int
+    name: str
+    us: float
+    weight_bytes: int
+
+    def weight_gbs(self) -> float:
+        return self.weight_bytes / (self.us * 1e3)
+
+    def tflops(self) -> float:
+        n, k = map(int, self.shape.split("x"))
+        return 2.0 * self.m * n * k / (self.us * 1e6)
+
+
+def require_cuda() -> None:
+    if not torch.cuda.is_available():
+        raise SystemExit("bench gpu needs a CUDA GPU, and torch.cuda.is_available() is False here "
+                         f"(torch {torch.__version__}, CUDA build: {torch.version.cuda}); run it on a machine "
+                         "with an NVIDIA GPU and a CUDA build of torch, or use `bench cpu` on this one")
+
+
+def cuda_event_us(fn: Callable[[int], object], copies: int, repeats: int = 50, warmup: int = 5) -> float:
+    """Median µs of fn(i) over `repeats` calls cycling through `copies` weights, CUDA events per call."""
+    for i in range(warmup):  # also the autotuning calls of a shape not seen before
+        fn(i % copies)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(i % copies)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def wall_us(fn: Callable[[int], object], copies: int, repeats: int = 3, warmup: int = 1) -> float:
+    """A host-clock stand-in for cuda_event_us (CPU tensors, tests)."""
+    for i in range(warmup):
+        fn(i % copies)
+    times = []
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        fn(i % copies)
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def _copies(nbytes: int, rotate_mib: int) -> int:
+    return max(2, -(-rotate_mib * 2**20 // max(nbytes, 1)))
+
+
+def _contenders(n: int, k: int, formats, rotate_mib: int, device: str):
+    """name -> (make(copy index) -> (callable(x) -> y), weight bytes, copies)."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(n, k, generator=gen) * 0.02
+    nbytes = n * k * 2
+    ws = [w.to(device=device, dtype=torch.float16) for _ in range(_copies(nbytes, rotate_mib))]
+    out = {BASELINE: (lambda i, ws=ws: (lambda x: F.linear(x, ws[i])), nbytes, len(ws))}
+    lin = torch.nn.Linear(k, n, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+    lin = lin.to(device)  # quantize where it runs: the formats' searches are fast on a GPU
+    for fmt in formats:
+        layout = default_layout(get_format(fmt), "cuda")
+        q = QuantLinear.from_linear(lin, fmt, layout=layout)
+        qbytes = q.weight_nbytes()
+        mods = [q] + [copy.deepcopy(q) for _ in range(_copies(qbytes, rotate_mib) - 1)]
+        out[f"torch_lowbit {fmt} [{layout.name}]"] = (lambda i, mods=mods: mods[i], qbytes, len(mods))
+    return out
+
+
+@torch.no_grad()
+def bench_gpu(shapes=GPU_BENCH_SHAPES, ms=(1, 8, 64, 512), formats=GPU_BENCH_FORMATS, rotate_mib: int = 256,
+              device: str = "cuda", timer: Optional[Callable] = None, progress=None) -> list[GpuRow]:
+    """One row per shape x M x contender; activations fp16."""
+    timer = timer or cuda_event_us
+    progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    rows = []
+    for n, k in shapes:
+        contenders = _contenders(n, k, formats, rotate_mib, device)
+        for m in ms:
+            x = torch.randn(m, k, device=device).half()
+            for name, (make, nbytes, copies) in contenders.items():
+                us = timer(lambda i: make(i)(x), copies)
+                rows.append(GpuRow(f"{n}x{k}", m, name, us, nbytes))
+                progress(f"  {n}x{k} M={m} {name}: {us:.1f} us")
+    return rows
+
+
+def format_gpu_table(rows: list[GpuRow], device_name: str) -> str:
+    lines = [f"GPU: {device_name}; fp16 activations; weights streamed from HBM; median µs per call", "",
+             f"| W (N x K) | M | kernel | µs | weight GB/s | TFLOPS | vs {BASELINE} |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        base = next((b for b in rows if b.shape == r.shape and b.m == r.m and b.name == BASELINE), None)
+        ratio = f"{base.us / r.us:.2f}x" if base else "-"
+        lines.append(f"| {r.shape} | {r.m} | {r.name} | {r.us:.1f} | {r.weight_gbs():.0f} | {r.tflops():.2f} | "
+                     f"{ratio} |")
+    return "\n".join(lines)
+
+
+def fast_hadamard_transform_fn():
+    """fast_hadamard_transform.hadamard_transform, or None when that CUDA-only package is missing."""
+    try:
+        from fast_hadamard_transform import hadamard_transform
+    except ImportError:
+        return None
+    return hadamard_transform
+
+
+@torch.no_grad()
+def bench_hadamard(ms=(1, 8, 64, 512), n: int = 4096, fht=None, device: str = "cuda",
+                   timer: Optional[Callable] = None) -> list[list]:
+    """[M, fast_hadamard_transform µs, Triton µs] rows for a [M, n] fp16 transform (no signs)."""
+    import math
+
+    from ..triton_kernels.hadamard import hadamard_transform
+    timer = timer or cuda_event_us
+    rows = []
+    for m in ms:
+        xs = [torch.randn(m, n, device=device).half() for _ in range(2)]
+        ours = timer(lambda i: hadamard_transform(xs[i]), 2)
+        theirs = timer(lambda i: fht(xs[i], 1.0 / math.sqrt(n)), 2) if fht is not None else None
+        rows.append([m, theirs, ours])
+    return rows
+
+
+def format_hadamard_table(rows: list[list], n: int = 4096) -> str:
+    lines = [f"Hadamard transform of [M, {n}] fp16 (median µs)", "",
+             "| M | fast_hadamard_transform µs | Triton (ours) µs | ours vs fast_hadamard_transform |",
+             "|---|---|---|---|"]
+    for m, theirs, ours in rows:
+        t = f"{theirs:.1f}" if theirs is not None else "-"
+        ratio = f"{theirs / ours:.2f}x" if theirs is not None else "-"
+        lines.append(f"| {m} | {t} | {ours:.1f} | {ratio} |")
+    return "\n".join(lines)
