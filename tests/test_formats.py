@@ -106,9 +106,10 @@ def test_fewer_bits_more_error_for_int_formats():
         tl.IntAsym(bits=5)
 
 
-def test_gptq_lowers_output_error_over_rtn():
+@pytest.mark.parametrize("fmt", ["int4_g64", "int2_sym_g64", "int1_g64"])
+def test_gptq_lowers_output_error_over_rtn(fmt):
     from torch_lowbit.calibrate import gptq_quantize
-    f = tl.get_format("int4_g64")
+    f = tl.get_format(fmt)
     w = torch.randn(96, 256) * 0.05
     x = torch.randn(2048, 256) @ (torch.randn(256, 256) * 0.2 + torch.eye(256))  # correlated inputs
     h = x.T @ x / x.shape[0]
@@ -152,3 +153,31 @@ def test_bad_weights_are_rejected(fmt):
         f.quantize(torch.empty(8, 256, device="meta"))
     with pytest.raises(ValueError, match="importance"):
         f.quantize(torch.randn(8, 256), importance=-torch.ones(256))
+
+
+def test_int1_is_sign_times_mean_abs():
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    w = torch.randn(6, 128, generator=gen)
+    f = tl.get_format("int1_g64")
+    assert isinstance(f, tl.IntSym) and f.bits_per_weight() == 1 + 16 / 64
+    q = f.quantize(w)
+    groups = w.reshape(6, 2, 64)
+    expected = torch.sign(groups) * groups.abs().mean(-1, keepdim=True).half().float()
+    torch.testing.assert_close(f.dequantize(q), expected.reshape(6, 128))
+
+
+@pytest.mark.parametrize("bits", [2, 3])
+def test_symmetric_refit_never_worse_than_absmax(bits):
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    x = (torch.randn(40, 4, 64, generator=gen) ** 3)  # heavy tails: absmax scales are poor here
+    fmt = tl.IntSym(bits=bits, group=64)
+    plain = tl.IntSym(bits=bits, group=64, lsq_iters=0)
+    values = fmt.code_values()
+    assert torch.equal(values, torch.arange(-(2 ** bits - 1), 2 ** bits, 2).float())
+
+    def err(f):
+        s, _ = f.fit_groups(x)
+        return ((values[f.encode(x, s, None).long()] * s - x) ** 2).sum(-1)
+    e_fit, e_plain = err(fmt), err(plain)
+    assert bool((e_fit <= e_plain + 1e-6).all()) and e_fit.sum() < 0.9 * e_plain.sum()
+    assert fmt.name == f"int{bits}_sym_g64" and tl.IntAsym(bits=1, group=64).name == "int1_asym_g64"

@@ -8,7 +8,7 @@
 """
 from . import layouts as _layouts  # noqa: F401  (registers layouts)
 from . import ops as _ops  # noqa: F401  (loads the C++ extension, registers fake/CUDA impls)
-from .formats import (IQ4_NL, NUQ, VQ, Format, GaussianFormat, Int4, IntAsym, Q4_0, ScalarCodebookFormat,
+from .formats import (IQ4_NL, NUQ, VQ, Format, GaussianFormat, Int4, IntAsym, IntSym, Q4_0, ScalarCodebookFormat,
                       format_from_json, formats, get_format, register_format)
 from .io import CheckpointError, load_quantized, save_quantized
 from .nn import ProjectionSlot, QuantLinear, quantize_
@@ -17,6 +17,6 @@ from . import rotations  # noqa: F401  (Hadamard rotations; registers torch_lowb
 
 __version__ = "0.1.0"
 
-__all__ = ["Format", "ScalarCodebookFormat", "GaussianFormat", "Int4", "IntAsym", "Q4_0", "IQ4_NL", "NUQ", "VQ", "formats", "get_format", "register_format", "format_from_json",
+__all__ = ["Format", "ScalarCodebookFormat", "GaussianFormat", "Int4", "IntAsym", "IntSym", "Q4_0", "IQ4_NL", "NUQ", "VQ", "formats", "get_format", "register_format", "format_from_json",
            "QuantLinear", "ProjectionSlot", "quantize_", "use_backend", "current_backend",
            "save_quantized", "load_quantized", "CheckpointError", "__version__"]

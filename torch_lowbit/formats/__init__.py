@@ -2,9 +2,9 @@
 from .base import Format
 from .registry import format_from_json, formats, get_format, register_format
 from .scalar import ScalarCodebookFormat
-from .uniform import Int4, IntAsym, Q4_0
+from .uniform import Int4, IntAsym, IntSym, Q4_0
 from .lut import IQ4_NL
 from .gaussian import NUQ, TCQ, VQ, GaussianFormat, HalfTCQ
 
-__all__ = ["Format", "ScalarCodebookFormat", "Q4_0", "Int4", "IntAsym", "IQ4_NL", "formats", "get_format", "register_format",
+__all__ = ["Format", "ScalarCodebookFormat", "Q4_0", "Int4", "IntAsym", "IntSym", "IQ4_NL", "formats", "get_format", "register_format",
            "format_from_json", "GaussianFormat", "NUQ", "VQ", "TCQ", "HalfTCQ"]

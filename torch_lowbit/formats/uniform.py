@@ -1,4 +1,5 @@
-"""Uniform integer group formats: q4_0 (ggml, symmetric) and int{4,3,2}_g{32,64,128} (asymmetric)."""
+"""Uniform integer group formats: q4_0 (ggml, symmetric), int{4,3,2}_g{32,64,128} (asymmetric) and the
+symmetric int1_g* (±1 times a group scale) and int{2,3}_sym_g*."""
 from __future__ import annotations
 
 import dataclasses
@@ -72,7 +73,7 @@ class IntAsym(ScalarCodebookFormat):
 
     @property
     def name(self) -> str:
-        base = f"int{self.bits}_g{self.group}"
+        base = f"int{self.bits}_asym_g{self.group}" if self.bits == 1 else f"int{self.bits}_g{self.group}"
         return base if self.rounding == "lsq" else f"{base}_{self.rounding}"
 
     @property
@@ -109,6 +110,64 @@ class Int4(IntAsym):
         if self.bits != 4:
             raise ValueError(f"int4: bits must be 4, got {self.bits}; use IntAsym for other widths")
         super().__post_init__()
+
+
+@dataclasses.dataclass(frozen=True)
+class IntSym(ScalarCodebookFormat):
+    """Symmetric b-bit (b = 1..3): value = t * scale with t the odd integers -(2^b - 1) .. 2^b - 1
+    (b = 1: ±1, the sign times the group scale; b = 2: ±1, ±3), one fp16 scale per group, no min.
+
+    Levels are symmetric around zero without a zero level (as BitNet-style ±1 and QuIP#'s E8-free
+    scalar grids): b bits buy 2^b levels where an asymmetric code spends one on its offset's range.
+    Scale: absmax / (2^b - 1), then alternating nearest-level assignment and least-squares refit
+    (d = Σ t x / Σ t²), a group's refit kept only when it lowers its squared error; at b = 1 the
+    first refit is already optimal: d = mean |x|.
+    """
+
+    kind: ClassVar[str] = "int_sym"
+    bits: int = 1
+    group: int = 64
+    lsq_iters: int = 4
+
+    def __post_init__(self):
+        if self.bits not in (1, 2, 3):
+            raise ValueError(f"{self.kind}: bits must be 1, 2 or 3, got {self.bits}")
+        if self.group <= 0 or self.group % 32:
+            raise ValueError(f"{self.kind}: group must be a positive multiple of 32, got {self.group}")
+
+    @property
+    def name(self) -> str:
+        return f"int1_g{self.group}" if self.bits == 1 else f"int{self.bits}_sym_g{self.group}"
+
+    @property
+    def code_bits(self) -> int:
+        return self.bits
+
+    @property
+    def group_size(self) -> int:
+        return self.group
+
+    def code_values(self) -> Tensor:
+        return 2 * torch.arange(2 ** self.bits, dtype=torch.float32) - (2 ** self.bits - 1)
+
+    def fit_groups(self, x: Tensor, importance: Optional[Tensor] = None) -> tuple[Tensor, None]:
+        w = torch.ones_like(x) if importance is None else importance.expand_as(x)
+        values = self.code_values().to(x.device)
+        scale = x.abs().amax(-1, keepdim=True) / values[-1]
+
+        def err_and_levels(d):
+            t = values[self.encode(x, d, None).long()]
+            return (w * (t * d - x) ** 2).sum(-1, keepdim=True), t
+
+        err, t = err_and_levels(scale)
+        for _ in range(self.lsq_iters):
+            wtt = (w * t * t).sum(-1, keepdim=True)
+            refit = torch.where(wtt > 0, (w * t * x).sum(-1, keepdim=True) / wtt.clamp_min(1e-30), scale)
+            new_err, new_t = err_and_levels(refit)
+            better = (refit > 0) & (new_err < err)
+            scale, err = torch.where(better, refit, scale), torch.where(better, new_err, err)
+            t = torch.where(better, new_t, t)
+        return scale, None
 
 
 def _nearest_codes(x: Tensor, scale: Tensor, mn: Tensor, top: int) -> Tensor:
@@ -172,3 +231,5 @@ for _g in (32, 64, 128):
     for _b in (3, 2):
         register_format(IntAsym(bits=_b, group=_g))
     register_format(Int4(group=_g, rounding="minmax"))
+    for _b in (1, 2):
+        register_format(IntSym(bits=_b, group=_g))
