@@ -181,3 +181,57 @@ def test_symmetric_refit_never_worse_than_absmax(bits):
     e_fit, e_plain = err(fmt), err(plain)
     assert bool((e_fit <= e_plain + 1e-6).all()) and e_fit.sum() < 0.9 * e_plain.sum()
     assert fmt.name == f"int{bits}_sym_g64" and tl.IntAsym(bits=1, group=64).name == "int1_asym_g64"
+
+
+# ---- gcb: group-wise fine-grained codebooks ------------------------------------------------------
+
+def test_gcb_learning_finds_the_distribution_shapes():
+    """Two kinds of sub-groups (near-uniform and spiky): phase 1 separates them, phase 2 gives each
+    its own codebook, and each kind is coded best by its own codebook."""
+    from torch_lowbit.formats.gcb import learn_codebooks
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    uniform = torch.rand(4000, 32, generator=gen) * 2 - 1
+    spiky = torch.randn(4000, 32, generator=gen) ** 3
+    cb = learn_codebooks([uniform, spiky], bits=2, count=4, max_groups=8000)
+    assert cb.dtype == torch.int8 and cb.shape == (4, 4)
+    assert bool((cb[:, 1:] > cb[:, :-1]).all())  # sorted, distinct
+    inner = (cb[:, 1:3].float().abs().mean(1) / cb[:, [0, 3]].float().abs().mean(1))
+    # uniform data: centroids ±1/4, ±3/4 of the absmax (ratio 1/3); cubed Gaussians: a peaked table
+    assert inner.max() > 0.3 and inner.min() < 0.25
+
+
+@pytest.mark.parametrize("fmt,rival", [("gcb2", "int2_g64"), ("gcb3", "int3_g64")])
+def test_gcb_beats_int_at_fewer_bits_and_picks_its_best_codebook(fmt, rival):
+    from torch_lowbit.formats.gcb import GroupCodebook
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    w = torch.randn(48, 512, generator=gen) * torch.rand(48, 1, generator=gen).add(0.5)
+    w[:, ::7] *= 3
+    f, r = tl.get_format(fmt), tl.get_format(rival)
+    assert f.bits_per_weight() < r.bits_per_weight()
+    err = lambda g: float(((g.dequantize(g.quantize(w)) - w) ** 2).sum())  # noqa: E731
+    assert err(f) < err(r)
+    q = f.quantize(w)
+    assert int(q["codebook_index"].max()) < f.table().shape[0] and int(q["sub_scales"].min()) >= 1
+    # restricted to its first codebook (a one-table file), the format can only do worse
+    import safetensors.torch as st, tempfile, os
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "one.safetensors")
+        st.save_file({f"b{f.bits}": f.table()[:4].contiguous()}, path)
+        assert err(GroupCodebook(bits=f.bits, codebooks=path)) >= err(f)
+
+
+def test_gcb_module_checkpoint_and_bad_codebook_files(tmp_path):
+    from torch_lowbit.formats.gcb import GroupCodebook
+    lin = torch.nn.Linear(512, 40)
+    ql = tl.QuantLinear.from_linear(lin, "gcb2")
+    assert ql.layout.name == "gcb_rowmajor"
+    assert ql.weight_nbytes() * 8 == pytest.approx(2.3125 * lin.weight.numel() + 16 * 4 * 8)  # + the 16x4 table
+    x = torch.randn(3, 512)
+    with torch.no_grad():
+        torch.testing.assert_close(ql(x), x @ ql.dequantize().T + lin.bias)
+    with pytest.raises(ValueError, match="gcb-learn"):
+        GroupCodebook(bits=2, codebooks=str(tmp_path / "missing.safetensors")).table()
+    with pytest.raises(ValueError, match="bits must be 2 or 3"):
+        GroupCodebook(bits=4)
+    with pytest.raises(ValueError, match="not divisible by the group size 256"):
+        tl.get_format("gcb2").quantize(torch.randn(4, 320))

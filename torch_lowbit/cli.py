@@ -151,6 +151,29 @@ def cmd_formats(args) -> None:
                  [[f, get_format(f).group_size, f"{get_format(f).bits_per_weight():.3f}"] for f in formats()]))
 
 
+def cmd_gcb_learn(args) -> None:
+    """Learns gcb codebooks from a model's linear layers and writes them (keys b2, b3) for
+    GroupCodebook(bits, codebooks=FILE)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from .formats.gcb import learn_codebooks
+    if args.model == "smollm2":
+        model, _ = _load_model("smollm2")
+    else:  # any architecture (encoders too): only its nn.Linear weights are read
+        from transformers import AutoModel
+        model = AutoModel.from_pretrained(args.model).eval()
+    weights = [m.weight for name, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and "lm_head" not in name]
+    if not weights:
+        raise SystemExit(f"gcb-learn: {args.model} has no nn.Linear layers to learn from")
+    tables = {f"b{b}": learn_codebooks(weights, b, args.count, seed=args.seed) for b in args.bits}
+    save_file(tables, args.out, metadata={"source": args.model, "count": str(args.count)})
+    for key, t in tables.items():
+        print(f"{key}: {t.shape[0]} codebooks of {t.shape[1]} int8 entries")
+    print(f"wrote {args.out}; use it as GroupCodebook(bits, codebooks={args.out!r})")
+
+
 def cmd_lm_eval_tasks(args) -> None:
     from .eval.lm_eval_model import tasks_dir
     print(tasks_dir(args.docs))
@@ -214,6 +237,14 @@ def main(argv=None) -> None:
     sp.add_argument("--png", help="write the plot (cpu: roofline at the largest thread count; distortion: MSE "
                     "vs bits) to this PNG file")
     sp.set_defaults(fn=cmd_bench)
+
+    sp = sub.add_parser("gcb-learn", help="learn group-codebook (gcb) tables from a model's linear layers")
+    sp.add_argument("--model", default="smollm2", help="'smollm2' or a Hugging Face model directory")
+    sp.add_argument("--bits", type=int, nargs="+", default=[2, 3], choices=[2, 3])
+    sp.add_argument("--count", type=int, default=16, choices=[4, 8, 16], help="codebooks per bit width")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--out", required=True, help="output .safetensors file")
+    sp.set_defaults(fn=cmd_gcb_learn)
 
     sp = sub.add_parser("formats", help="list formats")
     sp.set_defaults(fn=cmd_formats)

@@ -5,6 +5,7 @@ from .scalar import ScalarCodebookFormat
 from .uniform import Int4, IntAsym, IntSym, Q4_0
 from .lut import IQ4_NL
 from .gaussian import NUQ, TCQ, VQ, GaussianFormat, HalfTCQ
+from .gcb import GroupCodebook
 
 __all__ = ["Format", "ScalarCodebookFormat", "Q4_0", "Int4", "IntAsym", "IntSym", "IQ4_NL", "formats", "get_format", "register_format",
-           "format_from_json", "GaussianFormat", "NUQ", "VQ", "TCQ", "HalfTCQ"]
+           "format_from_json", "GaussianFormat", "NUQ", "VQ", "TCQ", "HalfTCQ", "GroupCodebook"]

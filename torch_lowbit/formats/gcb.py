@@ -1,0 +1,270 @@
+"""gcb2 / gcb3: group-wise fine-grained codebooks (seed paper 000, section 5).
+
+A row is cut into sub-groups of 32 weights inside superblocks of 256. Every sub-group is coded
+with one of C small shared codebooks (C = 16 by default; 4 entries for gcb2, 8 for gcb3, int8
+values) that were learned once, model-wide, so they fit in one vector register for the whole model:
+
+    w = d * s_j * codebook[c_j][q]      d: fp16 per superblock, s_j in 1..15 (4 bits),
+                                        c_j: codebook index (4 bits), q: b-bit code
+
+Bits per weight: b + 8/32 (s_j, c_j) + 16/256 (d) = b + 0.3125 (the 64-128-byte codebook table
+of a layer is not counted: it is shared and tiny).
+
+Quantization: for every sub-group and every codebook, a least-squares scale (nearest entries and
+refit, alternated); keep the codebook of lowest squared error; quantize the scales against the
+superblock's d = max / 15; re-pick each sub-group's codebook with its quantized scale.
+
+Learning (learn_codebooks; CLI `python -m torch_lowbit gcb-learn`): sub-groups normalized by their
+absmax, then two k-means phases: (1) over the sub-groups' normalized histograms, giving C
+distribution shapes; (2) inside each shape's cluster, 1-D k-means of its values into 2^b
+centroids, rounded to int8. The shipped tables (data/gcb_codebooks.safetensors) were learned on
+SmolLM2-135M's linear layers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import ClassVar, Iterable, Optional
+
+import torch
+from torch import Tensor
+
+from .base import Format
+from .registry import register_format
+
+SUBGROUP = 32
+SUPERBLOCK = 256
+SCALE_STEPS = 15  # s_j in 1..15
+HIST_BINS = 16
+_DATA = os.path.join(os.path.dirname(__file__), "data", "gcb_codebooks.safetensors")
+
+
+def table_key(source: str, bits: int) -> str:
+    return f"{source}_b{bits}"
+
+
+@functools.lru_cache(maxsize=None)
+def _load(path: str) -> dict[str, Tensor]:
+    from safetensors.torch import load_file
+    return load_file(path)
+
+
+def load_codebooks(source: str, bits: int) -> Tensor:
+    """int8 [C, 2^bits]: a shipped table by name ("smollm2") or the one in a gcb-learn file."""
+    path, key = (_DATA, table_key(source, bits)) if not source.endswith(".safetensors") else (source, f"b{bits}")
+    if not os.path.exists(path):
+        raise ValueError(f"gcb: codebook file {path!r} not found; write one with "
+                         "`python -m torch_lowbit gcb-learn --out FILE.safetensors`")
+    tables = _load(path)
+    if key not in tables:
+        raise ValueError(f"gcb: {path} has no {bits}-bit codebooks (keys: {', '.join(sorted(tables))})")
+    cb = tables[key]
+    if cb.dtype != torch.int8 or cb.dim() != 2 or cb.shape[1] != 2 ** bits or cb.shape[0] not in (4, 8, 16):
+        raise ValueError(f"gcb: codebooks must be int8 [4, 8 or 16, {2 ** bits}], got {cb.dtype} {tuple(cb.shape)}")
+    return cb.clone()
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupCodebook(Format):
+    kind: ClassVar[str] = "gcb"
+    layout_family: ClassVar[str] = "gcb"
+    bits: int = 2
+    codebooks: str = "smollm2"  # a shipped table name, or a .safetensors file written by gcb-learn
+    lsq_iters: int = 3
+
+    def __post_init__(self):
+        if self.bits not in (2, 3):
+            raise ValueError(f"gcb: bits must be 2 or 3, got {self.bits}")
+
+    @property
+    def name(self) -> str:
+        if self.codebooks == "smollm2":
+            return f"gcb{self.bits}"
+        return f"gcb{self.bits}_{os.path.splitext(os.path.basename(self.codebooks))[0]}"
+
+    @property
+    def group_size(self) -> int:
+        return SUPERBLOCK
+
+    def bits_per_weight(self) -> float:
+        return self.bits + 8 / SUBGROUP + 16 / SUPERBLOCK
+
+    def table(self) -> Tensor:
+        return load_codebooks(self.codebooks, self.bits)
+
+    def quantize(self, weight: Tensor, importance: Optional[Tensor] = None) -> dict[str, Tensor]:
+        self.check_weight(weight)
+        n, k = weight.shape
+        x = weight.detach().float().reshape(n, k // SUBGROUP, SUBGROUP)
+        w = None if importance is None else self._importance(importance, k)
+        cb = self.table()
+        values = cb.float().to(x.device)
+        # 1. best codebook and least-squares scale per sub-group
+        best_err, best_c, best_scale = None, None, None
+        for c in range(values.shape[0]):
+            scale, err = _fit_scale(x, values[c], w, self.lsq_iters)
+            if best_err is None:
+                best_err, best_c, best_scale = err, torch.zeros_like(err, dtype=torch.long), scale
+            else:
+                better = err < best_err
+                best_err = torch.where(better, err, best_err)
+                best_c = torch.where(better, c, best_c)
+                best_scale = torch.where(better, scale, best_scale)
+        # 2. scales on the superblock grid d * s, s in 1..SCALE_STEPS
+        per_block = SUPERBLOCK // SUBGROUP
+        blocks = best_scale.reshape(n, k // SUPERBLOCK, per_block)
+        d = (blocks.amax(-1) / SCALE_STEPS).half()
+        df = d.float()[..., None]
+        steps = torch.round(blocks / torch.where(df > 0, df, torch.ones_like(df))).clamp_(1, SCALE_STEPS)
+        scale = (steps * df).reshape(n, k // SUBGROUP, 1)
+        # 3. each sub-group's codebook again, for its quantized scale
+        best_err, best_codes = None, None
+        for c in range(values.shape[0]):
+            codes = _nearest(x, scale, values[c])
+            err = _weighted_sq(values[c][codes] * scale - x, w)
+            if best_err is None:
+                best_err, best_codes, best_c = err, codes, torch.zeros_like(err, dtype=torch.long)
+            else:
+                better = err < best_err
+                best_err = torch.where(better, err, best_err)
+                best_c = torch.where(better, c, best_c)
+                best_codes = torch.where(better, codes, best_codes)
+        return {"codes": best_codes.reshape(n, k).to(torch.uint8), "codebook_index": best_c.reshape(n, k // SUBGROUP).to(torch.uint8),
+                "sub_scales": steps.reshape(n, k // SUBGROUP).to(torch.uint8), "super_scales": d,
+                "codebooks": cb.to(weight.device)}
+
+    def dequantize(self, q: dict[str, Tensor]) -> Tensor:
+        codes, cidx = q["codes"].long(), q["codebook_index"].long()
+        n, k = codes.shape
+        values = q["codebooks"].float()
+        per_code = values[cidx.repeat_interleave(SUBGROUP, 1), codes]  # [N, K]
+        scale = q["sub_scales"].float() * q["super_scales"].float().repeat_interleave(SUPERBLOCK // SUBGROUP, 1)
+        return per_code * scale.repeat_interleave(SUBGROUP, 1)
+
+    def _importance(self, importance: Tensor, in_features: int) -> Tensor:
+        if importance.shape != (in_features,) or not bool(torch.isfinite(importance).all()) or \
+                bool((importance < 0).any()):
+            raise ValueError(f"{self.name}: importance must be {in_features} finite non-negative values")
+        imp = importance.detach().float()
+        imp = imp / imp.mean().clamp_min(1e-30) + 1e-6
+        return imp.reshape(1, in_features // SUBGROUP, SUBGROUP)
+
+
+def _weighted_sq(diff: Tensor, w: Optional[Tensor]) -> Tensor:
+    return (diff * diff if w is None else w * diff * diff).sum(-1, keepdim=True)
+
+
+def _nearest(x: Tensor, scale: Tensor, values: Tensor) -> Tensor:
+    """Codes of the entries of `values` (sorted) nearest to x / scale."""
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.bucketize(x / safe, (values[1:] + values[:-1]) / 2)
+
+
+def _fit_scale(x: Tensor, values: Tensor, w: Optional[Tensor], iters: int) -> tuple[Tensor, Tensor]:
+    """Per sub-group: the scale (absmax start, then least-squares refits kept where they help) and its
+    squared error, coding x [.., 32] with the sorted entries `values`."""
+    top = values.abs().max()
+    scale = x.abs().amax(-1, keepdim=True) / top
+    v = values[_nearest(x, scale, values)]
+    err = _weighted_sq(v * scale - x, w)
+    ww = torch.ones_like(x) if w is None else w.expand_as(x)
+    for _ in range(iters):
+        vv = (ww * v * v).sum(-1, keepdim=True)
+        refit = torch.where(vv > 0, (ww * v * x).sum(-1, keepdim=True) / vv.clamp_min(1e-30), scale)
+        v_new = values[_nearest(x, refit, values)]
+        err_new = _weighted_sq(v_new * refit - x, w)
+        better = (refit > 0) & (err_new < err)
+        scale, err = torch.where(better, refit, scale), torch.where(better, err_new, err)
+        v = torch.where(better, v_new, v)
+    return scale, err
+
+
+# ------------------------------------------------------------------------------------------------
+# Learning the codebooks
+
+
+def _kmeans(points: Tensor, k: int, gen: torch.Generator, iters: int, init: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """Lloyd's k-means (k-means++ start unless `init`); returns (centroids [k, D], labels [P])."""
+    if init is None:
+        centroids = points[torch.randint(0, points.shape[0], (1,), generator=gen)]
+        for _ in range(1, k):
+            d2 = torch.cdist(points, centroids).amin(1) ** 2
+            pick = torch.multinomial(d2 / d2.sum() if d2.sum() > 0 else torch.ones_like(d2), 1, generator=gen)
+            centroids = torch.cat([centroids, points[pick]])
+    else:
+        centroids = init.clone()
+    for _ in range(iters):
+        labels = torch.cdist(points, centroids).argmin(1)
+        sums = torch.zeros_like(centroids).index_add_(0, labels, points)
+        counts = torch.bincount(labels, minlength=k).to(points.dtype)[:, None]
+        centroids = torch.where(counts > 0, sums / counts.clamp_min(1), centroids)
+    return centroids, torch.cdist(points, centroids).argmin(1)
+
+
+def normalized_subgroups(weights: Iterable[Tensor], max_groups: int, gen: torch.Generator) -> Tensor:
+    """fp64 [G, 32]: sub-groups of the weights, each divided by its absmax (all-zero ones dropped),
+    a fixed-seed sample of at most max_groups."""
+    groups = torch.cat([w.detach().double().reshape(-1, SUBGROUP) for w in weights if w.shape[-1] % SUBGROUP == 0])
+    amax = groups.abs().amax(1, keepdim=True)
+    groups = groups[amax[:, 0] > 0] / amax[amax[:, 0] > 0]
+    if groups.shape[0] > max_groups:
+        groups = groups[torch.randperm(groups.shape[0], generator=gen)[:max_groups]]
+    return groups
+
+
+def learn_codebooks(weights: Iterable[Tensor], bits: int, count: int = 16, max_groups: int = 200_000,
+                    seed: int = 0) -> Tensor:
+    """int8 [count, 2^bits] codebooks (each sorted) learned from weight matrices (see module doc)."""
+    if bits not in (2, 3) or count not in (4, 8, 16):
+        raise ValueError(f"gcb-learn: bits must be 2 or 3 and count 4, 8 or 16, got bits={bits} count={count}")
+    gen = torch.Generator().manual_seed(seed)
+    groups = normalized_subgroups(weights, max_groups, gen)
+    if groups.shape[0] < count * 4:
+        raise ValueError(f"gcb-learn: only {groups.shape[0]} usable sub-groups of {SUBGROUP}; give more weights")
+    bins = ((groups + 1) / 2 * HIST_BINS).long().clamp_(0, HIST_BINS - 1)
+    hist = torch.zeros(groups.shape[0], HIST_BINS, dtype=torch.float64).scatter_add_(
+        1, bins, torch.ones_like(groups)) / SUBGROUP
+    _, shape = _kmeans(hist, count, gen, iters=25)  # phase 1: distribution shapes
+    entries = 2 ** bits
+    tables = []
+    for c in range(count):
+        members = groups[shape == c].reshape(-1, 1)
+        if members.shape[0] < entries:  # an empty shape: fall back to all values
+            members = groups.reshape(-1, 1)
+        q = torch.linspace(0.5 / entries, 1 - 0.5 / entries, entries, dtype=torch.float64)
+        init = torch.quantile(members[:200_000, 0], q)[:, None]
+        centroids, _ = _kmeans(members, entries, gen, iters=30, init=init)  # phase 2: values in the shape
+        tables.append(_distinct_int8(torch.sort(centroids[:, 0]).values))
+    return torch.stack(tables)
+
+
+def _distinct_int8(levels: Tensor) -> Tensor:
+    """Sorted fp centroids in [-1, 1] -> strictly increasing int8 levels (round(127 x), ties pushed apart)."""
+    q = torch.round(levels * 127).clamp(-127, 127).to(torch.int64)
+    for i in range(1, q.numel()):
+        if q[i] <= q[i - 1]:
+            q[i] = q[i - 1] + 1
+    for i in range(q.numel() - 2, -1, -1):  # overflow at the top: push down
+        if q[i] >= q[i + 1]:
+            q[i] = q[i + 1] - 1
+    return q.to(torch.int8)
+
+
+def learn_smollm2_codebooks(count: int = 16, seed: int = 0) -> dict[str, Tensor]:
+    """The shipped tables: learned on SmolLM2-135M's linear layers (attention + MLP)."""
+    from ..eval.assets import load_smollm2
+
+    model, _ = load_smollm2()
+    weights = [m.weight for name, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and "lm_head" not in name]
+    return {table_key("smollm2", b): learn_codebooks(weights, b, count, seed=seed) for b in (2, 3)}
+
+
+def _register() -> None:
+    if os.path.exists(_DATA):
+        for b in (2, 3):
+            register_format(GroupCodebook(bits=b))
+
+
+_register()
