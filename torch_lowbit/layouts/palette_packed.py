@@ -176,17 +176,19 @@ class PalettePacked(Layout):
             xr = hadamard_transform(xr, buffers["signs"].float())
         else:
             xr = fmt.rotate_activations(xr, buffers.get("signs"))  # CUDA: the op's Triton impl
-        scales = buffers["row_scales"]
+        name, args = self.kernel_call(fmt, buffers)
+        return getattr(ops, name)(xr, *args, buffers["row_scales"], bias).to(x.dtype)
+
+    def kernel_call(self, fmt: GaussianFormat, buffers: dict[str, Tensor]) -> tuple[str, list]:
+        """(op, weight args between x' and row_scales) of the Triton path's one fused op: codebook_linear,
+        tcq_linear, or tcq_half_linear (both halves of K in one launch)."""
         if not isinstance(fmt, (TCQ, HalfTCQ)):
-            y = ops.codebook_linear(xr, buffers["codes"], _code_bits(fmt), buffers["table"], scales, bias)
-        else:
-            args = []
-            for name, part in self._tcq_parts(fmt).items():
-                args += [buffers[name], buffers[f"table{name[5:]}"], tcq.tcq_table_bits(part.bits),
-                         tcq.tcq_shift_bits(part.bits)]
-            linear = ops.tcq_half_linear if isinstance(fmt, HalfTCQ) else ops.tcq_linear  # one launch either way
-            y = linear(xr, *args, scales, bias)
-        return y.to(x.dtype)
+            return "codebook_linear", [buffers["codes"], _code_bits(fmt), buffers["table"]]
+        args = []
+        for name, part in self._tcq_parts(fmt).items():
+            args += [buffers[name], buffers[f"table{name[5:]}"], tcq.tcq_table_bits(part.bits),
+                     tcq.tcq_shift_bits(part.bits)]
+        return ("tcq_half_linear" if isinstance(fmt, HalfTCQ) else "tcq_linear"), args
 
 
 PALETTE_PACKED = register_layout(PalettePacked(), default_for="palette", device="cpu")
