@@ -7,6 +7,12 @@ Each call is timed with CUDA events; tables show medians. GB/s is the weight's b
 (the activations and output are small next to it at these M). With `fast_hadamard_transform`
 installed, its transform of [M, 4096] is timed against our Triton Hadamard kernel too.
 
+Palette formats (nuq*, vq*, tcq*, half-TCQ) run in their CUDA layout, palette_packed, and the timed
+call is the whole QuantLinear forward: the activations' Hadamard rotation plus the fused kernel. TCQ
+weights get random code bits instead of Viterbi codes: the encoder is CPU-only at these sizes (the
+pure-torch reference on a GPU holds [sequences, 2^16] costs per step), and neither the decode work
+nor the bytes read depend on the code values.
+
 The timing loop and the tables take a device and a timer, so tests run them on CPU tensors (the
 Triton interpreter) without a GPU; the command itself refuses to run without CUDA.
 """
@@ -23,11 +29,12 @@ import torch
 import torch.nn.functional as F
 
 from ..formats import get_format
+from ..formats.gaussian import TCQ, HalfTCQ
 from ..layouts import default_layout
 from ..nn import QuantLinear
 
 GPU_BENCH_SHAPES = ((4096, 4096), (4096, 14336))  # (N out, K in)
-GPU_BENCH_FORMATS = ("q4_0", "int4_g128", "iq4_nl")
+GPU_BENCH_FORMATS = ("q4_0", "int4_g128", "iq4_nl", "nuq3", "vq2", "tcq2")
 BASELINE = "torch fp16 F.linear"
 
 
@@ -98,12 +105,32 @@ def _contenders(n: int, k: int, formats, rotate_mib: int, device: str):
         lin.weight.copy_(w)
     lin = lin.to(device)  # quantize where it runs: the formats' searches are fast on a GPU
     for fmt in formats:
-        layout = default_layout(get_format(fmt), "cuda")
-        q = QuantLinear.from_linear(lin, fmt, layout=layout)
+        f = get_format(fmt)
+        layout = default_layout(f, "cuda")
+        q = _random_tcq(f, n, k, layout, device) if isinstance(f, (TCQ, HalfTCQ)) else \
+            QuantLinear.from_linear(lin, f, layout=layout)
         qbytes = q.weight_nbytes()
         mods = [q] + [copy.deepcopy(q) for _ in range(_copies(qbytes, rotate_mib) - 1)]
         out[f"torch_lowbit {fmt} [{layout.name}]"] = (lambda i, mods=mods: mods[i], qbytes, len(mods))
     return out
+
+
+def _random_tcq(f, n: int, k: int, layout, device: str) -> QuantLinear:
+    """A TCQ QuantLinear with random code bits (see the module docstring), realistic row scales and the
+    format's rotation signs."""
+    problem = f.shape_problem(n, k)
+    if problem is not None:
+        raise ValueError(f"bench gpu: {f.name} {problem}")
+    q = QuantLinear.empty(k, n, f, bias=False, layout=layout, device=device)
+    gen = torch.Generator().manual_seed(0)
+    for name in q._buffer_names:
+        t = getattr(q, name)
+        if t.dtype == torch.int32:
+            t.copy_(torch.randint(-2**31, 2**31, t.shape, generator=gen, dtype=torch.int64).to(torch.int32))
+    q.row_scales.fill_(0.02)
+    if f.rotate:
+        q.signs.copy_(f.signs(k))
+    return q
 
 
 @torch.no_grad()

@@ -6,10 +6,12 @@ stream l stored at column 16 w + l, so 16 consecutive codes share one bit offset
 words (csrc/common/palette.h); TCQ codes are already packed that way per 16 x 16 tile and are kept as
 the format stores them (both halves of half-TCQ). row_scales and signs are the format's own.
 
-The forward rotates the activations (x' = (x * s) @ H, fp32) and calls the fused decode-matmul
-ops (csrc/palette_linear.cpp: codebook_linear, tcq_linear), whose tables come from the format
-(codebook values; TCQ's signed hybrid-code table) as runtime buffers. fp32 end to end: the
-codebooks are not integer grids, so there is no int8-activation path (nuq has one: nuq_i8_n16).
+The forward rotates the activations (x' = (x * s) @ H) and calls the fused decode-matmul ops
+codebook_linear, tcq_linear and tcq_half_linear (half-TCQ), whose tables come from the format
+(codebook values; TCQ's signed hybrid-code table) as runtime buffers. CPU backend: the C++ kernels
+(csrc/palette_linear.cpp), fp32 end to end: the codebooks are not integer grids, so there is no
+int8-activation path (nuq has one: nuq_i8_n16). Triton backend (triton_kernels/palette.py, the
+ops' CUDA impls): x' in x's dtype (the Triton Hadamard kernel), fp16/bf16 tensor cores.
 """
 from __future__ import annotations
 
@@ -86,7 +88,7 @@ def _codebook(fmt: GaussianFormat) -> Tensor:
 class PalettePacked(Layout):
     name = "palette_packed"
     version = 1
-    backends = ("cpu",)
+    backends = ("cpu", "triton")
 
     def supports(self, fmt) -> bool:
         return isinstance(fmt, (NUQ, VQ, TCQ, HalfTCQ))
@@ -139,9 +141,8 @@ class PalettePacked(Layout):
 
     def linear(self, fmt: GaussianFormat, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
                backend: str, out_features: int) -> Tensor:
-        if backend != "cpu" or x.device.type != "cpu":
-            raise RuntimeError(f"layout {self.name} runs on the CPU backend only; repack the module with "
-                               "QuantLinear.repack('palette_dense') for Triton/CUDA")
+        if backend == "triton":
+            return self._linear_triton(fmt, buffers, x, bias)
         xr = fmt.rotate_activations(x.float(), buffers.get("signs"))  # fp32: no second rounding of bf16 inputs
         scales = buffers["row_scales"]
         if not isinstance(fmt, (TCQ, HalfTCQ)):
@@ -159,5 +160,38 @@ class PalettePacked(Layout):
             y = yi if y is None else y + yi
         return y.to(x.dtype)
 
+    def _linear_triton(self, fmt: GaussianFormat, buffers: dict[str, Tensor], x: Tensor,
+                       bias: Optional[Tensor]) -> Tensor:
+        # CUDA (and meta/fake) tensors go through the custom ops (their CUDA impls are the Triton
+        # kernels; fake impls for compile). CPU tensors call the kernels directly under the
+        # interpreter: torch.ops on CPU tensors would run the C++ kernels.
+        from ..triton_kernels import palette as kernels
+        direct = x.device.type == "cpu"
+        ops = kernels if direct else torch.ops.torch_lowbit
+        # x' in x's dtype (the Hadamard kernel computes in fp32 and rounds once), so fp16/bf16 feed the
+        # tensor cores; the interpreter stores bf16 by truncation, so there bf16 rotates in fp32.
+        xr = x.float() if direct and x.dtype == torch.bfloat16 else x
+        if direct and fmt.rotate:
+            from ..triton_kernels.hadamard import hadamard_transform
+            xr = hadamard_transform(xr, buffers["signs"].float())
+        else:
+            xr = fmt.rotate_activations(xr, buffers.get("signs"))  # CUDA: the op's Triton impl
+        name, args = self.kernel_call(fmt, buffers)
+        return getattr(ops, name)(xr, *args, buffers["row_scales"], bias).to(x.dtype)
+
+    def kernel_call(self, fmt: GaussianFormat, buffers: dict[str, Tensor]) -> tuple[str, list]:
+        """(op, weight args between x' and row_scales) of the Triton path's one fused op: codebook_linear,
+        tcq_linear, or tcq_half_linear (both halves of K in one launch)."""
+        if not isinstance(fmt, (TCQ, HalfTCQ)):
+            return "codebook_linear", [buffers["codes"], _code_bits(fmt), buffers["table"]]
+        args = []
+        for name, part in self._tcq_parts(fmt).items():
+            args += [buffers[name], buffers[f"table{name[5:]}"], tcq.tcq_table_bits(part.bits),
+                     tcq.tcq_shift_bits(part.bits)]
+        return ("tcq_half_linear" if isinstance(fmt, HalfTCQ) else "tcq_linear"), args
+
 
 PALETTE_PACKED = register_layout(PalettePacked(), default_for="palette", device="cpu")
+# On CUDA too (the Triton kernels): nuq's CPU default is nuq_i8_n16, palette_dense stays the portable one.
+register_layout(PALETTE_PACKED, default_for="palette", device="cuda")
+register_layout(PALETTE_PACKED, default_for="nuq", device="cuda")

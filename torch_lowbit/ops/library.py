@@ -8,6 +8,7 @@ import functools
 import torch
 
 _FLOAT_ACTS = (torch.float32, torch.bfloat16, torch.float16)
+_LIB = torch.library.Library("torch_lowbit", "FRAGMENT")  # ops defined from Python (kept alive here)
 
 
 @functools.lru_cache(maxsize=None)
@@ -69,8 +70,16 @@ def _tcq_check(codes, table, table_bits, shift_bits, row_scales):
     return n, k
 
 
+# half-TCQ as one op, so a CUDA model runs both halves of K in one Triton launch (and compiles
+# through its fake impl). Defined here, not in csrc: its CPU impl is the two C++ tcq_linear calls.
+_TCQ_HALF_SCHEMA = ("tcq_half_linear(Tensor x, Tensor codes_lo, Tensor table_lo, int table_bits_lo, "
+                    "int shift_bits_lo, Tensor codes_hi, Tensor table_hi, int table_bits_hi, int shift_bits_hi, "
+                    "Tensor row_scales, Tensor? bias) -> Tensor")
+
+
 def _register() -> None:
     cpu_extension()  # loads the schemas and CPU kernels
+    _LIB.define(_TCQ_HALF_SCHEMA)
 
     @torch.library.register_fake("torch_lowbit::lut4_linear")
     def _lut4_linear_fake(x, qweight, scales, mins, lut, group_size, bias):
@@ -128,6 +137,27 @@ def _register() -> None:
         n, k = _tcq_check(codes, table, table_bits, shift_bits, row_scales)
         return codes.new_empty((n, k), dtype=torch.float32)
 
+    @torch.library.register_fake("torch_lowbit::tcq_half_linear")
+    def _tcq_half_linear_fake(x, codes_lo, table_lo, table_bits_lo, shift_bits_lo, codes_hi, table_hi,
+                              table_bits_hi, shift_bits_hi, row_scales, bias):
+        n, k_lo = _tcq_check(codes_lo, table_lo, table_bits_lo, shift_bits_lo, row_scales)
+        n_hi, k_hi = _tcq_check(codes_hi, table_hi, table_bits_hi, shift_bits_hi, row_scales)
+        _check(n_hi == n, f"tcq_half_linear: both halves' codes must have {n} rows")
+        _check(x.dtype in _FLOAT_ACTS, f"tcq_half_linear: x must be fp32/bf16/fp16, got {x.dtype}")
+        _check(x.shape[-1] == k_lo + k_hi, f"tcq_half_linear: x has {x.shape[-1]} features, weight has "
+               f"K={k_lo + k_hi}")
+        _bias_check(bias, n, "tcq_half_linear")
+        return x.new_empty((*x.shape[:-1], n))
+
+    @torch.library.impl("torch_lowbit::tcq_half_linear", "CPU")
+    def _tcq_half_linear_cpu(x, codes_lo, table_lo, table_bits_lo, shift_bits_lo, codes_hi, table_hi,
+                             table_bits_hi, shift_bits_hi, row_scales, bias):
+        k_lo = codes_lo.shape[1] * 16
+        y = torch.ops.torch_lowbit.tcq_linear(x[..., :k_lo], codes_lo, table_lo, table_bits_lo, shift_bits_lo,
+                                              row_scales, None)
+        return y + torch.ops.torch_lowbit.tcq_linear(x[..., k_lo:], codes_hi, table_hi, table_bits_hi,
+                                                     shift_bits_hi, row_scales, bias)
+
     @torch.library.register_fake("torch_lowbit::lut4_dequantize")
     def _lut4_dequantize_fake(qweight, scales, mins, lut, group_size):
         n, k = _lut4_check(qweight, scales, mins, lut, group_size)
@@ -142,6 +172,18 @@ def _register() -> None:
     def _lut4_dequantize_cuda(qweight, scales, mins, lut, group_size):
         from ..triton_kernels.lut4 import lut4_dequantize
         return lut4_dequantize(qweight, scales, mins, lut, group_size)
+
+    # palette_packed (nuq/vq/tcq): triton_kernels/palette.py, same signatures as the ops
+    for name in ("codebook_linear", "codebook_dequantize", "tcq_linear", "tcq_dequantize", "tcq_half_linear"):
+        torch.library.impl(f"torch_lowbit::{name}", "CUDA")(_palette_cuda(name))
+
+
+def _palette_cuda(name):
+    def impl(*args):
+        from ..triton_kernels import palette
+        return getattr(palette, name)(*args)
+    impl.__name__ = f"_{name}_cuda"
+    return impl
 
 
 _register()

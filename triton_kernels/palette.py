@@ -1,0 +1,398 @@
+"""Fused decode-matmul for the palette_packed layout (Q-Palette nuq*, vq*, tcq*, half-TCQ):
+y = x' @ W'.T + bias with x' the already rotated activations and W'[n, :] = row_scale[n] * decoded
+codes of row n, decoded in registers right after the load (W' is never materialized).
+
+The bit layouts and scalar decoders are csrc/common/palette.h's; the kernels read them as is:
+- codebook (nuq: 1 weight per code, vq: 2): b-bit codes dealt round-robin to 16 MSB-first bit
+  streams per row, word w of stream l at row word 16 w + l (`stream_code`); a code indexes the
+  fp32 table [2^b, d] the format hands over.
+- TCQ: int32 [N/16, K/16, 4 s], one tail-biting sequence per 16 x 16 tile (row-major inside the
+  tile); step t's state is the 16-bit window at bit t * s (`tcq_state`), its pair of weights the
+  signed table's entry (h >> (15 - Q)) mod 2^(Q+1), h = state * (state + 1) mod 2^16 (`tcq_value`).
+  half-TCQ: two such code tensors (own s, Q and table), one per half of K, in one launch.
+
+Kernels and their choice by M are lut4.py's (split-K CUDA-core GEMV for M <= GEMV_MAX_M, tiled
+tl.dot above; the same launch-config spaces, autotune.py, and its deterministic split-K reduction).
+The row scale multiplies each output once in the epilogue (sum_k s w x = s sum_k w x), not every
+weight: cheaper, and on the tensor cores the decoded tile is cast to x's dtype unscaled (nuq's
+int8-grid levels are exact in fp16 and bf16).
+
+Codebook lookups are plain gathers from the (at most 1024 x 2 fp32 = 8 KiB) table, which stays in
+L1/L2 across the program; VQ-LLM's "codebook cache" (stage hot entries in shared memory) is the
+next step if profiles show the gathers stalling.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import autotune
+from .autotune import INTERPRET
+from .lut4 import (_dot_candidates, _dot_default, _epilogue, _gemv_candidates, _gemv_default,
+                   _splitk_reduce_kernel, kernel_kind)
+
+_ACTS = (torch.float32, torch.bfloat16, torch.float16)
+STREAMS = 16  # bit streams per codebook row (palette.h kCodeStreams)
+TILE = 16  # TCQ tiles are 16 x 16 (palette.h kTcqTile)
+
+
+# -- decoders (palette.h, vectorized) -------------------------------------------------------------
+@triton.jit
+def _window(first, second, o):
+    """32 bits of a stream starting o bits into word `first` (uint32; `second` is the next word).
+    (second >> 1) >> (31 - o) takes second's top o bits without a shift by 32 at o = 0."""
+    return (first << o) | ((second >> 1) >> (31 - o))
+
+
+@triton.jit
+def _stream_codes(words_ptr, offs_n, j, N, C, ROW_WORDS, BITS: tl.constexpr):
+    """uint32 codes [BLOCK_N, len(j)] of rows offs_n, code indices j (palette.h stream_code)."""
+    mask = (offs_n[:, None] < N) & (j[None, :] < C)
+    lane = j % 16
+    pos = (j // 16) * BITS
+    w = pos // 32
+    o = (pos % 32).to(tl.uint32)[None, :]
+    row = words_ptr + offs_n[:, None].to(tl.int64) * ROW_WORDS
+    nxt = (w + 1) * 16 + lane  # only read where a code straddles two words; past the row it is 0
+    first = tl.load(row + (w * 16 + lane)[None, :], mask=mask, other=0).to(tl.uint32, bitcast=True)
+    second = tl.load(row + nxt[None, :], mask=mask & (nxt[None, :] < ROW_WORDS), other=0).to(tl.uint32, bitcast=True)
+    return _window(first, second, o) >> (32 - BITS)
+
+
+@triton.jit
+def _codebook_tile(words_ptr, tbl_ptr, offs_n, k0, N, K, ROW_WORDS, BITS: tl.constexpr, D: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
+    """Unscaled fp32 weights [BLOCK_N, BLOCK_K] of columns k0 .. k0 + BLOCK_K (k0 a multiple of D)."""
+    j = k0 // D + tl.arange(0, BLOCK_K // D)
+    codes = _stream_codes(words_ptr, offs_n, j, N, K // D, ROW_WORDS, BITS).to(tl.int32)
+    if D == 1:
+        w = tl.load(tbl_ptr + codes)
+    else:  # one code per pair: both coordinates of its entry, interleaved back into columns
+        w = tl.interleave(tl.load(tbl_ptr + 2 * codes), tl.load(tbl_ptr + 2 * codes + 1))
+    return w
+
+
+@triton.jit
+def _tcq_tile(codes_ptr, tbl_ptr, offs_n, k0, k_lim, N, KP, S: tl.constexpr, Q: tl.constexpr,
+              BLOCK_K: tl.constexpr):
+    """Unscaled fp32 weights [BLOCK_N, BLOCK_K] of columns k0 .. (k0 even) of one TCQ code tensor
+    [N/16, KP/16, 4 S]; pairs at columns >= k_lim read nothing."""
+    k = k0 + 2 * tl.arange(0, BLOCK_K // 2)  # each trellis step is a pair of adjacent columns
+    mask = (offs_n[:, None] < N) & (k[None, :] < k_lim)
+    seq = (offs_n[:, None] // 16).to(tl.int64) * (KP // 16) + (k // 16)[None, :]
+    t = (offs_n[:, None] % 16) * 8 + (k % 16)[None, :] // 2  # step: the tile is row-major
+    pos = t * S
+    w = pos // 32
+    base = codes_ptr + seq * (4 * S)
+    first = tl.load(base + w, mask=mask, other=0).to(tl.uint32, bitcast=True)
+    second = tl.load(base + (w + 1) % (4 * S), mask=mask, other=0).to(tl.uint32, bitcast=True)  # tail-biting
+    state = _window(first, second, (pos % 32).to(tl.uint32)) >> 16
+    h = (state * (state + 1)) & 0xFFFF
+    idx = ((h >> (15 - Q)) & ((2 << Q) - 1)).to(tl.int32)
+    return tl.interleave(tl.load(tbl_ptr + 2 * idx), tl.load(tbl_ptr + 2 * idx + 1))
+
+
+# -- shared loop pieces ---------------------------------------------------------------------------
+@triton.jit
+def _k_slice(pid_k, K, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[begin, end) of this program's K slice: whole BLOCK_K blocks, only the last meets K's edge."""
+    k_len = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
+    k_begin = pid_k * k_len
+    return k_begin, tl.minimum(k_begin + k_len, K)
+
+
+@triton.jit
+def _mac(acc, x_ptr, x_rows, offs_m, M, k, k_lim, w, GEMV: tl.constexpr, DOT_FP32: tl.constexpr):
+    """acc += x[:, k] @ w.T, columns >= k_lim masked out of x (so w there never counts)."""
+    x = tl.load(x_ptr + x_rows + k[None, :], mask=(offs_m[:, None] < M) & (k[None, :] < k_lim), other=0.0)
+    if GEMV:  # broadcast FMAs in fp32 on the CUDA cores (and the interpreter mis-reads bf16 math)
+        acc += tl.sum(x.to(tl.float32)[:, None, :] * w[None, :, :], axis=2)
+    elif DOT_FP32:  # fp32 activations (exact products), or bf16 under the interpreter
+        acc += tl.dot(x.to(tl.float32), tl.trans(w), input_precision="ieee")
+    else:  # fp16/bf16 tensor cores, fp32 accumulation
+        acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+    return acc
+
+
+@triton.jit
+def _scaled_epilogue(acc, offs_m, offs_n, pid_k, M, N, s_ptr, b_ptr, y_ptr, ws_ptr, HAS_BIAS: tl.constexpr,
+                     SPLIT_K: tl.constexpr):
+    # the row scale is linear, so each K slice's partial sum takes it before the reduction adds bias
+    scale = tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+    _epilogue(acc * scale[None, :], offs_m, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def _tiles(GEMV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(pid_m, pid_n, pid_k, offs_m, offs_n): GEMV grid (N tiles, K slices) with all M rows in one
+    tile; tl.dot grid (M tiles fastest, so the M tiles of one N tile share its weight in L2, N, K)."""
+    if GEMV:
+        pid_m = 0
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+    else:
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        pid_k = tl.program_id(2)
+    return (pid_m, pid_n, pid_k, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N))
+
+
+# -- kernels --------------------------------------------------------------------------------------
+@triton.jit
+def _codebook_linear_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, ROW_WORDS,
+                            BITS: tl.constexpr, D: tl.constexpr, GEMV: tl.constexpr, DOT_FP32: tl.constexpr,
+                            HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(GEMV, BLOCK_M, BLOCK_N)
+    x_rows = offs_m[:, None].to(tl.int64) * K
+    k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        w = _codebook_tile(words_ptr, tbl_ptr, offs_n, k0, N, K, ROW_WORDS, BITS, D, BLOCK_K)
+        acc = _mac(acc, x_ptr, x_rows, offs_m, M, k0 + tl.arange(0, BLOCK_K), K, w, GEMV, DOT_FP32)
+    _scaled_epilogue(acc, offs_m, offs_n, pid_k, M, N, s_ptr, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def _tcq_linear_kernel(x_ptr, c_ptr, t_ptr, c2_ptr, t2_ptr, s_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, KH,
+                       S: tl.constexpr, Q: tl.constexpr, S2: tl.constexpr, Q2: tl.constexpr, HALF: tl.constexpr,
+                       GEMV: tl.constexpr, DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Columns [0, KH) from (c, t, S, Q); with HALF, columns [KH, K) from (c2, t2, S2, Q2)."""
+    pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(GEMV, BLOCK_M, BLOCK_N)
+    x_rows = offs_m[:, None].to(tl.int64) * K
+    k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    lo_end = tl.minimum(k_end, KH)
+    for k0 in range(k_begin, lo_end, BLOCK_K):
+        w = _tcq_tile(c_ptr, t_ptr, offs_n, k0, lo_end, N, KH, S, Q, BLOCK_K)
+        acc = _mac(acc, x_ptr, x_rows, offs_m, M, k0 + tl.arange(0, BLOCK_K), lo_end, w, GEMV, DOT_FP32)
+    if HALF:  # a slice across K/2 continues at KH (a multiple of 16) with the second code
+        for k0 in range(tl.maximum(k_begin, KH), k_end, BLOCK_K):
+            w = _tcq_tile(c2_ptr, t2_ptr, offs_n, k0 - KH, k_end - KH, N, K - KH, S2, Q2, BLOCK_K)
+            acc = _mac(acc, x_ptr, x_rows, offs_m, M, k0 + tl.arange(0, BLOCK_K), k_end, w, GEMV, DOT_FP32)
+    _scaled_epilogue(acc, offs_m, offs_n, pid_k, M, N, s_ptr, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def _store_scaled(out_ptr, w, s_ptr, offs_n, k, k_lim, N, K):
+    scale = tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs_n[:, None].to(tl.int64) * K + k[None, :], w * scale[:, None],
+             mask=(offs_n[:, None] < N) & (k[None, :] < k_lim))
+
+
+@triton.jit
+def _codebook_dequant_kernel(words_ptr, tbl_ptr, s_ptr, out_ptr, N, K, ROW_WORDS, BITS: tl.constexpr,
+                             D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    w = _codebook_tile(words_ptr, tbl_ptr, offs_n, k0, N, K, ROW_WORDS, BITS, D, BLOCK_K)
+    _store_scaled(out_ptr, w, s_ptr, offs_n, k0 + tl.arange(0, BLOCK_K), K, N, K)
+
+
+@triton.jit
+def _tcq_dequant_kernel(c_ptr, t_ptr, c2_ptr, t2_ptr, s_ptr, out_ptr, N, K, KH, S: tl.constexpr,
+                        Q: tl.constexpr, S2: tl.constexpr, Q2: tl.constexpr, HALF: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_begin = tl.program_id(1) * BLOCK_K
+    k_end = tl.minimum(k_begin + BLOCK_K, K)
+    lo_end = tl.minimum(k_end, KH)
+    for k0 in range(k_begin, lo_end, BLOCK_K):  # at most once; the block may straddle KH
+        w = _tcq_tile(c_ptr, t_ptr, offs_n, k0, lo_end, N, KH, S, Q, BLOCK_K)
+        _store_scaled(out_ptr, w, s_ptr, offs_n, k0 + tl.arange(0, BLOCK_K), lo_end, N, K)
+    if HALF:
+        for k0 in range(tl.maximum(k_begin, KH), k_end, BLOCK_K):
+            w = _tcq_tile(c2_ptr, t2_ptr, offs_n, k0 - KH, k_end - KH, N, K - KH, S2, Q2, BLOCK_K)
+            _store_scaled(out_ptr, w, s_ptr, offs_n, k0 + tl.arange(0, BLOCK_K), k_end, N, K)
+
+
+# -- input checks ---------------------------------------------------------------------------------
+def _check_device(op, ref_name, ref, tensors):
+    for name, t in tensors.items():
+        if t is not None and t.device != ref.device:
+            raise ValueError(f"{op} (triton): {name} is on {t.device} but {ref_name} is on {ref.device}; move "
+                             "the module or the input with .to()")
+    if ref.device.type == "cpu" and not INTERPRET:
+        raise RuntimeError(f"{op} (triton): CPU tensors run only under the Triton interpreter; set "
+                           "TRITON_INTERPRET=1 before importing torch_lowbit, or move the tensors to CUDA")
+
+
+def _check_x(op, x, k, n, bias):
+    if x.dtype not in _ACTS:
+        raise TypeError(f"{op} (triton): activations must be float32, bfloat16 or float16, got {x.dtype}; "
+                        "cast them with .to(torch.float16) or similar")
+    if x.shape[-1] != k:
+        raise ValueError(f"{op} (triton): x has {x.shape[-1]} features, the weight has K={k}")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
+        raise ValueError(f"{op} (triton): bias must have {n} elements, got {tuple(bias.shape)}")
+
+
+def _check_scales(op, row_scales, n):
+    if row_scales.dtype != torch.float16 or tuple(row_scales.shape) != (n,):
+        raise ValueError(f"{op} (triton): row_scales must be fp16 [{n}], got {row_scales.dtype} "
+                         f"{tuple(row_scales.shape)}")
+
+
+def _codebook_shapes(op, codes, code_bits, table, row_scales, in_features):
+    """(N, d, row words) of codebook codes, with clear errors for what the kernels cannot read."""
+    if not 1 <= code_bits <= 12:
+        raise ValueError(f"{op} (triton): code_bits must be 1..12, got {code_bits}")
+    if table.dtype != torch.float32 or table.dim() != 2 or table.shape[0] != 2 ** code_bits \
+            or table.shape[1] not in (1, 2):
+        raise ValueError(f"{op} (triton): table must be fp32 [2^code_bits = {2 ** code_bits}, 1 or 2] (the "
+                         f"format's codebook), got {table.dtype} {tuple(table.shape)}")
+    d = table.shape[1]
+    if in_features <= 0 or in_features % d:
+        raise ValueError(f"{op} (triton): in_features {in_features} must be a positive multiple of {d} "
+                         "(weights per code)")
+    per_stream = -(-(in_features // d) // STREAMS)
+    words = STREAMS * -(-per_stream * code_bits // 32)
+    if codes.dtype != torch.int32 or codes.dim() != 2 or codes.shape[1] != words:
+        raise ValueError(f"{op} (triton): codes must be int32 [N, {words}] ({in_features // d} {code_bits}-bit codes "
+                         f"per row in 16 streams, layouts.palette_packed.pack_streams), got {codes.dtype} "
+                         f"{tuple(codes.shape)}")
+    _check_scales(op, row_scales, codes.shape[0])
+    return codes.shape[0], d, words
+
+
+def _tcq_part(op, codes, table, table_bits, shift_bits):
+    """K of one TCQ code tensor, with clear errors."""
+    if not 3 <= shift_bits <= 10:
+        raise ValueError(f"{op} (triton): shift_bits must be 3..10 (tcq1.5 .. tcq5), got {shift_bits}")
+    if not 1 <= table_bits <= 15 or table.dtype != torch.float32 \
+            or tuple(table.shape) != (2 ** (table_bits + 1), 2):
+        raise ValueError(f"{op} (triton): table must be the fp32 signed table [2^(table_bits+1), 2] "
+                         f"(formats.tcq.tcq_signed_table), got {table.dtype} {tuple(table.shape)} for "
+                         f"table_bits={table_bits}")
+    if codes.dtype != torch.int32 or codes.dim() != 3 or codes.shape[2] != 4 * shift_bits:
+        raise ValueError(f"{op} (triton): codes must be int32 [N/16, K/16, {4 * shift_bits}], got {codes.dtype} "
+                         f"{tuple(codes.shape)}")
+    return codes.shape[1] * TILE
+
+
+# -- launchers ------------------------------------------------------------------------------------
+def _linear(op, kernel, x, n, weights, sizes, consts, row_scales, bias, key, config):
+    """Shared launcher: kernel(x, *weights, row_scales, bias, y, ws, M, N, K, *sizes, **consts, ...)."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    # The interpreter stores bf16 by truncation: give it an fp32 output and round once on the host.
+    out_dtype = torch.float32 if INTERPRET and x.dtype == torch.bfloat16 else x.dtype
+    y = torch.empty((m, n), device=x.device, dtype=out_dtype)
+    if m == 0:
+        return y.to(x.dtype).reshape(*x.shape[:-1], n)
+    kind = kernel_kind(m)
+    gemv = kind == "gemv"
+    scales = row_scales.contiguous()
+    b = bias.contiguous() if bias is not None else scales
+
+    def run(cfg):
+        cfg = dict(cfg)
+        split = cfg.pop("SPLIT_K")
+        # fp32 partials of each K slice (every element written: no zero-fill needed)
+        ws = torch.empty((split, m, n), device=x.device, dtype=torch.float32) if split > 1 else y
+        if gemv:
+            grid = (triton.cdiv(n, cfg["BLOCK_N"]), split)
+            cfg["BLOCK_M"] = triton.next_power_of_2(m)
+        else:
+            grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), split)
+        dot_fp32 = x2.dtype == torch.float32 or (INTERPRET and x2.dtype == torch.bfloat16)
+        kernel[grid](x2, *weights, scales, b, y, ws, m, n, k, *sizes, GEMV=gemv, DOT_FP32=dot_fp32,
+                     HAS_BIAS=bias is not None and split == 1, SPLIT_K=split, **consts, **cfg)
+        if split > 1:
+            block = 1024
+            _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](ws, b, y, m * n, n, HAS_BIAS=bias is not None,
+                                                                SPLIT_K=split, BLOCK=block)
+
+    if config is None:
+        cands, default = (_gemv_candidates, _gemv_default) if gemv else (_dot_candidates, _dot_default)
+        full_key = f"m{autotune.m_bucket(m)}_n{n}_k{k}_{key}_{str(x.dtype).removeprefix('torch.')}"
+        config = autotune.pick(f"{op}_{kind}", full_key, cands(m, n, k), default(m, n, k), run, x.device)
+    run(config)
+    return y.to(x.dtype).reshape(*x.shape[:-1], n)
+
+
+def codebook_linear(x, codes, code_bits, table, row_scales, bias=None, *, config=None):
+    """y = x @ W'.T + bias for nuq/vq codes (the op torch_lowbit::codebook_linear), x already rotated;
+    output in x's dtype, any leading dims. config: force a launch config (tests, benchmarks)."""
+    op = "codebook_linear"
+    _check_device(op, "x", x, {"codes": codes, "table": table, "row_scales": row_scales, "bias": bias})
+    n, d, words = _codebook_shapes(op, codes, code_bits, table, row_scales, x.shape[-1])
+    _check_x(op, x, x.shape[-1], n, bias)
+    return _linear(op, _codebook_linear_kernel, x, n, (codes.contiguous(), table.contiguous()), (words,),
+                   dict(BITS=code_bits, D=d), row_scales, bias, f"b{code_bits}_d{d}", config)
+
+
+def codebook_dequantize(codes, code_bits, table, row_scales, in_features):
+    """fp32 W' [N, in_features] = row_scale * table[code] (the op torch_lowbit::codebook_dequantize)."""
+    op = "codebook_dequantize"
+    _check_device(op, "codes", codes, {"table": table, "row_scales": row_scales})
+    n, d, words = _codebook_shapes(op, codes, code_bits, table, row_scales, in_features)
+    out = torch.empty((n, in_features), device=codes.device, dtype=torch.float32)
+    block_n, block_k = 32, 64
+    _codebook_dequant_kernel[(triton.cdiv(n, block_n), triton.cdiv(in_features, block_k))](
+        codes.contiguous(), table.contiguous(), row_scales.contiguous(), out, n, in_features, words,
+        BITS=code_bits, D=d, BLOCK_N=block_n, BLOCK_K=block_k)
+    return out
+
+
+def _tcq_parts(op, parts, row_scales, ref_name, ref, extra):
+    """(N, K, KH, kernel args, constexprs, key) of one or two TCQ parts (codes, table, Q, s)."""
+    suffixes = ("",) if len(parts) == 1 else ("_lo", "_hi")
+    _check_device(op, ref_name, ref, {f"{name}{sfx}": t for sfx, p in zip(suffixes, parts)
+                                      for name, t in (("codes", p[0]), ("table", p[1]))} | extra)
+    widths = [_tcq_part(op, *p) for p in parts]
+    n = parts[0][0].shape[0] * TILE
+    if any(p[0].shape[0] * TILE != n for p in parts):
+        raise ValueError(f"{op} (triton): both halves' codes must cover the same {n} rows, got "
+                         f"{[tuple(p[0].shape) for p in parts]}")
+    _check_scales(op, row_scales, n)
+    (c, t, q, s), (c2, t2, q2, s2) = parts[0], parts[-1]
+    args = (c.contiguous(), t.contiguous(), c2.contiguous(), t2.contiguous())
+    consts = dict(S=s, Q=q, S2=s2, Q2=q2, HALF=len(parts) == 2)
+    key = "_".join(f"s{p[3]}q{p[2]}" for p in parts)
+    return n, sum(widths), widths[0], args, consts, key
+
+
+def _tcq_linear(op, x, parts, row_scales, bias, config):
+    n, k, kh, args, consts, key = _tcq_parts(op, parts, row_scales, "x", x, {"row_scales": row_scales, "bias": bias})
+    _check_x(op, x, k, n, bias)
+    return _linear(op, _tcq_linear_kernel, x, n, args, (kh,), consts, row_scales, bias, key, config)
+
+
+def tcq_linear(x, codes, table, table_bits, shift_bits, row_scales, bias=None, *, config=None):
+    """y = x @ W'.T + bias for TCQ codes [N/16, K/16, 4 s] (the op torch_lowbit::tcq_linear)."""
+    return _tcq_linear("tcq_linear", x, [(codes, table, table_bits, shift_bits)], row_scales, bias, config)
+
+
+def tcq_half_linear(x, codes_lo, table_lo, table_bits_lo, shift_bits_lo, codes_hi, table_hi, table_bits_hi,
+                    shift_bits_hi, row_scales, bias=None, *, config=None):
+    """half-TCQ in one launch: columns [0, K_lo) from the _lo code, the rest from the _hi code (the op
+    torch_lowbit::tcq_half_linear)."""
+    return _tcq_linear("tcq_half_linear", x, [(codes_lo, table_lo, table_bits_lo, shift_bits_lo),
+                                              (codes_hi, table_hi, table_bits_hi, shift_bits_hi)],
+                       row_scales, bias, config)
+
+
+def _tcq_dequantize(op, parts, row_scales):
+    codes = parts[0][0]
+    n, k, kh, args, consts, _ = _tcq_parts(op, parts, row_scales, "codes", codes, {"row_scales": row_scales})
+    out = torch.empty((n, k), device=codes.device, dtype=torch.float32)
+    block_n, block_k = 32, 64
+    _tcq_dequant_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
+        *args, row_scales.contiguous(), out, n, k, kh, **consts, BLOCK_N=block_n, BLOCK_K=block_k)
+    return out
+
+
+def tcq_dequantize(codes, table, table_bits, shift_bits, row_scales):
+    """fp32 W' [N, K] (the op torch_lowbit::tcq_dequantize)."""
+    return _tcq_dequantize("tcq_dequantize", [(codes, table, table_bits, shift_bits)], row_scales)
+
+
+def tcq_half_dequantize(codes_lo, table_lo, table_bits_lo, shift_bits_lo, codes_hi, table_hi, table_bits_hi,
+                        shift_bits_hi, row_scales):
+    """fp32 W' [N, K_lo + K_hi] of half-TCQ codes, one launch."""
+    return _tcq_dequantize("tcq_half_dequantize", [(codes_lo, table_lo, table_bits_lo, shift_bits_lo),
+                                                   (codes_hi, table_hi, table_bits_hi, shift_bits_hi)], row_scales)
