@@ -32,3 +32,14 @@ def tiny_llama(**overrides):
                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
     cfg.update(overrides)
     return LlamaForCausalLM(LlamaConfig(**cfg)).eval()
+
+
+def random_linear(k, n, bias, gen):
+    """An nn.Linear with heavy-ish tails and a per-row scale spread, like real weights."""
+    lin = torch.nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(n, k, generator=gen) * torch.rand(n, 1, generator=gen).add(0.1) * 0.05)
+        lin.weight[:, ::7] *= 4
+        if bias:
+            lin.bias.copy_(torch.randn(n, generator=gen) * 0.1)
+    return lin

@@ -7,7 +7,7 @@ import torch_lowbit as tl
 from torch_lowbit.layouts import get_layout, layouts
 from torch_lowbit.ops.library import cpu_extension
 
-from conftest import triton_available
+from conftest import random_linear, triton_available
 
 
 def _backends():
@@ -49,17 +49,6 @@ def _shapes(f):
     return _CONSTRAINED_SHAPES
 
 
-def _random_linear(k, n, bias, gen):
-    lin = torch.nn.Linear(k, n, bias=bias)
-    with torch.no_grad():
-        # heavy-ish tails and a per-row scale spread, like real weights
-        lin.weight.copy_(torch.randn(n, k, generator=gen) * torch.rand(n, 1, generator=gen).add(0.1) * 0.05)
-        lin.weight[:, ::7] *= 4
-        if bias:
-            lin.bias.copy_(torch.randn(n, generator=gen) * 0.1)
-    return lin
-
-
 CASES = [(fmt, backend, path, layout, shape_idx, bias, dtype)
          for fmt in tl.formats()
          for backend, path, layout in _backends()
@@ -82,7 +71,7 @@ def test_kernel_matches_reference(fmt, backend, path, layout, shape_idx, bias, d
     f = tl.get_format(fmt)
     m, k, n = _shapes(f)[shape_idx]
     gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
-    lin = _random_linear(k, n, bias, gen)
+    lin = random_linear(k, n, bias, gen)
     q = tl.QuantLinear.from_linear(lin, fmt, layout=layout)
     x = (torch.randn(m, k, generator=gen) * 2).to(dtype)
 
@@ -109,7 +98,7 @@ def test_kernel_matches_reference(fmt, backend, path, layout, shape_idx, bias, d
 @pytest.mark.parametrize("fmt", [f for f in tl.formats() if get_layout("lut4_i8_n16").supports(tl.get_format(f))])
 def test_int8_paths_are_bit_exact_with_scalar_path(fmt):
     """The integer kernels perform the same operations in the same order on every ISA path."""
-    lin = _random_linear(tl.get_format(fmt).group_size * 4, 53, True, torch.Generator().manual_seed(5))
+    lin = random_linear(tl.get_format(fmt).group_size * 4, 53, True, torch.Generator().manual_seed(5))
     q = tl.QuantLinear.from_linear(lin, fmt, layout="lut4_i8_n16")
     for m in (1, 3, 6, 11):  # two-tile passes (M <= 4), one-tile 8-token blocks, remainders
         x = torch.randn(m, lin.in_features)
@@ -136,7 +125,7 @@ def test_activation_quantizer_matches_kernel_integer_math():
 def test_layouts_hold_the_same_codes():
     for fmt in tl.formats():
         _, k, n = _shapes(tl.get_format(fmt))[2]
-        lin = _random_linear(k, n, False, torch.Generator().manual_seed(9))
+        lin = random_linear(k, n, False, torch.Generator().manual_seed(9))
         deq = [tl.QuantLinear.from_linear(lin, fmt, layout=name).dequantize() for name in layouts()
                if get_layout(name).supports(tl.get_format(fmt))]
         assert all(torch.equal(d, deq[0]) for d in deq)
@@ -154,7 +143,7 @@ LUT4_FORMATS = [f for f in tl.formats() if get_layout("lut4_rowmajor").supports(
 @pytest.mark.parametrize("path", cpu_extension().available_cpu_paths())
 def test_dequantize_op_matches_format(fmt, path):
     f = tl.get_format(fmt)
-    lin = _random_linear(f.group_size * 3, 37, False, torch.Generator().manual_seed(7))
+    lin = random_linear(f.group_size * 3, 37, False, torch.Generator().manual_seed(7))
     q = tl.QuantLinear.from_linear(lin, fmt, layout="lut4_rowmajor")
     b = {k: getattr(q, k) for k in q._kernel_buffer_names}
     with tl.use_backend("cpu", path=path):
@@ -167,7 +156,7 @@ def test_dequantize_op_matches_format(fmt, path):
 def test_triton_dequantize_matches_format(fmt):
     from torch_lowbit.triton_kernels.lut4 import lut4_dequantize
     f = tl.get_format(fmt)
-    lin = _random_linear(f.group_size * 3, 37, False, torch.Generator().manual_seed(11))
+    lin = random_linear(f.group_size * 3, 37, False, torch.Generator().manual_seed(11))
     q = tl.QuantLinear.from_linear(lin, fmt, layout="lut4_rowmajor")
     w = lut4_dequantize(q.qweight, q.scales, getattr(q, "mins", None), q.lut, f.group_size)
     torch.testing.assert_close(w, q.dequantize(), rtol=1e-6, atol=1e-7)
@@ -175,7 +164,7 @@ def test_triton_dequantize_matches_format(fmt):
 
 def test_cpu_paths_agree_with_scalar_path():
     """Each ISA path against the portable scalar path on the same packed weight (3-D input)."""
-    lin = _random_linear(320, 77, True, torch.Generator().manual_seed(3))
+    lin = random_linear(320, 77, True, torch.Generator().manual_seed(3))
     q = tl.QuantLinear.from_linear(lin, "int4_g32", layout="lut4_rowmajor")
     x = torch.randn(2, 5, 320)
     with tl.use_backend("cpu", path="scalar"):
@@ -190,7 +179,7 @@ def test_cpu_paths_agree_with_scalar_path():
 @pytest.mark.parametrize("fmt", tl.formats())
 @pytest.mark.parametrize("m", [1, 8, 64, 512])
 def test_cuda_matches_reference_at_real_sizes(fmt, m):
-    lin = _random_linear(4096, 4096, True, torch.Generator().manual_seed(m)).cuda()
+    lin = random_linear(4096, 4096, True, torch.Generator().manual_seed(m)).cuda()
     q = tl.QuantLinear.from_linear(lin, fmt)
     x = torch.randn(m, 4096, device="cuda", dtype=torch.float16)
     ref = x.float() @ q.dequantize().T + lin.bias.float()

@@ -12,7 +12,7 @@ import torch
 import torch_lowbit as tl
 from torch_lowbit.layouts import get_layout
 
-from conftest import tiny_llama, triton_available
+from conftest import random_linear, tiny_llama, triton_available
 
 pytestmark = pytest.mark.skipif(not triton_available(), reason="triton not installed")
 
@@ -28,12 +28,7 @@ def _kernels():
 
 
 def _quantized(fmt, k, n, bias, gen, device="cpu"):
-    lin = torch.nn.Linear(k, n, bias=bias)
-    with torch.no_grad():
-        lin.weight.copy_(torch.randn(n, k, generator=gen) * torch.rand(n, 1, generator=gen).add(0.1) * 0.05)
-        lin.weight[:, ::7] *= 4
-        if bias:
-            lin.bias.copy_(torch.randn(n, generator=gen) * 0.1)
+    lin = random_linear(k, n, bias, gen)
     return tl.QuantLinear.from_linear(lin.to(device), fmt, layout="lut4_rowmajor"), lin
 
 
@@ -188,13 +183,8 @@ def test_fused_module_gemv_is_one_launch(monkeypatch):
         assert ((part.double() - ref).norm() / ref.norm()).item() < TOL[torch.float16]
 
 
-def test_compile_fullgraph_on_the_fake_path():
-    """What a CUDA model compiles through: QuantLinear on a non-CPU device calls the custom op, whose
-    fake impl gives shapes/dtypes; the meta device runs exactly that path (fullgraph: no break)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    model = tiny_llama()
-    tl.quantize_(model, "int4_g64", layout="lut4_rowmajor", progress=False)
-    model.to("meta")
+def _compiled_on_meta(model):
+    """Logits of a fullgraph compile of a meta-device model, and the code of the captured graphs."""
     graphs = []
 
     def backend(gm, example_inputs):
@@ -203,11 +193,20 @@ def test_compile_fullgraph_on_the_fake_path():
 
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend=backend)
-    ids = torch.randint(0, 256, (2, 5), device="meta")
     with torch.no_grad():
-        out = compiled(ids, use_cache=False).logits
+        out = compiled(torch.randint(0, 256, (2, 5), device="meta"), use_cache=False).logits
+    return out, "".join(g.code for g in graphs)
+
+
+def test_compile_fullgraph_on_the_fake_path():
+    """What a CUDA model compiles through: QuantLinear on a non-CPU device calls the custom op, whose
+    fake impl gives shapes/dtypes; the meta device runs exactly that path (fullgraph: no break)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    model = tiny_llama()
+    tl.quantize_(model, "int4_g64", layout="lut4_rowmajor", progress=False)
+    model.to("meta")
+    out, code = _compiled_on_meta(model)
     assert out.shape == (2, 5, 256) and out.device.type == "meta"
-    code = "".join(g.code for g in graphs)
     assert code.count("torch_lowbit.lut4_linear") == 2 * 4  # fused: one op per fused module
     # the fake impl on (fake) CUDA tensors: output in x's dtype and device
     q = model.model.layers[0].mlp.down_proj
@@ -435,18 +434,8 @@ def test_palette_fused_model_compiles_fullgraph_through_the_ops():
     model = tiny_llama()
     tl.quantize_(model, "tcq2.25", layout="palette_packed", progress=False)
     model.to("meta")
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm
-
-    torch._dynamo.reset()
-    compiled = torch.compile(model, fullgraph=True, backend=backend)
-    with torch.no_grad():
-        out = compiled(torch.randint(0, 256, (2, 5), device="meta"), use_cache=False).logits
+    out, code = _compiled_on_meta(model)
     assert out.shape == (2, 5, 256)
-    code = "".join(g.code for g in graphs)
     assert code.count("torch_lowbit.tcq_half_linear") == 2 * 4 and "torch_lowbit.tcq_linear" not in code
     assert code.count("torch_lowbit.hadamard_transform") == 2 * 4
 

@@ -66,6 +66,14 @@ def _epilogue(acc, offs_m, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS: 
 
 
 @triton.jit
+def _k_slice(pid_k, K, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[begin, end) of this program's K slice: whole BLOCK_K blocks, only the last meets K's edge."""
+    k_len = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
+    k_begin = pid_k * k_len
+    return k_begin, tl.minimum(k_begin + k_len, K)
+
+
+@triton.jit
 def _lut4_gemv_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_ptr, M, N, K,
                       GROUP: tl.constexpr, HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr,
                       SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -75,10 +83,7 @@ def _lut4_gemv_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_pt
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)  # all M rows (M <= BLOCK_M)
     x_rows = offs_m[:, None].to(tl.int64) * K
-    # this program's K slice: whole BLOCK_K blocks, so only the last slice meets K's edge
-    k_len = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
-    k_begin = pid_k * k_len
-    k_end = tl.minimum(k_begin + k_len, K)
+    k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
@@ -101,9 +106,7 @@ def _lut4_matmul_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     x_rows = offs_m[:, None].to(tl.int64) * K
-    k_len = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
-    k_begin = pid_k * k_len
-    k_end = tl.minimum(k_begin + k_len, K)
+    k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from . import autotune
 from .autotune import INTERPRET
-from .lut4 import (_dot_candidates, _dot_default, _epilogue, _gemv_candidates, _gemv_default,
+from .lut4 import (_dot_candidates, _dot_default, _epilogue, _gemv_candidates, _gemv_default, _k_slice,
                    _splitk_reduce_kernel, kernel_kind)
 
 _ACTS = (torch.float32, torch.bfloat16, torch.float16)
@@ -94,14 +94,6 @@ def _tcq_tile(codes_ptr, tbl_ptr, offs_n, k0, k_lim, N, KP, S: tl.constexpr, Q: 
 
 
 # -- shared loop pieces ---------------------------------------------------------------------------
-@triton.jit
-def _k_slice(pid_k, K, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[begin, end) of this program's K slice: whole BLOCK_K blocks, only the last meets K's edge."""
-    k_len = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
-    k_begin = pid_k * k_len
-    return k_begin, tl.minimum(k_begin + k_len, K)
-
-
 @triton.jit
 def _mac(acc, x_ptr, x_rows, offs_m, M, k, k_lim, w, GEMV: tl.constexpr, DOT_FP32: tl.constexpr):
     """acc += x[:, k] @ w.T, columns >= k_lim masked out of x (so w there never counts)."""

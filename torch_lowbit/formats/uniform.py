@@ -48,7 +48,31 @@ class Q4_0(FixedBlockFormat):
 
 
 @dataclasses.dataclass(frozen=True)
-class IntAsym(ScalarCodebookFormat):
+class IntGroupFormat(ScalarCodebookFormat):
+    """An integer grid of b-bit codes with one fp16 scale (and min) per group of `group` features."""
+
+    bits: int = 4
+    group: int = 128
+    allowed_bits: ClassVar[tuple[int, ...]] = (1, 2, 3, 4)
+
+    def __post_init__(self):
+        if self.bits not in self.allowed_bits:
+            raise ValueError(f"{self.kind}: bits must be {', '.join(map(str, self.allowed_bits[:-1]))} or "
+                             f"{self.allowed_bits[-1]}, got {self.bits}")
+        if self.group <= 0 or self.group % 32:
+            raise ValueError(f"{self.kind}: group must be a positive multiple of 32, got {self.group}")
+
+    @property
+    def code_bits(self) -> int:
+        return self.bits
+
+    @property
+    def group_size(self) -> int:
+        return self.group
+
+
+@dataclasses.dataclass(frozen=True)
+class IntAsym(IntGroupFormat):
     """Asymmetric b-bit (b = 1..4): value = q * scale + min, q in 0..2^b - 1, fp16 scale and min per group.
 
     rounding="minmax" spans each group's [min, max]; "lsq" (default) starts there and alternates
@@ -58,16 +82,11 @@ class IntAsym(ScalarCodebookFormat):
 
     kind: ClassVar[str] = "int_asym"
     has_mins: ClassVar[bool] = True
-    bits: int = 4
-    group: int = 128
     rounding: str = "lsq"
     lsq_iters: int = 4
 
     def __post_init__(self):
-        if self.bits not in (1, 2, 3, 4):
-            raise ValueError(f"{self.kind}: bits must be 1, 2, 3 or 4, got {self.bits}")
-        if self.group <= 0 or self.group % 32:
-            raise ValueError(f"{self.kind}: group must be a positive multiple of 32, got {self.group}")
+        super().__post_init__()
         if self.rounding not in ("minmax", "lsq"):
             raise ValueError(f"{self.kind}: rounding must be 'minmax' or 'lsq', got {self.rounding!r}")
 
@@ -75,14 +94,6 @@ class IntAsym(ScalarCodebookFormat):
     def name(self) -> str:
         base = f"int{self.bits}_asym_g{self.group}" if self.bits == 1 else f"int{self.bits}_g{self.group}"
         return base if self.rounding == "lsq" else f"{base}_{self.rounding}"
-
-    @property
-    def code_bits(self) -> int:
-        return self.bits
-
-    @property
-    def group_size(self) -> int:
-        return self.group
 
     def code_values(self) -> Tensor:
         return torch.arange(2 ** self.bits, dtype=torch.float32)
@@ -113,7 +124,7 @@ class Int4(IntAsym):
 
 
 @dataclasses.dataclass(frozen=True)
-class IntSym(ScalarCodebookFormat):
+class IntSym(IntGroupFormat):
     """Symmetric b-bit (b = 1..3): value = t * scale with t the odd integers -(2^b - 1) .. 2^b - 1
     (b = 1: ±1, the sign times the group scale; b = 2: ±1, ±3), one fp16 scale per group, no min.
 
@@ -125,27 +136,14 @@ class IntSym(ScalarCodebookFormat):
     """
 
     kind: ClassVar[str] = "int_sym"
+    allowed_bits: ClassVar[tuple[int, ...]] = (1, 2, 3)
     bits: int = 1
     group: int = 64
     lsq_iters: int = 4
 
-    def __post_init__(self):
-        if self.bits not in (1, 2, 3):
-            raise ValueError(f"{self.kind}: bits must be 1, 2 or 3, got {self.bits}")
-        if self.group <= 0 or self.group % 32:
-            raise ValueError(f"{self.kind}: group must be a positive multiple of 32, got {self.group}")
-
     @property
     def name(self) -> str:
         return f"int1_g{self.group}" if self.bits == 1 else f"int{self.bits}_sym_g{self.group}"
-
-    @property
-    def code_bits(self) -> int:
-        return self.bits
-
-    @property
-    def group_size(self) -> int:
-        return self.group
 
     def code_values(self) -> Tensor:
         return 2 * torch.arange(2 ** self.bits, dtype=torch.float32) - (2 ** self.bits - 1)
