@@ -86,3 +86,32 @@ def test_bench_gpu_tables_on_tiny_cpu_inputs():
     assert [r[0] for r in hrows] == [1, 3] and all(r[1] > 0 and r[2] > 0 for r in hrows)
     assert "| 3 |" in htable and htable.count("x |") == 2
     assert "| 1 | - |" in gpu.format_hadamard_table([[1, None, 5.0]])
+
+
+def test_bench_weights_counts_held_layers_and_orders_formats(monkeypatch):
+    import torch
+    from torch_lowbit.bench import distortion
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    layers = [("a", torch.randn(32, 512, generator=gen)), ("b", torch.randn(16, 384, generator=gen))]
+    monkeypatch.setattr(distortion, "model_linear_weights", lambda model: layers)
+    rows = {r[0]: r for r in distortion.bench_weights("fake", ["int2_g64", "int3_g64", "gcb2"], progress=lambda m: None)}
+    assert rows["int2_g64"][2] == "2/2" and rows["gcb2"][2] == "1/2"  # 384 is no multiple of the 256 superblock
+    assert float(rows["int3_g64"][3]) < float(rows["int2_g64"][3])
+
+
+def test_gcb_learn_writes_a_loadable_codebook_file(tmp_path, monkeypatch):
+    import torch
+    from torch_lowbit import cli
+    from torch_lowbit.formats.gcb import GroupCodebook
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 256))
+    with torch.no_grad():
+        for m in model:
+            m.weight.copy_(torch.randn(m.weight.shape, generator=gen))
+    monkeypatch.setattr(cli, "_load_model", lambda spec, dtype="float32": (model, None))
+    out = tmp_path / "cb.safetensors"
+    cli.main(["gcb-learn", "--model", "smollm2", "--count", "4", "--out", str(out)])
+    fmt = GroupCodebook(bits=3, codebooks=str(out))
+    assert fmt.name == "gcb3_cb" and fmt.table().shape == (4, 8)
+    w = torch.randn(8, 256, generator=gen)
+    assert float(((fmt.dequantize(fmt.quantize(w)) - w) ** 2).mean()) < 0.05 * float((w ** 2).mean())

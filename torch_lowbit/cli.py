@@ -136,6 +136,11 @@ def cmd_bench(args) -> None:
                   "(pip install fast-hadamard-transform)")
         else:
             print(gpu.format_hadamard_table(gpu.bench_hadamard(ms, fht=fht)))
+    elif args.what == "weights":
+        from .bench.distortion import bench_weights
+        names = args.formats or ["int2_g64", "int2_sym_g64", "gcb2", "int3_g64", "gcb3"]
+        print(f"normalized weight MSE |W - Ŵ|² / |W|² over the {args.model} linear layers each format holds\n")
+        print(_table(["format", "bits/weight", "layers", "normalized MSE"], bench_weights(args.model, names)))
     elif args.what == "distortion":
         from .bench.distortion import bench_distortion, distortion_png, format_distortion_table
         rows, cols = (int(v) for v in (args.shapes or ["4096x4096"])[0].split("x"))
@@ -217,10 +222,13 @@ def main(argv=None) -> None:
     sp.set_defaults(fn=cmd_eval)
 
     sp = sub.add_parser("bench", help="benchmarks")
-    sp.add_argument("what", choices=["cpu", "gpu", "distortion"],
+    sp.add_argument("what", choices=["cpu", "gpu", "distortion", "weights"],
                     help="cpu: kernels vs PyTorch, DRAM-streamed; gpu: Triton kernels vs fp16 F.linear, "
-                    "HBM-streamed (needs CUDA); distortion: palette formats on a Gaussian")
+                    "HBM-streamed (needs CUDA); distortion: palette formats on a Gaussian; weights: formats on a "
+                    "real model's linear weights (--model)")
     sp.add_argument("--quick", action="store_true", help="first shape only, M in {1, 8}")
+    sp.add_argument("--model", default="smollm2", choices=["smollm2", "minilm"],
+                    help="weights: whose linear layers (minilm: the all-MiniLM-L6-v2 encoder)")
     sp.add_argument("--shapes", nargs="+", help="weights as NxK (out x in); cpu default: "
                     f"{' '.join(CPU_BENCH_SHAPES)}; gpu default: 4096x4096 4096x14336; distortion default: "
                     "4096x4096 (first shape only)")

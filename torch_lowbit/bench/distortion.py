@@ -1,5 +1,7 @@
 """`python -m torch_lowbit bench distortion`: normalized MSE of every Q-Palette format on a standard
-Gaussian matrix against the rate-distortion bound 2^(-2b), and how long quantizing took."""
+Gaussian matrix against the rate-distortion bound 2^(-2b), and how long quantizing took.
+`python -m torch_lowbit bench weights --model smollm2|minilm`: the same error on a real model's
+linear weights (the layers each format can hold)."""
 from __future__ import annotations
 
 import sys
@@ -78,3 +80,38 @@ def distortion_png(rows: list[DistortionRow], path: str) -> str:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def model_linear_weights(model: str) -> list[tuple[str, torch.Tensor]]:
+    """(name, fp32 weight) of a model's linear layers: "smollm2" (attention + MLP, no head) or
+    "minilm" (the all-MiniLM-L6-v2 encoder's attention, intermediate and output projections)."""
+    from ..eval import assets
+    if model == "smollm2":
+        m, _ = assets.load_smollm2()
+        return [(n, mod.weight.detach()) for n, mod in m.named_modules()
+                if isinstance(mod, torch.nn.Linear) and "lm_head" not in n]
+    if model == "minilm":
+        from safetensors.torch import load_file
+        tensors = load_file(str(assets.minilm_safetensors()))
+        return [(n, t.float()) for n, t in sorted(tensors.items())
+                if n.endswith(".weight") and t.dim() == 2 and "embeddings" not in n]
+    raise ValueError(f"unknown model {model!r}; choose smollm2 or minilm")
+
+
+@torch.no_grad()
+def bench_weights(model: str, names, progress=None) -> list[list[str]]:
+    """Rows [format, bits/weight, layers held, normalized MSE over them] for a model's linear weights."""
+    progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    weights = model_linear_weights(model)
+    rows = []
+    for name in names:
+        fmt = get_format(name)
+        held = [(n, w) for n, w in weights if fmt.shape_problem(*w.shape) is None]
+        err = total = 0.0
+        for _, w in held:
+            err += float(((fmt.dequantize(fmt.quantize(w)) - w) ** 2).sum())
+            total += float((w ** 2).sum())
+        mse = err / total if total else float("nan")
+        rows.append([name, f"{fmt.bits_per_weight():.3f}", f"{len(held)}/{len(weights)}", f"{mse:.5f}"])
+        progress(f"  {model} {name}: normalized MSE {mse:.5f} over {len(held)} layers")
+    return rows

