@@ -100,13 +100,14 @@ def model_linear_weights(model: str) -> list[tuple[str, torch.Tensor]]:
 
 @torch.no_grad()
 def bench_weights(model: str, names, progress=None) -> list[list[str]]:
-    """Rows [format, bits/weight, layers held, normalized MSE over them] for a model's linear weights."""
+    """Rows [format, bits/weight, layers, normalized MSE] for a model's linear weights, over the layers
+    every listed format can hold (so the formats are compared on the same weights)."""
     progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     weights = model_linear_weights(model)
+    fmts = [get_format(name) for name in names]
+    held = [(n, w) for n, w in weights if all(f.shape_problem(*w.shape) is None for f in fmts)]
     rows = []
-    for name in names:
-        fmt = get_format(name)
-        held = [(n, w) for n, w in weights if fmt.shape_problem(*w.shape) is None]
+    for name, fmt in zip(names, fmts):
         err = total = 0.0
         for _, w in held:
             err += float(((fmt.dequantize(fmt.quantize(w)) - w) ** 2).sum())
