@@ -1,14 +1,14 @@
 """gcb2 / gcb3: group-wise fine-grained codebooks (seed paper 000, section 5).
 
-A row is cut into sub-groups of 32 weights inside superblocks of 256. Every sub-group is coded
+A row is cut into sub-groups of 32 weights inside superblocks of 256 (192 or 64: `gcb2_sb192`, ...). Every sub-group is coded
 with one of C small shared codebooks (C = 16 by default; 4 entries for gcb2, 8 for gcb3, int8
 values) that were learned once, model-wide, so they fit in one vector register for the whole model:
 
     w = d * s_j * codebook[c_j][q]      d: fp16 per superblock, s_j in 1..15 (4 bits),
                                         c_j: codebook index (4 bits), q: b-bit code
 
-Bits per weight: b + 8/32 (s_j, c_j) + 16/256 (d) = b + 0.3125 (the 64-128-byte codebook table
-of a layer is not counted: it is shared and tiny).
+Bits per weight: b + 8/32 (s_j, c_j) + 16/superblock (d) = b + 0.3125 at 256 (the 64-128-byte
+codebook table of a layer is not counted: it is shared and tiny).
 
 Quantization: for every sub-group and every codebook, a least-squares scale (nearest entries and
 refit, alternated); keep the codebook of lowest squared error; quantize the scales against the
@@ -71,24 +71,28 @@ class GroupCodebook(Format):
     layout_family: ClassVar[str] = "gcb"
     bits: int = 2
     codebooks: str = "smollm2"  # a shipped table name, or a .safetensors file written by gcb-learn
+    superblock: int = SUPERBLOCK  # weights per fp16 scale d: a multiple of 32 dividing in_features
     lsq_iters: int = 3
 
     def __post_init__(self):
         if self.bits not in (2, 3):
             raise ValueError(f"gcb: bits must be 2 or 3, got {self.bits}")
+        if self.superblock <= 0 or self.superblock % SUBGROUP:
+            raise ValueError(f"gcb: superblock must be a positive multiple of {SUBGROUP}, got {self.superblock}")
 
     @property
     def name(self) -> str:
-        if self.codebooks == "smollm2":
-            return f"gcb{self.bits}"
-        return f"gcb{self.bits}_{os.path.splitext(os.path.basename(self.codebooks))[0]}"
+        name = f"gcb{self.bits}"
+        if self.codebooks != "smollm2":
+            name += f"_{os.path.splitext(os.path.basename(self.codebooks))[0]}"
+        return name if self.superblock == SUPERBLOCK else f"{name}_sb{self.superblock}"
 
     @property
     def group_size(self) -> int:
-        return SUPERBLOCK
+        return self.superblock
 
     def bits_per_weight(self) -> float:
-        return self.bits + 8 / SUBGROUP + 16 / SUPERBLOCK
+        return self.bits + 8 / SUBGROUP + 16 / self.superblock
 
     def table(self) -> Tensor:
         return load_codebooks(self.codebooks, self.bits)
@@ -112,8 +116,8 @@ class GroupCodebook(Format):
                 best_c = torch.where(better, c, best_c)
                 best_scale = torch.where(better, scale, best_scale)
         # 2. scales on the superblock grid d * s, s in 1..SCALE_STEPS
-        per_block = SUPERBLOCK // SUBGROUP
-        blocks = best_scale.reshape(n, k // SUPERBLOCK, per_block)
+        per_block = self.superblock // SUBGROUP
+        blocks = best_scale.reshape(n, k // self.superblock, per_block)
         d = (blocks.amax(-1) / SCALE_STEPS).half()
         df = d.float()[..., None]
         steps = torch.round(blocks / torch.where(df > 0, df, torch.ones_like(df))).clamp_(1, SCALE_STEPS)
@@ -139,7 +143,7 @@ class GroupCodebook(Format):
         n, k = codes.shape
         values = q["codebooks"].float()
         per_code = values[cidx.repeat_interleave(SUBGROUP, 1), codes]  # [N, K]
-        scale = q["sub_scales"].float() * q["super_scales"].float().repeat_interleave(SUPERBLOCK // SUBGROUP, 1)
+        scale = q["sub_scales"].float() * q["super_scales"].float().repeat_interleave(self.superblock // SUBGROUP, 1)
         return per_code * scale.repeat_interleave(SUBGROUP, 1)
 
     def _importance(self, importance: Tensor, in_features: int) -> Tensor:
@@ -264,7 +268,9 @@ def learn_smollm2_codebooks(count: int = 16, seed: int = 0) -> dict[str, Tensor]
 def _register() -> None:
     if os.path.exists(_DATA):
         for b in (2, 3):
-            register_format(GroupCodebook(bits=b))
+            # superblocks of 256 (LLaMA-size K); 192 and 64 for widths like SmolLM2's 576
+            for sb in (SUPERBLOCK, 192, 64):
+                register_format(GroupCodebook(bits=b, superblock=sb))
 
 
 _register()

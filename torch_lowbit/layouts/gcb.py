@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..formats.gcb import SUBGROUP, SUPERBLOCK, GroupCodebook
+from ..formats.gcb import SUBGROUP, GroupCodebook
 from .base import Layout, register_layout
 from .palette_packed import pack_stream, unpack_stream
 
@@ -43,7 +43,7 @@ class GcbRowMajor(Layout):
     def buffer_shapes(self, fmt: GroupCodebook, out_features: int, in_features: int):
         return {"codes": ((out_features, -(-in_features * fmt.bits // 32)), torch.int32),
                 "sub_groups": ((out_features, in_features // SUBGROUP), torch.uint8),
-                "super_scales": ((out_features, in_features // SUPERBLOCK), torch.float16),
+                "super_scales": ((out_features, in_features // fmt.superblock), torch.float16),
                 "codebooks": (tuple(fmt.table().shape), torch.int8)}
 
     def linear(self, fmt: GroupCodebook, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
