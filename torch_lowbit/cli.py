@@ -139,7 +139,7 @@ def cmd_bench(args) -> None:
     elif args.what == "weights":
         from .bench.distortion import bench_weights
         names = args.formats or ["int2_g64", "int2_sym_g64", "gcb2", "int3_g64", "gcb3"]
-        print(f"normalized weight MSE |W - Ŵ|² / |W|² over the {args.model} linear layers each format holds\n")
+        print(f"normalized weight MSE |W - Ŵ|² / |W|² over the {args.model} linear layers every listed format holds\n")
         print(_table(["format", "bits/weight", "layers", "normalized MSE"], bench_weights(args.model, names)))
     elif args.what == "distortion":
         from .bench.distortion import bench_distortion, distortion_png, format_distortion_table
