@@ -106,12 +106,13 @@ def test_fewer_bits_more_error_for_int_formats():
         tl.IntAsym(bits=5)
 
 
-@pytest.mark.parametrize("fmt", ["int4_g64", "int2_sym_g64", "int1_g64"])
+@pytest.mark.parametrize("fmt", ["int4_g64", "int2_sym_g64", "int1_g64", "gcb2"])
 def test_gptq_lowers_output_error_over_rtn(fmt):
     from torch_lowbit.calibrate import gptq_quantize
     f = tl.get_format(fmt)
-    w = torch.randn(96, 256) * 0.05
-    x = torch.randn(2048, 256) @ (torch.randn(256, 256) * 0.2 + torch.eye(256))  # correlated inputs
+    k = 512 if fmt.startswith("gcb") else 256  # whole 256-weight superblocks
+    w = torch.randn(96, k) * 0.05
+    x = torch.randn(2048, k) @ (torch.randn(k, k) * 0.2 + torch.eye(k))  # correlated inputs
     h = x.T @ x / x.shape[0]
     rtn = f.dequantize(f.quantize(w))
     gptq = f.dequantize(gptq_quantize(f, w, h))

@@ -39,8 +39,9 @@ def gptq_quantize(fmt: ScalarCodebookFormat, weight: Tensor, hessian: Tensor, *,
 
     act_order quantizes columns by decreasing Hessian diagonal (most-excited inputs first), with
     group parameters fixed up front from the original weights."""
-    if not isinstance(fmt, ScalarCodebookFormat):
-        raise ValueError(f"GPTQ rounding supports scalar-codebook formats; {fmt.name} is not one")
+    from ..formats.gcb import GroupCodebook
+    if not isinstance(fmt, (ScalarCodebookFormat, GroupCodebook)):
+        raise ValueError(f"GPTQ rounding supports scalar-codebook and gcb formats; {fmt.name} is neither")
     fmt.check_weight(weight)
     n, k = weight.shape
     g = fmt.group_size
@@ -51,6 +52,11 @@ def gptq_quantize(fmt: ScalarCodebookFormat, weight: Tensor, hessian: Tensor, *,
     dead = torch.diag(h) == 0
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
+    if isinstance(fmt, GroupCodebook):  # parameters always fixed up front (each sub-group's codebook and scale)
+        fixed = fmt.fixed_parameters(w, torch.diag(h))
+        return _gptq_columns(w, h, _order(h, act_order), damp, block, 1,
+                             encode=lambda col, x: fmt.encode_column(fixed, col, x),
+                             finish=lambda codes: dict(fixed, codes=codes))
     table = fmt.code_values().to(w.device)
 
     static = act_order
@@ -59,11 +65,43 @@ def gptq_quantize(fmt: ScalarCodebookFormat, weight: Tensor, hessian: Tensor, *,
     else:
         scales = torch.empty(n, k // g, device=w.device)
         mins = torch.empty(n, k // g, device=w.device) if fmt.has_mins else None
-    perm = torch.argsort(torch.diag(h), descending=True) if act_order else torch.arange(k, device=w.device)
+
+    def begin_group(col, cols):  # without act_order: fit each group on the error-updated weights
+        s, m = _fit16(fmt, cols.unsqueeze(1))
+        scales[:, col // g] = s[:, 0]
+        if mins is not None:
+            mins[:, col // g] = m[:, 0]
+
+    def encode(col, x):
+        s = scales[:, col // g]
+        m = mins[:, col // g] if mins is not None else None
+        c = fmt.encode(x, s, m)
+        return c, table[c.long()] * s + (m if m is not None else 0.0)
+
+    def finish(codes):
+        out = {"codes": codes, "scales": scales.half()}
+        if mins is not None:
+            out["mins"] = mins.half()
+        return out
+
+    return _gptq_columns(w, h, _order(h, act_order), damp, block, g, encode, finish,
+                         begin_group=None if static else begin_group)
+
+
+def _order(h: Tensor, act_order: bool) -> Tensor:
+    """Column order: decreasing Hessian diagonal (most-excited inputs first) with act_order."""
+    return torch.argsort(torch.diag(h), descending=True) if act_order else torch.arange(h.shape[0], device=h.device)
+
+
+def _gptq_columns(w: Tensor, h: Tensor, perm: Tensor, damp: float, block: int, group: int, encode, finish,
+                  begin_group=None):
+    """The GPTQ sweep over columns in `perm` order: encode(col, values [N]) -> (codes, dequantized values),
+    the scaled error fed forward to the columns not yet coded (lazily, one matmul per block of whole
+    groups); finish(codes [N, K] uint8) -> the format's tensors."""
+    n, k = w.shape
     w, h = w[:, perm], h[perm][:, perm]
     hinv = _inverse_hessian_cholesky(h, damp)
-    block = max(block // g, 1) * g  # whole groups per block (matters without act_order)
-
+    block = max(block // group, 1) * group  # whole groups per block (matters without act_order)
     codes = torch.empty(n, k, dtype=torch.uint8, device=w.device)
     for b0 in range(0, k, block):
         b1 = min(b0 + block, k)
@@ -72,22 +110,12 @@ def gptq_quantize(fmt: ScalarCodebookFormat, weight: Tensor, hessian: Tensor, *,
         hb = hinv[b0:b1, b0:b1]
         for i in range(b1 - b0):
             col = int(perm[b0 + i])  # original column index
-            grp = col // g
-            if not static and col % g == 0:  # new group: fit on the error-updated weights
-                s, m = _fit16(fmt, wb[:, i:i + g].unsqueeze(1))
-                scales[:, grp] = s[:, 0]
-                if mins is not None:
-                    mins[:, grp] = m[:, 0]
-            s = scales[:, grp]
-            m = mins[:, grp] if mins is not None else None
-            c = fmt.encode(wb[:, i], s, m)
-            q = table[c.long()] * s + (m if m is not None else 0.0)
+            if begin_group is not None and col % group == 0:
+                begin_group(col, wb[:, i:i + group])
+            c, q = encode(col, wb[:, i])
             codes[:, col] = c
             e = (wb[:, i] - q) / hb[i, i]
             wb[:, i:] -= e.unsqueeze(1) * hb[i, i:].unsqueeze(0)
             err[:, i] = e
         w[:, b1:] -= err @ hinv[b0:b1, b1:]
-    out = {"codes": codes, "scales": scales.half()}
-    if mins is not None:
-        out["mins"] = mins.half()
-    return out
+    return finish(codes)

@@ -12,7 +12,9 @@ codebook table of a layer is not counted: it is shared and tiny).
 
 Quantization: for every sub-group and every codebook, a least-squares scale (nearest entries and
 refit, alternated); keep the codebook of lowest squared error; quantize the scales against the
-superblock's d = max / 15; re-pick each sub-group's codebook with its quantized scale.
+superblock's d = max / 15; re-pick each sub-group's codebook with its quantized scale. With
+calibration (rounding="gptq"), those parameters are fixed first and GPTQ then picks the codes column
+by column, feeding each column's error forward (torch_lowbit/calibrate/gptq.py).
 
 Learning (learn_codebooks; CLI `python -m torch_lowbit gcb-learn`): sub-groups normalized by their
 absmax, then two k-means phases: (1) over the sub-groups' normalized histograms, giving C
@@ -137,6 +139,20 @@ class GroupCodebook(Format):
         return {"codes": best_codes.reshape(n, k).to(torch.uint8), "codebook_index": best_c.reshape(n, k // SUBGROUP).to(torch.uint8),
                 "sub_scales": steps.reshape(n, k // SUBGROUP).to(torch.uint8), "super_scales": d,
                 "codebooks": cb.to(weight.device)}
+
+    # -- GPTQ (torch_lowbit/calibrate/gptq.py): parameters fixed first, then codes column by column --
+    def fixed_parameters(self, weight: Tensor, importance: Optional[Tensor] = None) -> dict[str, Tensor]:
+        """Everything but the codes (each sub-group's codebook and scale), chosen as quantize() does."""
+        q = self.quantize(weight, importance)
+        return {k: v for k, v in q.items() if k != "codes"}
+
+    def encode_column(self, fixed: dict[str, Tensor], col: int, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(codes uint8 [N], their values [N]) of column `col` values x [N] under the fixed parameters."""
+        grp = col // SUBGROUP
+        scale = fixed["sub_scales"][:, grp].float() * fixed["super_scales"][:, col // self.superblock].float()
+        candidates = fixed["codebooks"].float()[fixed["codebook_index"][:, grp].long()] * scale[:, None]
+        codes = (x[:, None] - candidates).abs().argmin(1)
+        return codes.to(torch.uint8), candidates.gather(1, codes[:, None])[:, 0]
 
     def dequantize(self, q: dict[str, Tensor]) -> Tensor:
         codes, cidx = q["codes"].long(), q["codebook_index"].long()
