@@ -284,8 +284,8 @@ def learn_smollm2_codebooks(count: int = 16, seed: int = 0) -> dict[str, Tensor]
 def _register() -> None:
     if os.path.exists(_DATA):
         for b in (2, 3):
-            # superblocks of 256 (LLaMA-size K); 192 and 64 for widths like SmolLM2's 576
-            for sb in (SUPERBLOCK, 192, 64):
+            # superblocks of 256 (LLaMA-size K); 192, 128 and 64 for widths like SmolLM2's 576 or BERT's 384
+            for sb in (SUPERBLOCK, 192, 128, 64):
                 register_format(GroupCodebook(bits=b, superblock=sb))
 
 
