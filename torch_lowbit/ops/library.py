@@ -38,9 +38,13 @@ def _lut4_check(qweight, scales, mins, lut, group_size):
     return n, k
 
 
-def _bias_check(bias, n, op):
+def _linear_out(op, x, n, k, bias):
+    """The checks every fused linear op makes on its activations and bias; its (fake) output."""
+    _check(x.dtype in _FLOAT_ACTS, f"{op}: x must be fp32/bf16/fp16, got {x.dtype}")
+    _check(x.shape[-1] == k, f"{op}: x has {x.shape[-1]} features, weight has K={k}")
     if bias is not None:
         _check(bias.dim() == 1 and bias.shape[0] == n, f"{op}: bias must have {n} elements")
+    return x.new_empty((*x.shape[:-1], n))
 
 
 def _codebook_check(codes, code_bits, table, row_scales, in_features):
@@ -84,11 +88,7 @@ def _register() -> None:
     @torch.library.register_fake("torch_lowbit::lut4_linear")
     def _lut4_linear_fake(x, qweight, scales, mins, lut, group_size, bias):
         n, k = _lut4_check(qweight, scales, mins, lut, group_size)
-        _check(x.dtype in _FLOAT_ACTS, f"lut4_linear: x must be fp32/bf16/fp16, got {x.dtype}")
-        _check(x.shape[-1] == k, f"lut4_linear: x has {x.shape[-1]} features, weight has K={k}")
-        if bias is not None:
-            _check(bias.dim() == 1 and bias.shape[0] == n, f"lut4_linear: bias must have {n} elements")
-        return x.new_empty((*x.shape[:-1], n))
+        return _linear_out("lut4_linear", x, n, k, bias)
 
     @torch.library.register_fake("torch_lowbit::lut_i8_linear")
     def _lut_i8_linear_fake(x, qweight, scales, mins, lut, code_bits, group_size, out_features, bias):
@@ -106,18 +106,12 @@ def _register() -> None:
             _check(mins.dtype == torch.float16 and mins.shape == scales.shape, "lut_i8: mins must match scales")
         _check(lut.dtype == torch.int8 and lut.numel() == 2 ** code_bits,
                f"lut_i8: lut must be {2 ** code_bits} int8 values")
-        _check(x.dtype in _FLOAT_ACTS, f"lut_i8_linear: x must be fp32/bf16/fp16, got {x.dtype}")
-        _check(x.shape[-1] == k, f"lut_i8_linear: x has {x.shape[-1]} features, weight has K={k}")
-        if bias is not None:
-            _check(bias.dim() == 1 and bias.shape[0] == out_features, f"lut_i8: bias must have {out_features} elements")
-        return x.new_empty((*x.shape[:-1], out_features))
+        return _linear_out("lut_i8_linear", x, out_features, k, bias)
 
     @torch.library.register_fake("torch_lowbit::codebook_linear")
     def _codebook_linear_fake(x, codes, code_bits, table, row_scales, bias):
         n, k = _codebook_check(codes, code_bits, table, row_scales, x.shape[-1])
-        _check(x.dtype in _FLOAT_ACTS, f"codebook_linear: x must be fp32/bf16/fp16, got {x.dtype}")
-        _bias_check(bias, n, "codebook_linear")
-        return x.new_empty((*x.shape[:-1], n))
+        return _linear_out("codebook_linear", x, n, k, bias)
 
     @torch.library.register_fake("torch_lowbit::codebook_dequantize")
     def _codebook_dequantize_fake(codes, code_bits, table, row_scales, in_features):
@@ -127,10 +121,7 @@ def _register() -> None:
     @torch.library.register_fake("torch_lowbit::tcq_linear")
     def _tcq_linear_fake(x, codes, table, table_bits, shift_bits, row_scales, bias):
         n, k = _tcq_check(codes, table, table_bits, shift_bits, row_scales)
-        _check(x.dtype in _FLOAT_ACTS, f"tcq_linear: x must be fp32/bf16/fp16, got {x.dtype}")
-        _check(x.shape[-1] == k, f"tcq_linear: x has {x.shape[-1]} features, weight has K={k}")
-        _bias_check(bias, n, "tcq_linear")
-        return x.new_empty((*x.shape[:-1], n))
+        return _linear_out("tcq_linear", x, n, k, bias)
 
     @torch.library.register_fake("torch_lowbit::tcq_dequantize")
     def _tcq_dequantize_fake(codes, table, table_bits, shift_bits, row_scales):
@@ -143,11 +134,7 @@ def _register() -> None:
         n, k_lo = _tcq_check(codes_lo, table_lo, table_bits_lo, shift_bits_lo, row_scales)
         n_hi, k_hi = _tcq_check(codes_hi, table_hi, table_bits_hi, shift_bits_hi, row_scales)
         _check(n_hi == n, f"tcq_half_linear: both halves' codes must have {n} rows")
-        _check(x.dtype in _FLOAT_ACTS, f"tcq_half_linear: x must be fp32/bf16/fp16, got {x.dtype}")
-        _check(x.shape[-1] == k_lo + k_hi, f"tcq_half_linear: x has {x.shape[-1]} features, weight has "
-               f"K={k_lo + k_hi}")
-        _bias_check(bias, n, "tcq_half_linear")
-        return x.new_empty((*x.shape[:-1], n))
+        return _linear_out("tcq_half_linear", x, n, k_lo + k_hi, bias)
 
     @torch.library.impl("torch_lowbit::tcq_half_linear", "CPU")
     def _tcq_half_linear_cpu(x, codes_lo, table_lo, table_bits_lo, shift_bits_lo, codes_hi, table_hi,
