@@ -12,8 +12,11 @@
 namespace torch_lowbit {
 namespace {
 
-LutI8Fn kernel_for(CpuPath p) {
+LutI8Fn kernel_for(CpuPath p, bool row_codebooks) {
 #if defined(TORCH_LOWBIT_X86)
+  if (row_codebooks && p == CpuPath::Avx512 && cpu_has_avx512_vnni() && cpu_has_avx512_vbmi())
+    return lut_i8_avx512vbmi;
+  if (row_codebooks && p == CpuPath::Avx512) return lut_i8_avx2;  // vpermb needs VBMI
   if (p == CpuPath::Avx512 && cpu_has_avx512_vnni()) return lut_i8_avx512vnni;
   if (p == CpuPath::Avx512 || p == CpuPath::Avx2) return lut_i8_avx2;  // AVX-512 without VNNI: AVX2
 #endif
@@ -25,7 +28,8 @@ LutI8Fn kernel_for(CpuPath p) {
 
 at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                              const c10::optional<at::Tensor>& mins, const at::Tensor& lut, int64_t code_bits,
-                             int64_t group, int64_t out_features, const c10::optional<at::Tensor>& bias) {
+                             int64_t group, int64_t out_features, const c10::optional<at::Tensor>& bias,
+                             const c10::optional<at::Tensor>& sub_groups) {
   TORCH_CHECK(code_bits >= 1 && code_bits <= 4, "lut_i8_linear: code_bits must be 1..4, got ", code_bits);
   const int64_t block_bytes = lut_i8_block_bytes(static_cast<int>(code_bits));
   TORCH_CHECK(qweight.scalar_type() == at::kByte && qweight.dim() == 3 && qweight.size(2) == block_bytes,
@@ -35,9 +39,21 @@ at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, con
               "lut_i8_linear: out_features ", N, " does not match ", tiles, " tiles of 16 rows");
   check_linear_io("lut_i8_linear", x, K, N, group, bias, {&qweight, &scales, &lut});
   check_group_params("lut_i8_linear", scales, mins, {tiles, K / group, kI8TileRows});
-  const int64_t entries = int64_t{1} << code_bits;
-  TORCH_CHECK(lut.scalar_type() == at::kChar && lut.numel() == entries, "lut_i8_linear: lut must be ", entries,
-              " int8 values for ", code_bits, "-bit codes");
+  const int64_t entries = lut.numel(), per_table = int64_t{1} << code_bits;
+  if (sub_groups.has_value()) {  // group codebooks: several tables, one picked per (row, block)
+    TORCH_CHECK(code_bits == 2 || code_bits == 3, "lut_i8_linear: sub_groups (group codebooks) need 2- or 3-bit codes");
+    TORCH_CHECK(sub_groups->scalar_type() == at::kByte && sub_groups->dim() == 3 && sub_groups->size(0) == tiles &&
+                    sub_groups->size(1) == K / 32 && sub_groups->size(2) == kI8TileRows,
+                "lut_i8_linear: sub_groups must be uint8 [", tiles, ", ", K / 32, ", 16]");
+    TORCH_CHECK(sub_groups->device().is_cpu(), "lut_i8_linear: sub_groups must be on the CPU");
+    TORCH_CHECK(!mins.has_value(), "lut_i8_linear: group codebooks take no mins");
+    TORCH_CHECK(lut.scalar_type() == at::kChar && entries % per_table == 0 && entries > 0 && entries <= 16 * per_table,
+                "lut_i8_linear: lut must be 1..16 int8 codebooks of ", per_table, " entries back to back, got ", entries,
+                " values");
+  } else {
+    TORCH_CHECK(lut.scalar_type() == at::kChar && entries == per_table, "lut_i8_linear: lut must be ", per_table,
+                " int8 values for ", code_bits, "-bit codes");
+  }
 
   const at::Tensor x2 = activations_fp32(x, K);
   const int64_t M = x2.size(0);
@@ -45,8 +61,10 @@ at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, con
   const at::Tensor mn = mins.has_value() ? mins->contiguous() : at::Tensor();
   const at::Tensor b32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
 
+  const at::Tensor sg = sub_groups.has_value() ? sub_groups->contiguous() : at::Tensor();
   LutI8Weights w{qw.data_ptr<uint8_t>(), sc.data_ptr<c10::Half>(),
-                 mins.has_value() ? mn.data_ptr<c10::Half>() : nullptr, {}, 0, N, K, group,
+                 mins.has_value() ? mn.data_ptr<c10::Half>() : nullptr,
+                 sub_groups.has_value() ? sg.data_ptr<uint8_t>() : nullptr, {}, 0, N, K, group,
                  bias.has_value() ? b32.data_ptr<float>() : nullptr, static_cast<int>(code_bits)};
   const int8_t* table = lt.data_ptr<int8_t>();
   w.offset = -*std::min_element(table, table + entries);
@@ -65,7 +83,7 @@ at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, con
   if (M > 0) {
     quantize_acts_q8(x2.data_ptr<float>(), M, K, xq, xd, xs);
     const Q8Acts a{xq, xd, xs, M, K};
-    const LutI8Fn kern = kernel_for(active_cpu_path());
+    const LutI8Fn kern = kernel_for(active_cpu_path(), sub_groups.has_value());
     float* op = out.data_ptr<float>();
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) { kern(w, a, t0, t1, op, N); });
   }

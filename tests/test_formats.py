@@ -223,16 +223,41 @@ def test_gcb_beats_int_at_fewer_bits_and_picks_its_best_codebook(fmt, rival):
 
 def test_gcb_module_checkpoint_and_bad_codebook_files(tmp_path):
     from torch_lowbit.formats.gcb import GroupCodebook
-    lin = torch.nn.Linear(512, 40)
-    ql = tl.QuantLinear.from_linear(lin, "gcb2")
-    assert ql.layout.name == "gcb_rowmajor"
-    assert ql.weight_nbytes() * 8 == pytest.approx(2.3125 * lin.weight.numel() + 16 * 4 * 8)  # + the 16x4 table
+    lin = torch.nn.Linear(512, 48)
     x = torch.randn(3, 512)
-    with torch.no_grad():
-        torch.testing.assert_close(ql(x), x @ ql.dequantize().T + lin.bias)
+    for layout in ("gcb_i8_n16", "gcb_rowmajor"):
+        ql = tl.QuantLinear.from_linear(lin, "gcb2", layout=layout if layout == "gcb_rowmajor" else None)
+        assert ql.layout.name == layout  # the int8 kernel layout is the CPU default
+        assert ql.weight_nbytes() * 8 == pytest.approx(2.3125 * lin.weight.numel() + 16 * 4 * 8)  # + the 16x4 table
+        with torch.no_grad():
+            torch.testing.assert_close(ql(x), ql.layout.reference_activations(x) @ ql.dequantize().T + lin.bias)
+        path = tmp_path / f"{layout}.safetensors"
+        tl.save_quantized(torch.nn.Sequential(ql), path)
+        back = tl.load_quantized(torch.nn.Sequential(torch.nn.Linear(512, 48)), path)
+        assert back[0].layout.name == layout
+        torch.testing.assert_close(back[0](x), ql(x), rtol=0, atol=0)
     with pytest.raises(ValueError, match="gcb-learn"):
         GroupCodebook(bits=2, codebooks=str(tmp_path / "missing.safetensors")).table()
     with pytest.raises(ValueError, match="bits must be 2 or 3"):
         GroupCodebook(bits=4)
     with pytest.raises(ValueError, match="not divisible by the group size 256"):
         tl.get_format("gcb2").quantize(torch.randn(4, 320))
+
+
+def test_gcb_kernel_op_rejects_bad_buffers():
+    q = tl.QuantLinear.from_linear(torch.nn.Linear(256, 32, bias=False), "gcb3")
+    b = dict(q.named_buffers())
+    op = torch.ops.torch_lowbit.lut_i8_linear
+    x = torch.randn(2, 256)
+    args = lambda **kw: {**dict(x=x, qweight=b["qweight"], scales=b["super_scales"], mins=None,
+                             lut=b["codebooks"].reshape(-1), code_bits=3, group_size=256, out_features=32, bias=None,
+                             sub_groups=b["sub_groups"]), **kw}
+    torch.testing.assert_close(op(**args()), q(x))
+    with pytest.raises(RuntimeError, match="sub_groups must be uint8"):
+        op(**args(sub_groups=b["sub_groups"][:, :4]))
+    with pytest.raises(RuntimeError, match="1..16 int8 codebooks of 8 entries"):
+        op(**args(lut=torch.zeros(20, dtype=torch.int8)))
+    with pytest.raises(RuntimeError, match="take no mins"):
+        op(**args(mins=b["super_scales"]))
+    with pytest.raises(RuntimeError, match="2- or 3-bit codes"):
+        op(**args(code_bits=4, qweight=torch.zeros(2, 8, 256, dtype=torch.uint8)))

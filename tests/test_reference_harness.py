@@ -95,11 +95,13 @@ def test_kernel_matches_reference(fmt, backend, path, layout, shape_idx, bias, d
     assert ((y_ref.double() - full).norm() / full.norm()).item() < (2e-6 if dtype == torch.float32 else 6e-3)
 
 
-@pytest.mark.parametrize("fmt", [f for f in tl.formats() if get_layout("lut4_i8_n16").supports(tl.get_format(f))])
-def test_int8_paths_are_bit_exact_with_scalar_path(fmt):
+@pytest.mark.parametrize("fmt,layout", [(f, "lut4_i8_n16") for f in tl.formats()
+                                        if get_layout("lut4_i8_n16").supports(tl.get_format(f))]
+                         + [(f, "gcb_i8_n16") for f in ("gcb2", "gcb3", "gcb3_sb64")])
+def test_int8_paths_are_bit_exact_with_scalar_path(fmt, layout):
     """The integer kernels perform the same operations in the same order on every ISA path."""
     lin = random_linear(tl.get_format(fmt).group_size * 4, 53, True, torch.Generator().manual_seed(5))
-    q = tl.QuantLinear.from_linear(lin, fmt, layout="lut4_i8_n16")
+    q = tl.QuantLinear.from_linear(lin, fmt, layout=layout)
     for m in (1, 3, 6, 11):  # two-tile passes (M <= 4), one-tile 8-token blocks, remainders
         x = torch.randn(m, lin.in_features)
         with tl.use_backend("cpu", path="scalar"):

@@ -16,6 +16,12 @@
 // then acc = fma(float(isum), scale * xd, acc) and, with mins, acc = fma(min, xd * float(sum xq), acc).
 // Accumulators start at the bias (0 without one). Every path performs exactly these operations in
 // this order, so all paths agree bit for bit.
+//
+// Group codebooks (gcb2/gcb3, layout gcb_i8_n16): sub_groups [N/16, K/32, 16] holds one byte per
+// (row, 32-block) = (codebook c << 4) | sub-scale s; the table is the C <= 16 codebooks of 2^b entries
+// back to back, so a code q of that row and block reads u[(c << b) | q] (one vpermb / vpermi2b over
+// a 64- / 128-byte register table), and the block's scale is scales[group] * s (fp32 product), with
+// group = the superblock. No mins.
 #pragma once
 #include <c10/util/Half.h>
 
@@ -27,12 +33,14 @@
 namespace torch_lowbit {
 
 constexpr int64_t kI8TileRows = 16;
+constexpr int kI8MaxTable = 128;  // 16 codebooks x 8 entries (gcb3)
 
 struct LutI8Weights {
   const uint8_t* qweight;   // [N/16, K/32, 64 * bits]
   const c10::Half* scales;  // [N/16, K/group, 16]
   const c10::Half* mins;    // same, or nullptr
-  uint8_t utable[16];       // table + offset, all in 0..255 (entries past 2^bits unused)
+  const uint8_t* sub_groups;  // gcb: [N/16, K/32, 16] (codebook << 4 | sub-scale), else nullptr
+  uint8_t utable[kI8MaxTable];  // table + offset, all in 0..255 (unused entries 0)
   int32_t offset;
   int64_t N, K, group;
   const float* bias;         // [N] fp32 or nullptr: accumulators start from it (bias fused)
@@ -49,6 +57,19 @@ inline int lut_i8_code(const uint8_t* p, int bits, int r, int k) {
   };
   if (bits == 3) return field(p, 2) | (field(p + 128, 1) << 2);
   return field(p, bits);
+}
+
+// Row r's unsigned table byte for code k of the (tile, block) at p; sub = that block's 16 sub-group
+// bytes (gcb) or nullptr.
+inline int lut_i8_value(const LutI8Weights& w, const uint8_t* p, const uint8_t* sub, int r, int k) {
+  const int code = lut_i8_code(p, w.bits, r, k);
+  return w.utable[sub ? ((sub[r] >> 4) << w.bits) | code : code];
+}
+
+// Row r's scale for a block of group `g` (its superblock for gcb).
+inline float lut_i8_row_scale(const LutI8Weights& w, int64_t pidx, const uint8_t* sub, int r) {
+  const float s = static_cast<float>(w.scales[pidx]);
+  return sub ? s * static_cast<float>(sub[r] & 15) : s;
 }
 
 // Calls f(std::integral_constant<int, B>{}) with B = bits (1..4), so kernels specialize on the width.
@@ -69,6 +90,7 @@ using LutI8Fn = void (*)(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int
 void lut_i8_scalar(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);
 #if defined(TORCH_LOWBIT_X86)
 void lut_i8_avx512vnni(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);
+void lut_i8_avx512vbmi(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);  // gcb tables
 void lut_i8_avx2(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);
 #endif
 

@@ -21,12 +21,13 @@ void lut_i8_scalar(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t
           const int8_t* xq = a.q + m * a.K + b * 32;
           const int32_t xsum = a.sum[m * kb_count + b];
           const float xd = a.d[m * kb_count + b];
+          const uint8_t* sub = w.sub_groups ? w.sub_groups + (t * kb_count + b) * kI8TileRows : nullptr;
           for (int r = 0; r < kI8TileRows; ++r) {
             int32_t isum = 0;
-            for (int k = 0; k < 32; ++k) isum += w.utable[lut_i8_code(p, w.bits, r, k)] * xq[k];
+            for (int k = 0; k < 32; ++k) isum += lut_i8_value(w, p, sub, r, k) * xq[k];
             isum -= w.offset * xsum;
             const int64_t pidx = (t * groups + g) * kI8TileRows + r;
-            acc[r] = std::fma(static_cast<float>(isum), static_cast<float>(w.scales[pidx]) * xd, acc[r]);
+            acc[r] = std::fma(static_cast<float>(isum), lut_i8_row_scale(w, pidx, sub, r) * xd, acc[r]);
             if (w.mins) acc[r] = std::fma(static_cast<float>(w.mins[pidx]), xd * static_cast<float>(xsum), acc[r]);
           }
         }

@@ -3,7 +3,9 @@
 // multiplies |t| by sign(t)*x, both within +-127 (the sign trick), then vpmaddwd sums 4 products
 // into each int32 lane. That yields sum t*x, which equals the other paths' sum u*x - offset*sum x
 // exactly, so the float epilogue (same ops, same order) gives bit-identical results. A 16-row tile
-// is two 8-lane halves (bytes 0..31 and 32..63 of each 64-byte chunk).
+// is two 8-lane halves (bytes 0..31 and 32..63 of each 64-byte chunk). Group codebooks (gcb): a
+// 32-bit gather per block fetches each row's 4-entry codebook (gcb3: two, entries 0-3 and 4-7) into
+// the row's own lane, so vpshufb looks codes up within the lane (blend on bit 2 for gcb3).
 #if defined(TORCH_LOWBIT_X86)
 #include <immintrin.h>
 
@@ -47,13 +49,37 @@ TLB_AVX2_I8 inline void decode_quads(const uint8_t* p, __m256i q[8]) {
   }
 }
 
+// Signed table bytes of the 8 quads of one half tile; sub: that half's 8 sub-group bytes (gcb) or nullptr.
+template <int B>
+TLB_AVX2_I8 inline void lookup_quads(__m256i q[8], const int8_t* signed_table, const uint8_t* sub) {
+  if (!sub) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(signed_table)));
+    for (int qd = 0; qd < 8; ++qd) q[qd] = _mm256_shuffle_epi8(table, q[qd]);
+    return;
+  }
+  const __m256i cb = _mm256_srli_epi32(
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub))), 4);  // codebook per row
+  const int* words = reinterpret_cast<const int*>(signed_table);  // 4 entries per word
+  const __m256i lane_base = _mm256_set_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0, 0x0C0C0C0C, 0x08080808, 0x04040404, 0);
+  if constexpr (B == 2) {
+    const __m256i rows = _mm256_i32gather_epi32(words, cb, 4);
+    for (int qd = 0; qd < 8; ++qd) q[qd] = _mm256_shuffle_epi8(rows, _mm256_or_si256(q[qd], lane_base));
+  } else {
+    const __m256i lo = _mm256_i32gather_epi32(words, _mm256_slli_epi32(cb, 1), 4);
+    const __m256i hi = _mm256_i32gather_epi32(words + 1, _mm256_slli_epi32(cb, 1), 4);
+    for (int qd = 0; qd < 8; ++qd) {
+      const __m256i idx = _mm256_or_si256(_mm256_and_si256(q[qd], _mm256_set1_epi8(3)), lane_base);
+      q[qd] = _mm256_blendv_epi8(_mm256_shuffle_epi8(lo, idx), _mm256_shuffle_epi8(hi, idx), _mm256_slli_epi16(q[qd], 5));
+    }
+  }
+}
+
 template <int B, int MT>
 TLB_AVX2_I8 void tile_tokens(const LutI8Weights& w, const Q8Acts& a, int64_t t, int64_t m0, float* out,
                              int64_t ldo) {
   const int64_t kb_count = w.K / 32, groups = w.K / w.group, blocks_per_group = w.group / 32;
-  int8_t signed_table[16];
-  for (int i = 0; i < 16; ++i) signed_table[i] = static_cast<int8_t>(w.utable[i] - w.offset);
-  const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(signed_table)));
+  int8_t signed_table[kI8MaxTable];
+  for (int i = 0; i < kI8MaxTable; ++i) signed_table[i] = static_cast<int8_t>(w.utable[i] - w.offset);
   const uint8_t* tile = w.qweight + t * kb_count * (64 * B);
   const int64_t rows = std::min(kI8TileRows, w.N - t * kI8TileRows);
   for (int half = 0; half < 2; ++half) {
@@ -71,7 +97,12 @@ TLB_AVX2_I8 void tile_tokens(const LutI8Weights& w, const Q8Acts& a, int64_t t, 
         const int64_t b = g * blocks_per_group + bb;
         __m256i quad[8];
         decode_quads<B>(tile + b * (64 * B) + 32 * half, quad);
-        for (int qd = 0; qd < 8; ++qd) quad[qd] = _mm256_shuffle_epi8(table, quad[qd]);
+        const uint8_t* sub = w.sub_groups ? w.sub_groups + (t * kb_count + b) * kI8TileRows + 8 * half : nullptr;
+        lookup_quads<B>(quad, signed_table, sub);
+        __m256 row_scale = scale;
+        if (sub)
+          row_scale = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_and_si256(
+                          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub))), _mm256_set1_epi32(15))));
         for (int m = 0; m < MT; ++m) {
           const int8_t* xq = a.q + (m0 + m) * a.K + b * 32;
           __m256i isum = _mm256_setzero_si256();
@@ -79,7 +110,7 @@ TLB_AVX2_I8 void tile_tokens(const LutI8Weights& w, const Q8Acts& a, int64_t t, 
             isum = _mm256_add_epi32(isum, dot4(quad[qd], _mm256_set1_epi32(load_act4(xq + 4 * qd))));
           const int32_t xsum = a.sum[(m0 + m) * kb_count + b];
           const float xd = a.d[(m0 + m) * kb_count + b];
-          acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(scale, _mm256_set1_ps(xd)), acc[m]);
+          acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(row_scale, _mm256_set1_ps(xd)), acc[m]);
           if (w.mins) acc[m] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xd * static_cast<float>(xsum)), acc[m]);
         }
       }

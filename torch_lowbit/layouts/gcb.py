@@ -1,10 +1,15 @@
-"""gcb_rowmajor: the portable layout of the group-codebook formats (gcb2, gcb3).
+"""Layouts of the group-codebook formats (gcb2, gcb3). Both store one byte per 32-weight sub-group,
+(codebook index << 4) | sub-scale, the fp16 superblock scales and the layer's int8 codebook table
+(64-128 bytes, saved so a checkpoint never depends on a codebook file).
 
-Buffers: codes as one MSB-first b-bit stream per row (int32 words), one byte per 32-weight
-sub-group holding (codebook index << 4) | sub-scale, the fp16 superblock scales, and the layer's
-int8 codebook table (64-128 bytes, saved so a checkpoint never depends on a codebook file). The
-forward decodes with the format's reference dequantizer and runs a dense matmul: correct on any
-device and under torch.compile; the register-codebook int8 kernels are the next step (issue #6).
+gcb_i8_n16 (CPU default): the codes in the 16-row tiles of lut{b}_i8_n16 (layouts/lut_i8.py), the
+sub-group bytes as [N/16, K/32, 16] and the superblock scales as [N/16, K/superblock, 16], run by
+the int8-activation kernels of lut_i8_linear (csrc/common/lut_i8.h): the 16 codebooks sit in one
+(gcb2) or two (gcb3) vector registers and vpermb / vpermi2b look each row's codes up in its block's
+codebook (AVX-512 VBMI; AVX2: a gather of each row's codebook + vpshufb; portable scalar).
+
+gcb_rowmajor (portable, any device): codes as one MSB-first b-bit stream per row (int32 words); the
+forward decodes with the format's reference dequantizer and runs a dense matmul.
 """
 from __future__ import annotations
 
@@ -14,9 +19,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..formats.activations import fake_quantize_q8_blocks
 from ..formats.gcb import SUBGROUP, GroupCodebook
 from .base import Layout, register_layout
+from .lut_i8 import TILE, pad_rows, pack_codes, unpack_codes
 from .palette_packed import pack_stream, unpack_stream
+
+
+def _sub_group_bytes(q: dict[str, Tensor]) -> Tensor:
+    return ((q["codebook_index"].to(torch.int32) << 4) | q["sub_scales"].to(torch.int32)).to(torch.uint8)
+
+
+def _split_sub_group_bytes(sub: Tensor) -> dict[str, Tensor]:
+    s = sub.to(torch.int32)
+    return {"codebook_index": (s >> 4).to(torch.uint8), "sub_scales": (s & 15).to(torch.uint8)}
 
 
 class GcbRowMajor(Layout):
@@ -29,15 +45,13 @@ class GcbRowMajor(Layout):
         return isinstance(fmt, GroupCodebook)
 
     def pack(self, fmt: GroupCodebook, q: dict[str, Tensor]) -> dict[str, Tensor]:
-        sub = (q["codebook_index"].to(torch.int32) << 4) | q["sub_scales"].to(torch.int32)
-        return {"codes": pack_stream(q["codes"], fmt.bits), "sub_groups": sub.to(torch.uint8).contiguous(),
+        return {"codes": pack_stream(q["codes"], fmt.bits), "sub_groups": _sub_group_bytes(q).contiguous(),
                 "super_scales": q["super_scales"].contiguous(), "codebooks": q["codebooks"].contiguous()}
 
     def unpack(self, fmt: GroupCodebook, buffers: dict[str, Tensor], out_features: int,
                in_features: int) -> dict[str, Tensor]:
-        sub = buffers["sub_groups"].to(torch.int32)
         return {"codes": unpack_stream(buffers["codes"], fmt.bits, in_features).to(torch.uint8),
-                "codebook_index": (sub >> 4).to(torch.uint8), "sub_scales": (sub & 15).to(torch.uint8),
+                **_split_sub_group_bytes(buffers["sub_groups"]),
                 "super_scales": buffers["super_scales"], "codebooks": buffers["codebooks"]}
 
     def buffer_shapes(self, fmt: GroupCodebook, out_features: int, in_features: int):
@@ -52,4 +66,59 @@ class GcbRowMajor(Layout):
         return F.linear(x.float(), w, bias.float() if bias is not None else None).to(x.dtype)
 
 
+class GcbI8Tiled(Layout):
+    name = "gcb_i8_n16"
+    version = 1
+    backends = ("cpu",)
+
+    def supports(self, fmt) -> bool:
+        return isinstance(fmt, GroupCodebook)
+
+    def _check(self, fmt):
+        if not self.supports(fmt):
+            raise ValueError(f"layout {self.name} holds gcb formats only, not {fmt.name}")
+
+    @staticmethod
+    def _tiled(t: Tensor, tiles: int) -> Tensor:  # [N, X] -> [tiles, X, 16]
+        return pad_rows(t, tiles * TILE).reshape(tiles, TILE, -1).permute(0, 2, 1).contiguous()
+
+    @staticmethod
+    def _untiled(t: Tensor, out_features: int) -> Tensor:
+        return t.permute(0, 2, 1).reshape(t.shape[0] * TILE, -1)[:out_features]
+
+    def pack(self, fmt: GroupCodebook, q: dict[str, Tensor]) -> dict[str, Tensor]:
+        self._check(fmt)
+        qweight = pack_codes(q["codes"], fmt.bits)
+        tiles = qweight.shape[0]
+        return {"qweight": qweight, "sub_groups": self._tiled(_sub_group_bytes(q), tiles),
+                "super_scales": self._tiled(q["super_scales"], tiles), "codebooks": q["codebooks"].contiguous()}
+
+    def unpack(self, fmt: GroupCodebook, buffers: dict[str, Tensor], out_features: int,
+               in_features: int) -> dict[str, Tensor]:
+        return {"codes": unpack_codes(buffers["qweight"], fmt.bits, out_features),
+                **_split_sub_group_bytes(self._untiled(buffers["sub_groups"], out_features)),
+                "super_scales": self._untiled(buffers["super_scales"], out_features),
+                "codebooks": buffers["codebooks"]}
+
+    def buffer_shapes(self, fmt: GroupCodebook, out_features: int, in_features: int):
+        tiles = -(-out_features // TILE)
+        return {"qweight": ((tiles, in_features // 32, 64 * fmt.bits), torch.uint8),
+                "sub_groups": ((tiles, in_features // SUBGROUP, TILE), torch.uint8),
+                "super_scales": ((tiles, in_features // fmt.superblock, TILE), torch.float16),
+                "codebooks": (tuple(fmt.table().shape), torch.int8)}
+
+    def reference_activations(self, x: Tensor, fmt=None, buffers=None) -> Tensor:
+        return fake_quantize_q8_blocks(x)
+
+    def linear(self, fmt: GroupCodebook, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
+               backend: str, out_features: int) -> Tensor:
+        if backend != "cpu" or x.device.type != "cpu":
+            raise RuntimeError(f"layout {self.name} runs on the CPU backend only; repack the module with "
+                               "QuantLinear.repack(...) to gcb_rowmajor for other devices")
+        return torch.ops.torch_lowbit.lut_i8_linear(
+            x, buffers["qweight"], buffers["super_scales"], None, buffers["codebooks"].reshape(-1), fmt.bits,
+            fmt.superblock, out_features, bias, buffers["sub_groups"])
+
+
 GCB_ROWMAJOR = register_layout(GcbRowMajor(), default_for="gcb")
+GCB_I8 = register_layout(GcbI8Tiled(), default_for="gcb", device="cpu")

@@ -28,7 +28,7 @@ TILE = 16
 PLANES = {4: ((4, 0),), 3: ((2, 0), (1, 2)), 2: ((2, 0),), 1: ((1, 0),)}
 
 
-def _pad_rows(t: Tensor, rows: int) -> Tensor:
+def pad_rows(t: Tensor, rows: int) -> Tensor:
     return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])]) if rows > t.shape[0] else t
 
 
@@ -36,7 +36,7 @@ def pack_codes(codes: Tensor, bits: int) -> Tensor:
     """uint8 codes [N, K] (K % 32 == 0, values < 2^bits) -> qweight [ceil(N/16), K/32, 64 bits]."""
     n, k = codes.shape
     tiles, kb = -(-n // TILE), k // 32
-    c = _pad_rows(codes, tiles * TILE).reshape(tiles, TILE, kb, 8, 4)  # t, r, block, quad, j
+    c = pad_rows(codes, tiles * TILE).reshape(tiles, TILE, kb, 8, 4)  # t, r, block, quad, j
     chunks = []
     for w, shift in PLANES[bits]:
         v = ((c >> shift) & ((1 << w) - 1)).reshape(tiles, TILE, kb, 8 // w, w, 4)  # quad = field * w + chunk
@@ -89,7 +89,7 @@ class LutI8Tiled(Layout):
         out = {"qweight": pack_codes(q["codes"], self.bits)}
         tiles = out["qweight"].shape[0]
         for name in ("scales", "mins") if fmt.has_mins else ("scales",):
-            p = _pad_rows(q[name], tiles * TILE)
+            p = pad_rows(q[name], tiles * TILE)
             out[name] = p.reshape(tiles, TILE, -1).permute(0, 2, 1).contiguous()
         return out
 
@@ -150,7 +150,7 @@ class NuqI8Tiled(LutI8Tiled):
                              f"{q['codes'].shape[1]}; use layout palette_dense for this layer")
         qweight = pack_codes(q["codes"], fmt.code_bits)
         tiles = qweight.shape[0]
-        scales = _pad_rows(q["row_scales"], tiles * TILE).reshape(tiles, 1, TILE).contiguous()
+        scales = pad_rows(q["row_scales"], tiles * TILE).reshape(tiles, 1, TILE).contiguous()
         out = {"qweight": qweight, "scales": scales}
         if "signs" in q:
             out["signs"] = q["signs"].contiguous()

@@ -91,7 +91,8 @@ def _register() -> None:
         return _linear_out("lut4_linear", x, n, k, bias)
 
     @torch.library.register_fake("torch_lowbit::lut_i8_linear")
-    def _lut_i8_linear_fake(x, qweight, scales, mins, lut, code_bits, group_size, out_features, bias):
+    def _lut_i8_linear_fake(x, qweight, scales, mins, lut, code_bits, group_size, out_features, bias,
+                            sub_groups=None):
         _check(1 <= code_bits <= 4, f"lut_i8: code_bits must be 1..4, got {code_bits}")
         _check(qweight.dtype == torch.uint8 and qweight.dim() == 3 and qweight.shape[2] == 64 * code_bits,
                f"lut_i8: qweight must be uint8 [N/16, K/32, {64 * code_bits}] for {code_bits}-bit codes")
@@ -104,8 +105,16 @@ def _register() -> None:
                f"lut_i8: scales must be fp16 [{tiles}, {k // group_size}, 16]")
         if mins is not None:
             _check(mins.dtype == torch.float16 and mins.shape == scales.shape, "lut_i8: mins must match scales")
-        _check(lut.dtype == torch.int8 and lut.numel() == 2 ** code_bits,
-               f"lut_i8: lut must be {2 ** code_bits} int8 values")
+        if sub_groups is None:
+            _check(lut.dtype == torch.int8 and lut.numel() == 2 ** code_bits,
+                   f"lut_i8: lut must be {2 ** code_bits} int8 values")
+        else:
+            _check(code_bits in (2, 3) and mins is None, "lut_i8: group codebooks need 2/3-bit codes and no mins")
+            _check(sub_groups.dtype == torch.uint8 and tuple(sub_groups.shape) == (tiles, k // 32, 16),
+                   f"lut_i8: sub_groups must be uint8 [{tiles}, {k // 32}, 16]")
+            _check(lut.dtype == torch.int8 and 0 < lut.numel() <= 16 * 2 ** code_bits
+                   and lut.numel() % 2 ** code_bits == 0,
+                   f"lut_i8: lut must be 1..16 int8 codebooks of {2 ** code_bits} entries")
         return _linear_out("lut_i8_linear", x, out_features, k, bias)
 
     @torch.library.register_fake("torch_lowbit::codebook_linear")
