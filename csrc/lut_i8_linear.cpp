@@ -74,15 +74,17 @@ at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, con
   }
 
   // The activation buffer: the only allocation on the hot path besides the output.
-  const int64_t kb = K / 32;
-  at::Tensor qbuf = at::empty({M * K + M * kb * 8}, x2.options().dtype(at::kChar));
+  const int64_t kb = K / 32, groups = K / group;
+  at::Tensor qbuf = at::empty({M * K + M * kb * 8 + M * groups * 4}, x2.options().dtype(at::kChar));
   int8_t* xq = qbuf.data_ptr<int8_t>();
   float* xd = reinterpret_cast<float*>(xq + M * K);
   int32_t* xs = reinterpret_cast<int32_t*>(xd + M * kb);
+  float* dsum = reinterpret_cast<float*>(xs + M * kb);
   at::Tensor out = at::empty({M, N}, x2.options());
   if (M > 0) {
     quantize_acts_q8(x2.data_ptr<float>(), M, K, xq, xd, xs);
-    const Q8Acts a{xq, xd, xs, M, K};
+    const Q8Acts a{xq, xd, xs, M, K, dsum};
+    if (mins.has_value()) group_dsums(a, group, dsum);
     const LutI8Fn kern = kernel_for(active_cpu_path(), sub_groups.has_value());
     float* op = out.data_ptr<float>();
     at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) { kern(w, a, t0, t1, op, N); });

@@ -24,6 +24,7 @@ at::Tensor tcq_linear_cpu(const at::Tensor& x, const at::Tensor& codes, const at
 at::Tensor tcq_dequantize_cpu(const at::Tensor& codes, const at::Tensor& table, int64_t table_bits, int64_t shift_bits,
                               const at::Tensor& row_scales);
 int64_t read_probe(const at::Tensor& buf);
+int64_t clock_probe(int64_t adds);
 }  // namespace torch_lowbit
 
 TORCH_LIBRARY(torch_lowbit, m) {
@@ -54,5 +55,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("available_cpu_paths", &torch_lowbit::available_cpu_paths, "CPU kernel paths this CPU can run, best first");
   m.def("set_cpu_path", &torch_lowbit::set_cpu_path, "Force a CPU kernel path: auto, scalar, avx2, avx512");
   m.def("read_probe", &torch_lowbit::read_probe, "Streams a buffer with all threads (bandwidth probe)");
+  m.def("clock_probe", &torch_lowbit::clock_probe, "Runs N dependent one-cycle steps (clock probe)");
   m.def("get_cpu_path", &torch_lowbit::get_cpu_path, "The CPU kernel path in use");
 }

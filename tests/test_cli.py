@@ -28,6 +28,24 @@ def test_cli_bench_cpu_runs_every_contender(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
+def test_cli_bench_roofline_model_table():
+    r = subprocess.run([sys.executable, "-m", "torch_lowbit", "bench", "roofline", "--shapes", "256x512", "--threads",
+                        "1", "--formats", "int2_g64", "gcb2", "--rotate-mib", "8"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "GHz" in r.stdout and "bytes/cycle per core" in r.stdout
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| int2_g64") or line.startswith("| gcb2")]
+    assert len(rows) == 2 and "lut2_i8_n16" in rows[0] and "gcb_i8_n16" in rows[1]
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[3]) > 0 and float(cells[9]) > 0 and cells[-1] in ("compute", "memory")
+
+
+def test_clock_probe_measures_a_plausible_clock():
+    from torch_lowbit.bench.roofline import clock_ghz
+    assert 0.5 < clock_ghz(repeats=2) < 7.0
+
+
 def test_cpu_path_forced_from_environment():
     code = "import torch_lowbit as tl; from torch_lowbit.ops.library import cpu_extension as c; print(c().get_cpu_path())"
     env = dict(__import__("os").environ, TORCH_LOWBIT_CPU_PATH="scalar")

@@ -136,6 +136,12 @@ def cmd_bench(args) -> None:
                   "(pip install fast-hadamard-transform)")
         else:
             print(gpu.format_hadamard_table(gpu.bench_hadamard(ms, fht=fht)))
+    elif args.what == "roofline":
+        from .bench.roofline import ROOFLINE_FORMATS, bench_roofline, format_roofline
+        n, k = (int(v) for v in (args.shapes or ["4096x4096"])[0].split("x"))
+        rows, machine = bench_roofline(tuple(args.formats or ROOFLINE_FORMATS), n=n, k=k,
+                                       threads=max(args.threads), rotate_mib=args.rotate_mib)
+        print(format_roofline(rows, machine, n, k))
     elif args.what == "weights":
         from .bench.distortion import bench_weights
         names = args.formats or ["int2_g64", "int2_sym_g64", "gcb2", "int3_g64", "gcb3"]
@@ -222,8 +228,9 @@ def main(argv=None) -> None:
     sp.set_defaults(fn=cmd_eval)
 
     sp = sub.add_parser("bench", help="benchmarks")
-    sp.add_argument("what", choices=["cpu", "gpu", "distortion", "weights"],
-                    help="cpu: kernels vs PyTorch, DRAM-streamed; gpu: Triton kernels vs fp16 F.linear, "
+    sp.add_argument("what", choices=["cpu", "roofline", "gpu", "distortion", "weights"],
+                    help="cpu: kernels vs PyTorch, DRAM-streamed; roofline: M=1 compute vs memory ceilings of the "
+                    "int8 CPU kernels (max --threads); gpu: Triton kernels vs fp16 F.linear, "
                     "HBM-streamed (needs CUDA); distortion: palette formats on a Gaussian; weights: formats on a "
                     "real model's linear weights (--model)")
     sp.add_argument("--quick", action="store_true", help="first shape only, M in {1, 8}")
@@ -238,7 +245,7 @@ def main(argv=None) -> None:
                     "q4_0 int4_g128 iq4_nl nuq3 vq2 tcq2 (palette formats: palette_packed, rotation timed too); distortion default: every palette format")
     sp.add_argument("--layouts", nargs="+", help="CPU layouts to run where they hold the format (default: each "
                     "format's CPU default; lut*_i8_n16: int8 activations, lut4_rowmajor: fp32 activations)")
-    sp.add_argument("--rotate-mib", type=int, default=256,
+    sp.add_argument("--rotate-mib", type=int, default=512,
                     help="total size of the weight copies each contender cycles through (> L3 / the GPU's L2 "
                     "streams from DRAM / HBM)")
     sp.add_argument("--decode", action="store_true", help="also SmolLM2 decode tok/s: fp32, bf16, first format")

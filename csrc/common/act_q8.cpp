@@ -27,4 +27,17 @@ void quantize_acts_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* d,
   });
 }
 
+void group_dsums(const Q8Acts& a, int64_t group, float* out) {
+  const int64_t kb = a.K / 32, groups = a.K / group, per_group = group / 32;
+  for (int64_t m = 0; m < a.M; ++m)
+    for (int64_t g = 0; g < groups; ++g) {
+      float s = 0.f;
+      for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
+        const float term = a.d[m * kb + b] * static_cast<float>(a.sum[m * kb + b]);
+        s += term;
+      }
+      out[m * groups + g] = s;
+    }
+}
+
 }  // namespace torch_lowbit

@@ -12,7 +12,11 @@ struct Q8Acts {
   const float* d;      // [M, K/32]
   const int32_t* sum;  // [M, K/32]: sum of q over the block (for offsets and mins)
   int64_t M, K;
+  const float* group_dsum = nullptr;  // [M, K/group]: sum of d * float(sum) over a group's blocks
 };
+
+// group_dsum of a.q/d/sum for groups of `group` features, in block order (plain fp32 sums).
+void group_dsums(const Q8Acts& a, int64_t group, float* out);
 
 // The 4 consecutive int8 activations at p as one 32-bit word (for broadcasting to every lane).
 inline int32_t load_act4(const int8_t* p) {

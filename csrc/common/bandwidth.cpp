@@ -1,4 +1,5 @@
-// DRAM read-bandwidth probe for the benchmark's roofline: all threads stream a large buffer once.
+// Probes for the benchmark's roofline model: DRAM read bandwidth (all threads stream a large buffer
+// once) and the core clock (a chain of dependent integer adds, one per cycle).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -53,6 +54,26 @@ int64_t read_probe(const at::Tensor& buf) {
 #endif
   });
   return acc.load();
+}
+
+// Runs `steps` dependent steps of one clock cycle each; timing it gives the clock the kernels ran at
+// (turbo included). x86: integer multiplies (3-cycle latency on every Intel and AMD core since
+// Nehalem / Zen) counted as 3 steps each; add-immediate chains are no good, Golden Cove-class cores
+// fold them at rename. Elsewhere: dependent adds.
+int64_t clock_probe(int64_t steps) {
+  int64_t x = 1;
+#if defined(__x86_64__)
+  for (int64_t i = 0; i < steps; i += 24)
+    asm volatile("imul %0, %0\n\timul %0, %0\n\timul %0, %0\n\timul %0, %0\n\t"
+                 "imul %0, %0\n\timul %0, %0\n\timul %0, %0\n\timul %0, %0" : "+r"(x));
+#elif defined(__aarch64__)
+  for (int64_t i = 0; i < steps; i += 8)
+    asm volatile("add %0, %0, #1\n\tadd %0, %0, #1\n\tadd %0, %0, #1\n\tadd %0, %0, #1\n\t"
+                 "add %0, %0, #1\n\tadd %0, %0, #1\n\tadd %0, %0, #1\n\tadd %0, %0, #1" : "+r"(x));
+#else
+  for (int64_t i = 0; i < steps; ++i) asm volatile("" : "+r"(x)), x = x * 3 + 1;  // rough: a few cycles a step
+#endif
+  return x;
 }
 
 }  // namespace torch_lowbit

@@ -11,17 +11,20 @@
 // horizontal reduction. (b = 4 is the original lut4_i8_n16 byte layout.) scales/mins
 // [N/16, K/group, 16] fp16 (16 rows contiguous).
 //
-// Integer math per (row, 32-block): isum = sum_j u[code_j] * xq_j - offset * sum_j xq_j, where
-// u = table + offset >= 0 (vpdpbusd multiplies unsigned by signed bytes), quads in order 0..7;
-// then acc = fma(float(isum), scale * xd, acc) and, with mins, acc = fma(min, xd * float(sum xq), acc).
-// Accumulators start at the bias (0 without one). Every path performs exactly these operations in
-// this order, so all paths agree bit for bit.
+// Math per (row, group): for each 32-block of the group, the integer isum = sum_j u[code_j] * xq_j
+// - offset * sum_j xq_j, where u = table + offset >= 0 (vpdpbusd multiplies unsigned by signed
+// bytes), quads in order 0..7, then gacc = fma(float(isum), xd, gacc) (gacc = 0 at the group's
+// start); at the group's end acc = fma(gacc, scale, acc) and, with mins, acc = fma(min, dsum, acc)
+// where dsum = sum over the group's blocks of xd * float(sum xq) (Q8Acts::group_dsum, per token,
+// shared by all rows). So the float work per block is one convert and one fma; scales and mins are
+// applied once per group. Accumulators start at the bias (0 without one). Every path performs
+// exactly these operations in this order, so all paths agree bit for bit.
 //
 // Group codebooks (gcb2/gcb3, layout gcb_i8_n16): sub_groups [N/16, K/32, 16] holds one byte per
 // (row, 32-block) = (codebook c << 4) | sub-scale s; the table is the C <= 16 codebooks of 2^b entries
 // back to back, so a code q of that row and block reads u[(c << b) | q] (one vpermb / vpermi2b over
-// a 64- / 128-byte register table), and the block's scale is scales[group] * s (fp32 product), with
-// group = the superblock. No mins.
+// a 64- / 128-byte register table). The group is the superblock (scale = its fp16 d) and the
+// block's factor is float(s) * xd instead of xd. No mins.
 #pragma once
 #include <c10/util/Half.h>
 
@@ -66,10 +69,9 @@ inline int lut_i8_value(const LutI8Weights& w, const uint8_t* p, const uint8_t* 
   return w.utable[sub ? ((sub[r] >> 4) << w.bits) | code : code];
 }
 
-// Row r's scale for a block of group `g` (its superblock for gcb).
-inline float lut_i8_row_scale(const LutI8Weights& w, int64_t pidx, const uint8_t* sub, int r) {
-  const float s = static_cast<float>(w.scales[pidx]);
-  return sub ? s * static_cast<float>(sub[r] & 15) : s;
+// Row r's factor for a block's isum: xd, times the sub-scale for gcb.
+inline float lut_i8_block_factor(const uint8_t* sub, int r, float xd) {
+  return sub ? static_cast<float>(sub[r] & 15) * xd : xd;
 }
 
 // Calls f(std::integral_constant<int, B>{}) with B = bits (1..4), so kernels specialize on the width.

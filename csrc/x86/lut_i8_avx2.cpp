@@ -89,30 +89,34 @@ TLB_AVX2_I8 void tile_tokens(const LutI8Weights& w, const Q8Acts& a, int64_t t, 
     __m256 acc[MT];
     for (int m = 0; m < MT; ++m) acc[m] = _mm256_loadu_ps(start);
     for (int64_t g = 0; g < groups; ++g) {
-      const int64_t pidx = (t * groups + g) * kI8TileRows + 8 * half;
-      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.scales + pidx)));
-      const __m256 mn = w.mins ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.mins + pidx)))
-                               : _mm256_setzero_ps();
+      __m256 gacc[MT];
+      for (int m = 0; m < MT; ++m) gacc[m] = _mm256_setzero_ps();
       for (int64_t bb = 0; bb < blocks_per_group; ++bb) {
         const int64_t b = g * blocks_per_group + bb;
         __m256i quad[8];
         decode_quads<B>(tile + b * (64 * B) + 32 * half, quad);
         const uint8_t* sub = w.sub_groups ? w.sub_groups + (t * kb_count + b) * kI8TileRows + 8 * half : nullptr;
         lookup_quads<B>(quad, signed_table, sub);
-        __m256 row_scale = scale;
-        if (sub)
-          row_scale = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_and_si256(
-                          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub))), _mm256_set1_epi32(15))));
+        const __m256 steps = sub ? _mm256_cvtepi32_ps(_mm256_and_si256(
+                                       _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub))),
+                                       _mm256_set1_epi32(15)))
+                                 : _mm256_setzero_ps();
         for (int m = 0; m < MT; ++m) {
           const int8_t* xq = a.q + (m0 + m) * a.K + b * 32;
           __m256i isum = _mm256_setzero_si256();
           for (int qd = 0; qd < 8; ++qd)
             isum = _mm256_add_epi32(isum, dot4(quad[qd], _mm256_set1_epi32(load_act4(xq + 4 * qd))));
-          const int32_t xsum = a.sum[(m0 + m) * kb_count + b];
-          const float xd = a.d[(m0 + m) * kb_count + b];
-          acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(row_scale, _mm256_set1_ps(xd)), acc[m]);
-          if (w.mins) acc[m] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xd * static_cast<float>(xsum)), acc[m]);
+          const __m256 xd = _mm256_set1_ps(a.d[(m0 + m) * kb_count + b]);
+          gacc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sub ? _mm256_mul_ps(steps, xd) : xd, gacc[m]);
         }
+      }
+      const int64_t pidx = (t * groups + g) * kI8TileRows + 8 * half;
+      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.scales + pidx)));
+      const __m256 mn = w.mins ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.mins + pidx)))
+                               : _mm256_setzero_ps();
+      for (int m = 0; m < MT; ++m) {
+        acc[m] = _mm256_fmadd_ps(gacc[m], scale, acc[m]);
+        if (w.mins) acc[m] = _mm256_fmadd_ps(mn, _mm256_set1_ps(a.group_dsum[(m0 + m) * groups + g]), acc[m]);
       }
     }
     for (int m = 0; m < MT && n_here > 0; ++m) {

@@ -96,44 +96,52 @@ TLB_KERNEL void tiles_tokens(const LutI8Weights& w, const Q8Acts& a, int64_t t, 
     for (int m = 0; m < MT; ++m) acc[n][m] = start;
   }
   for (int64_t g = 0; g < groups; ++g) {
-    __m512 scale[NT], mn[NT];
-    for (int n = 0; n < NT; ++n) {
-      const int64_t pidx = ((t + n) * groups + g) * kI8TileRows;
-      scale[n] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.scales + pidx)));
-      mn[n] = w.mins ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.mins + pidx)))
-                     : _mm512_setzero_ps();
-    }
+    __m512 gacc[NT][MT];
+    for (int n = 0; n < NT; ++n)
+      for (int m = 0; m < MT; ++m) gacc[n][m] = _mm512_setzero_ps();
     for (int64_t bb = 0; bb < blocks_per_group; ++bb) {
       const int64_t b = g * blocks_per_group + bb;
       __m512i quad[NT][8];
-      __m512 row_scale[NT];
+      __m512 steps[NT];  // gcb: the rows' sub-scales
       for (int n = 0; n < NT; ++n) {
         const uint8_t* p = w.qweight + ((t + n) * kb_count + b) * block_bytes;
-        for (int c = 0; c < B; ++c) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBlocks * block_bytes + 64 * c), _MM_HINT_T0);
+        for (int c = 0; c < B; ++c)
+          _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBlocks * block_bytes + 64 * c), _MM_HINT_T0);
         decode_quads<B>(p, quad[n]);
-        row_scale[n] = scale[n];
+        const uint8_t* sub = nullptr;
         if constexpr (L == Lookup::RowCodebook) {
-          const uint8_t* sub = w.sub_groups + ((t + n) * kb_count + b) * kI8TileRows;
-          map_quads<L, B>(quad[n], tables, sub);
-          const __m512i steps = _mm512_and_si512(
-              _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub))), _mm512_set1_epi32(15));
-          row_scale[n] = _mm512_mul_ps(scale[n], _mm512_cvtepi32_ps(steps));
-        } else {
-          map_quads<L, B>(quad[n], tables, nullptr);
+          sub = w.sub_groups + ((t + n) * kb_count + b) * kI8TileRows;
+          steps[n] = _mm512_cvtepi32_ps(_mm512_and_si512(
+              _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub))), _mm512_set1_epi32(15)));
         }
+        map_quads<L, B>(quad[n], tables, sub);
       }
       for (int m = 0; m < MT; ++m) {
         const int8_t* xq = a.q + (m0 + m) * a.K + b * 32;
-        const int32_t xsum = a.sum[(m0 + m) * kb_count + b];
         const float xd = a.d[(m0 + m) * kb_count + b];
         for (int n = 0; n < NT; ++n) {
-          __m512i isum = _mm512_setzero_si512();
-          for (int qd = 0; qd < 8; ++qd)
-            isum = _mm512_dpbusd_epi32(isum, quad[n][qd], _mm512_set1_epi32(load_act4(xq + 4 * qd)));
-          isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(w.offset * xsum));
-          acc[n][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(row_scale[n], _mm512_set1_ps(xd)), acc[n][m]);
-          if (w.mins) acc[n][m] = _mm512_fmadd_ps(mn[n], _mm512_set1_ps(xd * static_cast<float>(xsum)), acc[n][m]);
+          // two chains of 4 (not one of 8): the dpbusd latency is what a single token waits on
+          __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+          for (int qd = 0; qd < 4; ++qd) {
+            lo = _mm512_dpbusd_epi32(lo, quad[n][qd], _mm512_set1_epi32(load_act4(xq + 4 * qd)));
+            hi = _mm512_dpbusd_epi32(hi, quad[n][qd + 4], _mm512_set1_epi32(load_act4(xq + 16 + 4 * qd)));
+          }
+          __m512i isum = _mm512_add_epi32(lo, hi);
+          if (w.offset) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(w.offset * a.sum[(m0 + m) * kb_count + b]));
+          __m512 factor = _mm512_set1_ps(xd);
+          if constexpr (L == Lookup::RowCodebook) factor = _mm512_mul_ps(steps[n], factor);
+          gacc[n][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), factor, gacc[n][m]);
         }
+      }
+    }
+    for (int n = 0; n < NT; ++n) {
+      const int64_t pidx = ((t + n) * groups + g) * kI8TileRows;
+      const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.scales + pidx)));
+      const __m512 mn = w.mins ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.mins + pidx)))
+                               : _mm512_setzero_ps();
+      for (int m = 0; m < MT; ++m) {
+        acc[n][m] = _mm512_fmadd_ps(gacc[n][m], scale, acc[n][m]);
+        if (w.mins) acc[n][m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a.group_dsum[(m0 + m) * groups + g]), acc[n][m]);
       }
     }
   }
