@@ -149,7 +149,8 @@ class QuantLinear(nn.Module):
         if x.dtype not in _ACT_DTYPES:
             raise TypeError(f"QuantLinear({self.fmt.name}): activations must be float32, bfloat16 or "
                             f"float16, got {x.dtype}")
-        qweight = getattr(self, self._buffer_names[0])
+        bufs = self._buffers  # direct: nn.Module.__getattr__ costs ~0.5 µs a buffer on every decode step
+        qweight = bufs[self._buffer_names[0]]
         if x.device != qweight.device:
             raise RuntimeError(f"QuantLinear({self.fmt.name}): input is on {x.device} but the weight is on "
                                f"{qweight.device}; move the model or the input with .to()")
@@ -157,8 +158,8 @@ class QuantLinear(nn.Module):
         if backend == "reference":
             bias = self.bias.to(x.dtype) if self.bias is not None else None
             return F.linear(x, self.dequantize().to(x.dtype), bias)
-        buffers = {name: getattr(self, name) for name in self._kernel_buffer_names}
-        return self.layout.linear(self.fmt, buffers, x, self.bias, backend, self.out_features)
+        buffers = {name: bufs[name] for name in self._kernel_buffer_names}
+        return self.layout.linear(self.fmt, buffers, x, bufs["bias"], backend, self.out_features)
 
     def extra_repr(self) -> str:
         s = f"in_features={self.in_features}, out_features={self.out_features}, format={self.fmt.name}, " \
