@@ -39,10 +39,10 @@ def test_quantize_fused_equals_unfused(fmt):
     assert n_fused == 2 * 4  # per layer: qkv, o, gate_up, down
 
 
-@pytest.mark.parametrize("layout", ["lut4_rowmajor", "lut4_i8_n16"])
-def test_compile_fullgraph_equals_eager(layout):
+@pytest.mark.parametrize("fmt,layout", [("q4_0", "lut4_rowmajor"), ("q4_0", "lut4_i8_n16"), ("gcb2_sb64", "gcb_i8_n16")])
+def test_compile_fullgraph_equals_eager(fmt, layout):
     model = tiny_llama()
-    tl.quantize_(model, "q4_0", layout=layout, progress=False)
+    tl.quantize_(model, fmt, layout=layout, progress=False)
     ids = _ids()
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)  # fullgraph: any graph break is an error
