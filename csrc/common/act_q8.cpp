@@ -4,27 +4,41 @@
 
 #include <cmath>
 
+#include "common/dispatch.h"
+
 namespace torch_lowbit {
 
-void quantize_acts_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sum) {
-  const int64_t blocks = M * (K / 32);
-  at::parallel_for(0, blocks, 256, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const float* xb = x + b * 32;  // blocks of a row are contiguous, rows are contiguous
-      float amax = 0.f;
-      for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
-      const float db = amax / 127.f;
-      const float inv = db != 0.f ? 1.f / db : 0.f;
-      int32_t s = 0;
-      for (int j = 0; j < 32; ++j) {
-        const int32_t v = static_cast<int32_t>(std::nearbyint(xb[j] * inv));  // half-even
-        q[b * 32 + j] = static_cast<int8_t>(v);
-        s += v;
-      }
-      d[b] = db;
-      sum[b] = s;
+namespace {
+
+void quantize_act_blocks_scalar(const float* x, int64_t b0, int64_t b1, int8_t* q, float* d, int32_t* sum) {
+  for (int64_t b = b0; b < b1; ++b) {
+    const float* xb = x + b * 32;  // blocks of a row are contiguous, rows are contiguous
+    float amax = 0.f;
+    for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+    const float db = amax / 127.f;
+    const float inv = db != 0.f ? 1.f / db : 0.f;
+    int32_t s = 0;
+    for (int j = 0; j < 32; ++j) {
+      const int32_t v = static_cast<int32_t>(std::nearbyint(xb[j] * inv));  // half-even
+      q[b * 32 + j] = static_cast<int8_t>(v);
+      s += v;
     }
-  });
+    d[b] = db;
+    sum[b] = s;
+  }
+}
+
+}  // namespace
+
+void quantize_acts_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sum) {
+  auto blocks_fn = quantize_act_blocks_scalar;
+#if defined(TORCH_LOWBIT_X86)
+  const CpuPath path = active_cpu_path();
+  if (path == CpuPath::Avx512) blocks_fn = quantize_act_blocks_avx512;
+  if (path == CpuPath::Avx2) blocks_fn = quantize_act_blocks_avx2;
+#endif
+  const int64_t blocks = M * (K / 32);
+  at::parallel_for(0, blocks, 256, [&](int64_t b0, int64_t b1) { blocks_fn(x, b0, b1, q, d, sum); });
 }
 
 void group_dsums(const Q8Acts& a, int64_t group, float* out) {

@@ -15,6 +15,11 @@ struct Q8Acts {
   const float* group_dsum = nullptr;  // [M, K/group]: sum of d * float(sum) over a group's blocks
 };
 
+#if defined(TORCH_LOWBIT_X86)
+void quantize_act_blocks_avx512(const float* x, int64_t b0, int64_t b1, int8_t* q, float* d, int32_t* sum);
+void quantize_act_blocks_avx2(const float* x, int64_t b0, int64_t b1, int8_t* q, float* d, int32_t* sum);
+#endif
+
 // group_dsum of a.q/d/sum for groups of `group` features, in block order (plain fp32 sums).
 void group_dsums(const Q8Acts& a, int64_t group, float* out);
 
@@ -25,7 +30,8 @@ inline int32_t load_act4(const int8_t* p) {
   return v;
 }
 
-// Quantizes x [M, K] (K % 32 == 0) into the three buffers (threaded over tokens and blocks).
+// Quantizes x [M, K] (K % 32 == 0) into the three buffers (threaded over tokens and blocks), with
+// the active ISA path's block quantizer (all produce the same bytes).
 void quantize_acts_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sum);
 
 }  // namespace torch_lowbit
