@@ -66,15 +66,18 @@ def input_importance(stat: Tensor) -> Tensor:
     return torch.diagonal(stat) if stat.dim() == 2 else stat
 
 
-def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec]], *,
+def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec], "MixedBits"], *,
               filter_fn: Optional[FilterFn] = None, fuse: bool = True, skip_incompatible: bool = False,
               calibration: Optional[Iterable[Tensor]] = None, rounding: Optional[str] = None,
               layout=None, include_lm_head: bool = False, progress: bool = True) -> nn.Module:
     """Replaces the model's nn.Linear layers by QuantLinear, in place.
 
     fmt: one format (name or config) for every selected layer; or a per-layer plan {fqn: format}
-    that quantizes exactly the listed Linear layers, each in its own format (filter_fn, if given,
-    narrows it further; include_lm_head is not used).
+    (e.g. from torch_lowbit.nn.allocate_formats) that quantizes exactly the listed Linear layers,
+    each in its own format (filter_fn, if given, narrows it further; include_lm_head is not used);
+    or MixedBits(candidates, target_bpw): allocate_formats picks that plan from the candidates
+    within the bit budget (weighing errors by the calibration's E[x²] when calibration is given,
+    collected once for both steps), then it is quantized like a plan.
     filter_fn(module, fqn) -> bool picks layers (default: all Linear but lm_head / output embeddings).
     fuse: q/k/v and gate/up projections of Llama-like blocks become one fused QuantLinear each
     (under a plan: only where the group's members share one format; the others stay separate).
@@ -91,12 +94,21 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec]]
     the int8-activation lut4_i8_n16 where the format allows, lut4_rowmajor for Triton/CUDA).
     Returns the model.
     """
+    from .allocate import MixedBits, allocate_formats
     rounding = rounding or ("imatrix" if calibration is not None else "rtn")
     if rounding not in ROUNDINGS:
         raise ValueError(f"unknown rounding {rounding!r}; choose one of {', '.join(ROUNDINGS)}")
     if rounding != "rtn" and calibration is None:
         raise ValueError(f"rounding={rounding!r} needs calibration batches (token ids); pass calibration=...")
     stats: dict[str, Tensor] = {}
+    if isinstance(fmt, MixedBits):
+        if calibration is not None:
+            stats = collect_stats(model, calibration, select_linears(model, filter_fn, include_lm_head),
+                                  rounding, progress)
+        fmt = allocate_formats(model, fmt.candidates, fmt.target_bpw, filter_fn=filter_fn,
+                               include_lm_head=include_lm_head, fuse=fuse, skip_incompatible=skip_incompatible,
+                               progress=progress,
+                               importance={f: input_importance(s) for f, s in stats.items()} if stats else None)
     if isinstance(fmt, Mapping):
         plan = _check_plan(model, fmt, filter_fn)
         label = "mixed plan"

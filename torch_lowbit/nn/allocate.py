@@ -1,0 +1,213 @@
+"""Per-layer format allocation: a mix of formats (e.g. gcb2 / gcb3) within a bit budget, chosen by
+measured sensitivity (llama.cpp's Q3_K_M-style tensor mixes, but picked per layer from data).
+
+    plan = allocate_formats(model, ["gcb2_sb192", "gcb3_sb192"], 3.2, calibration=batches)
+    quantize_(model, plan, calibration=batches)             # {fqn: Format}, quantized as listed
+    quantize_(model, MixedBits(["gcb2_sb192", "gcb3_sb192"], 3.2), calibration=batches)  # both steps
+
+Units: a layer, or a q/k/v (gate/up) group that quantize_ fuses into one module; a unit gets one
+format. Sensitivity of a unit to a candidate format: the output-error proxy
+
+    score = Σ_k imp_k · Σ_n (W[n,k] − Q(W)[n,k])²
+
+with imp_k = E[x_k²] of the layer's calibration inputs (the diagonal of E[x xᵀ], llama.cpp's
+imatrix; 1 without calibration) and Q the candidate's data-free quantize→dequantize weighted by imp
+(no GPTQ here: it ranks layers, it does not produce them). Cost of a unit: bits_per_weight × numel
+(every code and group parameter the format counts; a gcb layer's 64-128-byte codebook table is not
+counted, as in the format's own bits/weight).
+
+Budget: Σ bits ≤ target_bpw × Σ numel over the allocated units. Solved as a multiple-choice
+knapsack by the standard greedy: every unit starts at its cheapest candidate; then, repeatedly,
+among the upgrades (a unit to one of its more expensive candidates with a lower score) that still
+fit the remaining budget, take the one with the largest score decrease per added bit. It stops
+when no upgrade fits. With two candidates this is the fractional-knapsack order, optimal up to the
+last unit that did not fit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Iterable, Mapping, Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from ..formats import Format, get_format
+from .fusion import fusion_jobs, job_members
+from .quantize import FilterFn, FormatSpec, collect_stats, input_importance, select_linears
+
+
+@dataclasses.dataclass(frozen=True)
+class MixedBits:
+    """quantize_(model, MixedBits(candidates, target_bpw), ...): allocate_formats, then quantize the plan."""
+    candidates: Sequence[FormatSpec]
+    target_bpw: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "candidates", tuple(self.candidates))
+
+
+@dataclasses.dataclass
+class _Unit:
+    members: list[str]  # fqns of the Linear layers quantized as one module
+    numel: int
+    options: list[tuple[Format, float, float]]  # (format, bits, score), by increasing bits
+    choice: int = 0
+
+
+def allocate_formats(model: nn.Module, candidates: Sequence[FormatSpec], target_bpw: float, *,
+                     calibration: Optional[Iterable[Tensor]] = None,
+                     importance: Optional[Mapping[str, Tensor]] = None,
+                     filter_fn: Optional[FilterFn] = None, include_lm_head: bool = False, fuse: bool = True,
+                     skip_incompatible: bool = False, progress: bool = True) -> dict[str, Format]:
+    """{fqn: Format}: one of `candidates` (names or configs) for each selected Linear layer, with the
+    layers' total bits ≤ target_bpw × their weights, least total sensitivity (module doc).
+
+    calibration: batches of token ids; their per-input-feature E[x²] weights the errors (or pass
+    importance {fqn: E[x²] [in_features]} already collected). filter_fn / include_lm_head pick the
+    layers as in quantize_; fuse: q/k/v and gate/up groups get one format (quantize_ fuses them).
+    A candidate that cannot hold a layer's shape is not considered for it; a layer no candidate
+    holds raises, or with skip_incompatible stays out of the plan (float)."""
+    cands = _check_candidates(candidates)
+    if isinstance(target_bpw, bool) or not isinstance(target_bpw, (int, float)) or not target_bpw > 0:
+        raise ValueError(f"target_bpw must be a positive number of bits per weight, got {target_bpw!r}")
+    targets = select_linears(model, filter_fn, include_lm_head)
+    if not targets:
+        raise ValueError("allocate_formats: no nn.Linear layers selected (check filter_fn / the model)")
+    units, orphans = [], []
+    for job in fusion_jobs(model, targets, fuse):
+        members = job_members(job)
+        layers = [targets[f] for f in members]
+        n, k = sum(m.out_features for m in layers), layers[0].in_features
+        held = sorted((f for f in cands if all(f.shape_problem(m.out_features, m.in_features) is None
+                                               for m in layers)), key=lambda f: f.bits_per_weight())
+        if held:
+            units.append(_Unit(members, n * k, [(f, f.bits_per_weight() * n * k, 0.0) for f in held]))
+        else:
+            orphans += [f"{fqn} (in_features={k})" for fqn in members]
+    if orphans and not skip_incompatible:
+        raise ValueError(f"none of {', '.join(f.name for f in cands)} can hold {len(orphans)} layer(s): "
+                         f"{'; '.join(orphans[:3])}{' …' if len(orphans) > 3 else ''}. Add a candidate whose group "
+                         "size divides them, exclude them with filter_fn, or pass skip_incompatible=True to keep "
+                         "them in float")
+    if not units:
+        raise ValueError("allocate_formats: no selected layer can be held by any candidate")
+
+    total = sum(u.numel for u in units)
+    budget = target_bpw * total
+    low = sum(u.options[0][1] for u in units)
+    high = sum(u.options[-1][1] for u in units)
+    cheapest = min(cands, key=lambda f: f.bits_per_weight())
+    priciest = max(cands, key=lambda f: f.bits_per_weight())
+    if budget < low * (1 - 1e-9):
+        raise ValueError(f"target_bpw={target_bpw} is below the cheapest possible mix ({low / total:.4f} bits per "
+                         f"weight: each layer in its cheapest candidate, e.g. {cheapest.name} at "
+                         f"{cheapest.bits_per_weight():.4f}); raise target_bpw or add a cheaper candidate")
+    if budget > high * (1 + 1e-9):
+        raise ValueError(f"target_bpw={target_bpw} is above the most expensive mix ({high / total:.4f} bits per "
+                         f"weight: each layer in its priciest candidate, e.g. {priciest.name} at "
+                         f"{priciest.bits_per_weight():.4f}); lower target_bpw, add a richer candidate, or just "
+                         f"quantize everything with {priciest.name}")
+
+    if importance is None and calibration is not None:
+        wanted = {f: targets[f] for u in units for f in u.members[:1]}
+        importance = {f: input_importance(s) for f, s in
+                      collect_stats(model, calibration, wanted, "imatrix", progress).items()}
+    for u in tqdm(units, desc="allocate: score candidates", disable=None if progress else True, leave=False):
+        imp = None if importance is None else importance.get(u.members[0])
+        if importance is not None and imp is None:
+            raise ValueError(f"allocate_formats: importance has no entry for {u.members[0]}")
+        weight = torch.cat([targets[f].weight.detach() for f in u.members]) if len(u.members) > 1 else \
+            targets[u.members[0]].weight.detach()
+        u.options = [(f, bits, sensitivity(f, weight, imp)) for f, bits, _ in u.options]
+
+    _greedy_upgrade(units, budget - low)
+    return {fqn: u.options[u.choice][0] for u in units for fqn in u.members}
+
+
+def sensitivity(fmt: Format, weight: Tensor, importance: Optional[Tensor] = None) -> float:
+    """Σ_k imp_k · Σ_n (W − Q(W))²[n, k] for fmt's data-free, importance-weighted quantize→dequantize
+    (imp = 1 without importance): the expected squared output error of the layer, up to the
+    off-diagonal terms of E[x xᵀ]."""
+    with torch.no_grad():
+        w = weight.float()
+        imp = None if importance is None else importance.detach().float().to(w.device)
+        err = (fmt.dequantize(fmt.quantize(w, imp)).to(w.device) - w).pow(2).sum(0)
+        return float(err.sum() if imp is None else (imp * err).sum())
+
+
+def _greedy_upgrade(units: list[_Unit], spare: float) -> None:
+    """Spends `spare` bits on upgrades, best score decrease per added bit first (module doc)."""
+    while True:
+        best = None  # (gain per bit, unit, option)
+        for u in units:
+            _, bits0, score0 = u.options[u.choice]
+            for j in range(u.choice + 1, len(u.options)):
+                _, bits, score = u.options[j]
+                extra = bits - bits0
+                if score < score0 and extra <= spare:
+                    rate = (score0 - score) / max(extra, 1e-12)
+                    if best is None or rate > best[0]:
+                        best = (rate, u, j)
+        if best is None:
+            return
+        _, u, j = best
+        spare -= u.options[j][1] - u.options[u.choice][1]
+        u.choice = j
+
+
+def _check_candidates(candidates: Sequence[FormatSpec]) -> list[Format]:
+    if isinstance(candidates, (str, Format)) or not isinstance(candidates, Iterable):
+        raise ValueError(f"candidates must be a list of format names or configs, got {candidates!r}")
+    cands = list(dict.fromkeys(get_format(c) for c in candidates))  # unknown names raise, listing the known
+    if not cands:
+        raise ValueError("allocate_formats: no candidate formats; give two or more, e.g. "
+                         "['gcb2_sb192', 'gcb3_sb192'] (see `python -m torch_lowbit formats`)")
+    return cands
+
+
+def plan_bpw(model: nn.Module, plan: Mapping[str, FormatSpec]) -> float:
+    """Bits per weight of a plan over its layers (each format's bits/weight × the layer's weights)."""
+    sizes = {fqn: model.get_submodule(fqn).weight.numel() for fqn in plan}
+    return sum(get_format(f).bits_per_weight() * sizes[q] for q, f in plan.items()) / max(1, sum(sizes.values()))
+
+
+def mix_summary(model: nn.Module) -> str:
+    """The formats of a quantized model's QuantLinear modules: a table (layer type × format: which
+    blocks) and the achieved bits per weight over them."""
+    from .linear import QuantLinear
+    by_type: dict[str, dict[str, list[str]]] = {}
+    bits = weights = 0
+    for fqn, m in model.named_modules():
+        if isinstance(m, QuantLinear):
+            n = m.in_features * m.out_features
+            bits += m.fmt.bits_per_weight() * n
+            weights += n
+            block = re.search(r"\.(\d+)\.", f".{fqn}.")
+            kind = fqn.rsplit(".", 1)[-1]
+            by_type.setdefault(kind, {}).setdefault(m.fmt.name, []).append(block.group(1) if block else fqn)
+    if not weights:
+        return "no quantized layers"
+    names = sorted({f for d in by_type.values() for f in d}, key=lambda f: get_format(f).bits_per_weight())
+    lines = ["| layer | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for kind, d in by_type.items():
+        lines.append(f"| {kind} | " + " | ".join(_ranges(d.get(f, [])) for f in names) + " |")
+    count = sum(len(v) for d in by_type.values() for v in d.values())
+    lines.append(f"{count} quantized modules (blocks listed per format), {bits / weights:.4f} bits per weight")
+    return "\n".join(lines)
+
+
+def _ranges(blocks: list[str]) -> str:
+    """'0-3, 7, 9-11' for block indices (other names listed as they are); '-' for none."""
+    if not blocks:
+        return "-"
+    nums = sorted(int(b) for b in blocks if b.isdigit())
+    out, start = [], None
+    for i, b in enumerate(nums):
+        if start is None:
+            start = b
+        if i + 1 == len(nums) or nums[i + 1] != b + 1:
+            out.append(f"{start}" if start == b else f"{start}-{b}")
+            start = None
+    return ", ".join(out + [b for b in blocks if not b.isdigit()])
