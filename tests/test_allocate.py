@@ -1,6 +1,9 @@
 """Per-layer format allocation (allocate_formats, MixedBits, plans in quantize_) on a small random
 Llama: hidden 128 and intermediate 192, so gcb superblocks of 64 hold every layer
 (gcb2_sb64: 2.5 bits per weight, gcb3_sb64: 3.5)."""
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -162,3 +165,8 @@ def test_bad_inputs_raise_with_the_fix():
     with pytest.raises(ValueError, match=r"mixed plan cannot hold 1 layer.*\(gcb2\).*skip_incompatible"):
         tl.quantize_(model, {"model.layers.0.mlp.down_proj": "gcb2"})
 
+
+def test_cli_mix_needs_a_target():
+    r = subprocess.run([sys.executable, "-m", "torch_lowbit", "eval", "--mix", "gcb2_sb192", "gcb3_sb192"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "--mix needs --target-bpw" in r.stderr
