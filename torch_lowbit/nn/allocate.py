@@ -173,28 +173,33 @@ def plan_bpw(model: nn.Module, plan: Mapping[str, FormatSpec]) -> float:
     return sum(get_format(f).bits_per_weight() * sizes[q] for q, f in plan.items()) / max(1, sum(sizes.values()))
 
 
+def quantized_bpw(model: nn.Module) -> float:
+    """Bits per weight over a (quantized) model's QuantLinear modules: each format's bits/weight
+    times the module's weights (nan without any)."""
+    from .linear import QuantLinear
+    sizes = [(m.fmt.bits_per_weight(), m.in_features * m.out_features) for m in model.modules()
+             if isinstance(m, QuantLinear)]
+    return sum(b * n for b, n in sizes) / sum(n for _, n in sizes) if sizes else float("nan")
+
+
 def mix_summary(model: nn.Module) -> str:
     """The formats of a quantized model's QuantLinear modules: a table (layer type × format: which
     blocks) and the achieved bits per weight over them."""
     from .linear import QuantLinear
     by_type: dict[str, dict[str, list[str]]] = {}
-    bits = weights = 0
     for fqn, m in model.named_modules():
         if isinstance(m, QuantLinear):
-            n = m.in_features * m.out_features
-            bits += m.fmt.bits_per_weight() * n
-            weights += n
             block = re.search(r"\.(\d+)\.", f".{fqn}.")
             kind = fqn.rsplit(".", 1)[-1]
             by_type.setdefault(kind, {}).setdefault(m.fmt.name, []).append(block.group(1) if block else fqn)
-    if not weights:
+    if not by_type:
         return "no quantized layers"
     names = sorted({f for d in by_type.values() for f in d}, key=lambda f: get_format(f).bits_per_weight())
     lines = ["| layer | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for kind, d in by_type.items():
         lines.append(f"| {kind} | " + " | ".join(_ranges(d.get(f, [])) for f in names) + " |")
     count = sum(len(v) for d in by_type.values() for v in d.values())
-    lines.append(f"{count} quantized modules (blocks listed per format), {bits / weights:.4f} bits per weight")
+    lines.append(f"{count} quantized modules (blocks listed per format), {quantized_bpw(model):.4f} bits per weight")
     return "\n".join(lines)
 
 
