@@ -106,17 +106,19 @@ def test_plan_through_quantize_fuses_only_equal_formats_and_saves(tmp_path):
         torch.testing.assert_close(loaded(ids).logits, out)
 
 
-def test_mixed_bits_in_quantize_uses_calibration_once_and_matches_the_allocator():
+@pytest.mark.parametrize("sensitivity", [None, "output"])
+def test_mixed_bits_in_quantize_reads_calibration_once_and_matches_the_allocator(sensitivity):
     base = tiny_llama()
     calib = [_ids(1, 32) for _ in range(3)]
-    plan = tl.allocate_formats(base, MIX, 3.0, calibration=calib, progress=False)
+    plan = tl.allocate_formats(base, MIX, 3.0, calibration=calib, sensitivity=sensitivity, progress=False)
     model = tiny_llama()
     model.load_state_dict(base.state_dict())
     calls = []
     hook = model.model.embed_tokens.register_forward_hook(lambda *a: calls.append(1))
-    tl.quantize_(model, tl.MixedBits(MIX, 3.0), calibration=calib, progress=False)
+    tl.quantize_(model, tl.MixedBits(MIX, 3.0, sensitivity), calibration=iter(calib), progress=False)
     hook.remove()
-    assert len(calls) == len(calib)  # statistics collected once, for allocation and rounding
+    # E[x²] once for allocation and rounding; the default ("fisher") adds one forward + backward pass
+    assert len(calls) == len(calib) * (2 if sensitivity is None else 1)
     got = {}
     for fqn, m in model.named_modules():
         if isinstance(m, QuantLinear):
@@ -130,6 +132,24 @@ def test_mixed_bits_in_quantize_uses_calibration_once_and_matches_the_allocator(
     assert "bits per weight" in mix_summary(model)
     with torch.no_grad():
         assert torch.isfinite(model(_ids()).logits).all()
+
+
+def test_fisher_is_the_mean_squared_loss_gradient_and_leaves_the_model_as_it_was():
+    from torch_lowbit.calibrate import collect_fisher
+    model = tiny_llama()
+    model.model.norm.weight.requires_grad_(False)
+    batches = [_ids(1, 24) for _ in range(2)]
+    mods = {"model.layers.1.mlp.down_proj": model.model.layers[1].mlp.down_proj}
+    fisher = collect_fisher(model, batches, mods, progress=False)
+    assert all(p.grad is None for p in model.parameters())
+    assert not model.model.norm.weight.requires_grad and model.model.embed_tokens.weight.requires_grad
+    want = 0
+    for ids in batches:
+        model.zero_grad()
+        logits = model(ids).logits
+        torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:]).backward()
+        want = want + mods["model.layers.1.mlp.down_proj"].weight.grad ** 2 / len(batches)
+    torch.testing.assert_close(fisher["model.layers.1.mlp.down_proj"], want)
 
 
 def test_bad_inputs_raise_with_the_fix():
@@ -155,6 +175,10 @@ def test_bad_inputs_raise_with_the_fix():
     assert plan and not any(f.endswith("down_proj") for f in plan)
     with pytest.raises(ValueError, match="needs calibration"):
         tl.quantize_(model, tl.MixedBits(MIX, 3.0), rounding="gptq")
+    with pytest.raises(ValueError, match="sensitivity='fisher' needs calibration"):
+        tl.allocate_formats(model, MIX, 3.0, sensitivity="fisher")
+    with pytest.raises(ValueError, match="unknown sensitivity 'hessian'"):
+        tl.allocate_formats(model, MIX, 3.0, sensitivity="hessian")
     with pytest.raises(ValueError, match="not an nn.Linear"):
         tl.quantize_(model, {"model.layers.0.mlp": "gcb2_sb64"})
     with pytest.raises(ValueError, match="'nope', which is no module"):

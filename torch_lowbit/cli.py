@@ -24,12 +24,13 @@ def _quantize(model, tok, args):
     from .eval.assets import calibration_batches
     from .nn import MixedBits, mix_summary
     calib = calibration_batches(tok, args.calib, args.ctx) if args.rounding != "rtn" else None
-    fmt = MixedBits(args.mix, args.target_bpw) if args.mix else args.format
+    fmt = MixedBits(args.mix, args.target_bpw, args.sensitivity) if args.mix else args.format
     quantize_(model, fmt, calibration=calib, rounding=args.rounding,
               skip_incompatible=args.skip_incompatible, include_lm_head=args.include_lm_head)
     if args.mix:
+        how = (args.sensitivity or "fisher") if calib else "data-free weight error"
         print(f"per-layer formats ({' / '.join(args.mix)}, target {args.target_bpw} bits per weight, "
-              f"sensitivity {'weighted by calibration E[x²]' if calib else 'data-free'}):")
+              f"sensitivity: {how}):")
         print(mix_summary(model), flush=True)
     return model
 
@@ -208,9 +209,12 @@ def main(argv=None) -> None:
         sp.add_argument("--include-lm-head", action="store_true", help="quantize the LM head too")
         sp.add_argument("--mix", nargs="+", metavar="FMT", help="instead of --format: a per-layer mix of these "
                         "formats (e.g. gcb2_sb192 gcb3_sb192), each layer's picked by measured sensitivity "
-                        "(weighted by the calibration's E[x²] unless --rounding rtn) within --target-bpw")
+                        "within --target-bpw (from the calibration unless --rounding rtn)")
         sp.add_argument("--target-bpw", type=float, help="with --mix: the bit budget, bits per weight over the "
                         "quantized layers")
+        sp.add_argument("--sensitivity", choices=["fisher", "output"], help="with --mix: fisher (default with "
+                        "calibration): errors weighted by the loss's squared gradients; output: by the layer "
+                        "inputs' E[x²] (no backward pass)")
 
     sp = sub.add_parser("demo", help="main job: quantize SmolLM2, report size / perplexity / tokens/s")
     quant_opts(sp, "mixed")
@@ -279,8 +283,8 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if getattr(args, "mix", None) and args.target_bpw is None:
         p.error("--mix needs --target-bpw (bits per weight, e.g. 3.2)")
-    if getattr(args, "target_bpw", None) is not None and not args.mix:
-        p.error("--target-bpw goes with --mix FMT FMT ...")
+    if (getattr(args, "target_bpw", None) is not None or getattr(args, "sensitivity", None)) and not args.mix:
+        p.error("--target-bpw and --sensitivity go with --mix FMT FMT ...")
     if getattr(args, "mix", None) and getattr(args, "lm_eval", False):
         p.error("--mix is not available with --lm-eval yet; quantize with --mix to a checkpoint and pass --checkpoint")
     args.fn(args)

@@ -6,15 +6,23 @@ measured sensitivity (llama.cpp's Q3_K_M-style tensor mixes, but picked per laye
     quantize_(model, MixedBits(["gcb2_sb192", "gcb3_sb192"], 3.2), calibration=batches)  # both steps
 
 Units: a layer, or a q/k/v (gate/up) group that quantize_ fuses into one module; a unit gets one
-format. Sensitivity of a unit to a candidate format: the output-error proxy
+format. Q: a candidate's data-free quantize→dequantize, its errors weighted by imp_k = E[x_k²] of
+the layer's calibration inputs (llama.cpp's imatrix, as rounding="imatrix" does; no GPTQ here: Q
+ranks layers, it does not produce them). Sensitivity of a unit to a candidate, by `sensitivity`:
 
-    score = Σ_k imp_k · Σ_n (W[n,k] − Q(W)[n,k])²
+    "fisher" (default with calibration):  score = Σ_nk F[n,k] · (W − Q(W))²[n,k]
+        F = E[(∂L/∂W)²], the empirical Fisher diagonal of the next-token loss over the calibration
+        batches (one forward + backward each): a second-order estimate of the loss increase.
+    "output":                             score = Σ_k imp_k · Σ_n (W − Q(W))²[n,k]
+        the layer's own output error E‖(W − Q(W)) x‖² (diagonal part), imp = 1 without calibration.
 
-with imp_k = E[x_k²] of the layer's calibration inputs (the diagonal of E[x xᵀ], llama.cpp's
-imatrix; 1 without calibration) and Q the candidate's data-free quantize→dequantize weighted by imp
-(no GPTQ here: it ranks layers, it does not produce them). Cost of a unit: bits_per_weight × numel
-(every code and group parameter the format counts; a gcb layer's 64-128-byte codebook table is not
-counted, as in the format's own bits/weight).
+"output" is cheaper (no backward) but compares absolute errors across depths, and on SmolLM2 it
+sends the first blocks (small residual stream, small E[x²]) to the cheap format though they are
+the most sensitive ones: at 3.2 bits per weight it did no better than random picks (gcb2/gcb3,
+imatrix: 29.5 vs 25.8-30.1), at 2.8 worse (93.1 vs 65-68), where "fisher" gave 25.7 and 46.4
+(README, "Mixed gcb2/gcb3"). Cost of a unit: bits_per_weight × numel (every code and group
+parameter the format counts; a gcb layer's 64-128-byte codebook table is not counted, as in the
+format's own bits/weight).
 
 Budget: Σ bits ≤ target_bpw × Σ numel over the allocated units. Solved as a multiple-choice
 knapsack by the standard greedy: every unit starts at its cheapest candidate; then, repeatedly,
@@ -38,11 +46,15 @@ from .fusion import fusion_jobs, job_members
 from .quantize import FilterFn, FormatSpec, collect_stats, input_importance, select_linears
 
 
+SENSITIVITIES = ("fisher", "output")
+
+
 @dataclasses.dataclass(frozen=True)
 class MixedBits:
     """quantize_(model, MixedBits(candidates, target_bpw), ...): allocate_formats, then quantize the plan."""
     candidates: Sequence[FormatSpec]
     target_bpw: float
+    sensitivity: Optional[str] = None  # allocate_formats' (default: "fisher" with calibration, else "output")
 
     def __post_init__(self):
         object.__setattr__(self, "candidates", tuple(self.candidates))
@@ -58,20 +70,29 @@ class _Unit:
 
 def allocate_formats(model: nn.Module, candidates: Sequence[FormatSpec], target_bpw: float, *,
                      calibration: Optional[Iterable[Tensor]] = None,
-                     importance: Optional[Mapping[str, Tensor]] = None,
+                     importance: Optional[Mapping[str, Tensor]] = None, sensitivity: Optional[str] = None,
                      filter_fn: Optional[FilterFn] = None, include_lm_head: bool = False, fuse: bool = True,
                      skip_incompatible: bool = False, progress: bool = True) -> dict[str, Format]:
     """{fqn: Format}: one of `candidates` (names or configs) for each selected Linear layer, with the
     layers' total bits ≤ target_bpw × their weights, least total sensitivity (module doc).
 
-    calibration: batches of token ids; their per-input-feature E[x²] weights the errors (or pass
-    importance {fqn: E[x²] [in_features]} already collected). filter_fn / include_lm_head pick the
-    layers as in quantize_; fuse: q/k/v and gate/up groups get one format (quantize_ fuses them).
-    A candidate that cannot hold a layer's shape is not considered for it; a layer no candidate
-    holds raises, or with skip_incompatible stays out of the plan (float)."""
+    calibration: batches of token ids ([batch, seq]); their per-input-feature E[x²] weights the
+    rounding errors (or pass importance {fqn: E[x²] [in_features]} already collected) and, for
+    sensitivity="fisher", their loss gradients weigh each weight. sensitivity: "fisher" (default
+    with calibration) or "output" (default without; data-free weight error without importance).
+    filter_fn / include_lm_head pick the layers as in quantize_; fuse: q/k/v and gate/up groups get
+    one format (quantize_ fuses them). A candidate that cannot hold a layer's shape is not
+    considered for it; a layer no candidate holds raises, or with skip_incompatible stays out of
+    the plan (float)."""
     cands = _check_candidates(candidates)
     if isinstance(target_bpw, bool) or not isinstance(target_bpw, (int, float)) or not target_bpw > 0:
         raise ValueError(f"target_bpw must be a positive number of bits per weight, got {target_bpw!r}")
+    sensitivity = sensitivity or ("fisher" if calibration is not None else "output")
+    if sensitivity not in SENSITIVITIES:
+        raise ValueError(f"unknown sensitivity {sensitivity!r}; choose one of {', '.join(SENSITIVITIES)}")
+    if sensitivity == "fisher" and calibration is None:
+        raise ValueError("sensitivity='fisher' needs calibration batches (token ids); pass calibration=... "
+                         "or use sensitivity='output'")
     targets = select_linears(model, filter_fn, include_lm_head)
     if not targets:
         raise ValueError("allocate_formats: no nn.Linear layers selected (check filter_fn / the model)")
@@ -110,31 +131,47 @@ def allocate_formats(model: nn.Module, candidates: Sequence[FormatSpec], target_
                          f"{priciest.bits_per_weight():.4f}); lower target_bpw, add a richer candidate, or just "
                          f"quantize everything with {priciest.name}")
 
+    if calibration is not None:
+        calibration = list(calibration)  # read once or twice (E[x²], then the Fisher pass)
     if importance is None and calibration is not None:
         wanted = {f: targets[f] for u in units for f in u.members[:1]}
         importance = {f: input_importance(s) for f, s in
                       collect_stats(model, calibration, wanted, "imatrix", progress).items()}
+    fisher = None
+    if sensitivity == "fisher":
+        from ..calibrate import collect_fisher
+        fisher = collect_fisher(model, calibration, {f: targets[f] for u in units for f in u.members},
+                                progress=progress)
     for u in tqdm(units, desc="allocate: score candidates", disable=None if progress else True, leave=False):
         imp = None if importance is None else importance.get(u.members[0])
         if importance is not None and imp is None:
             raise ValueError(f"allocate_formats: importance has no entry for {u.members[0]}")
-        weight = torch.cat([targets[f].weight.detach() for f in u.members]) if len(u.members) > 1 else \
-            targets[u.members[0]].weight.detach()
-        u.options = [(f, bits, sensitivity(f, weight, imp)) for f, bits, _ in u.options]
+        weight = _cat([targets[f].weight.detach() for f in u.members])
+        per_weight = None if fisher is None else _cat([fisher.pop(f) for f in u.members])
+        u.options = [(f, bits, quantization_error(f, weight, imp, per_weight)) for f, bits, _ in u.options]
 
     _greedy_upgrade(units, budget - low)
     return {fqn: u.options[u.choice][0] for u in units for fqn in u.members}
 
 
-def sensitivity(fmt: Format, weight: Tensor, importance: Optional[Tensor] = None) -> float:
-    """Σ_k imp_k · Σ_n (W − Q(W))²[n, k] for fmt's data-free, importance-weighted quantize→dequantize
-    (imp = 1 without importance): the expected squared output error of the layer, up to the
-    off-diagonal terms of E[x xᵀ]."""
+def quantization_error(fmt: Format, weight: Tensor, importance: Optional[Tensor] = None,
+                       weight_importance: Optional[Tensor] = None) -> float:
+    """Weighted squared error of fmt's data-free quantize→dequantize of weight [N, K] (rounding
+    weighted by importance [K]): Σ weight_importance · (W − Q(W))² when given (e.g. the Fisher
+    diagonal), else Σ_k importance_k · Σ_n (W − Q(W))²[n, k] (the layer's output error up to the
+    off-diagonal terms of E[x xᵀ]), else the plain Σ (W − Q(W))²."""
     with torch.no_grad():
         w = weight.float()
         imp = None if importance is None else importance.detach().float().to(w.device)
-        err = (fmt.dequantize(fmt.quantize(w, imp)).to(w.device) - w).pow(2).sum(0)
+        err = (fmt.dequantize(fmt.quantize(w, imp)).to(w.device) - w).pow(2)
+        if weight_importance is not None:
+            return float((weight_importance.to(w.device).float() * err).sum())
+        err = err.sum(0)
         return float(err.sum() if imp is None else (imp * err).sum())
+
+
+def _cat(rows: list[Tensor]) -> Tensor:
+    return torch.cat(rows) if len(rows) > 1 else rows[0]
 
 
 def _greedy_upgrade(units: list[_Unit], spare: float) -> None:

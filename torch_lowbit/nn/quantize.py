@@ -75,9 +75,10 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
     fmt: one format (name or config) for every selected layer; or a per-layer plan {fqn: format}
     (e.g. from torch_lowbit.nn.allocate_formats) that quantizes exactly the listed Linear layers,
     each in its own format (filter_fn, if given, narrows it further; include_lm_head is not used);
-    or MixedBits(candidates, target_bpw): allocate_formats picks that plan from the candidates
-    within the bit budget (weighing errors by the calibration's E[x²] when calibration is given,
-    collected once for both steps), then it is quantized like a plan.
+    or MixedBits(candidates, target_bpw[, sensitivity]): allocate_formats picks that plan from the
+    candidates within the bit budget (with calibration: errors weighted by the loss's Fisher
+    diagonal, one extra forward + backward pass; E[x²] / E[x xᵀ] are collected once for both
+    steps), then it is quantized like a plan.
     filter_fn(module, fqn) -> bool picks layers (default: all Linear but lm_head / output embeddings).
     fuse: q/k/v and gate/up projections of Llama-like blocks become one fused QuantLinear each
     (under a plan: only where the group's members share one format; the others stay separate).
@@ -103,11 +104,12 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
     stats: dict[str, Tensor] = {}
     if isinstance(fmt, MixedBits):
         if calibration is not None:
+            calibration = list(calibration)  # read twice: statistics, then the allocator's Fisher pass
             stats = collect_stats(model, calibration, select_linears(model, filter_fn, include_lm_head),
                                   rounding, progress)
         fmt = allocate_formats(model, fmt.candidates, fmt.target_bpw, filter_fn=filter_fn,
                                include_lm_head=include_lm_head, fuse=fuse, skip_incompatible=skip_incompatible,
-                               progress=progress,
+                               progress=progress, calibration=calibration, sensitivity=fmt.sensitivity,
                                importance={f: input_importance(s) for f, s in stats.items()} if stats else None)
     if isinstance(fmt, Mapping):
         plan = _check_plan(model, fmt, filter_fn)
