@@ -131,18 +131,19 @@ def allocate_formats(model: nn.Module, candidates: Sequence[FormatSpec], target_
                          f"{priciest.bits_per_weight():.4f}); lower target_bpw, add a richer candidate, or just "
                          f"quantize everything with {priciest.name}")
 
-    if calibration is not None:
+    choices = [u for u in units if len(u.options) > 1]  # a unit one candidate holds has no choice to score
+    if calibration is not None and choices:
         calibration = list(calibration)  # read once or twice (E[x²], then the Fisher pass)
-    if importance is None and calibration is not None:
-        wanted = {f: targets[f] for u in units for f in u.members[:1]}
-        importance = {f: input_importance(s) for f, s in
-                      collect_stats(model, calibration, wanted, "imatrix", progress).items()}
+        if importance is None:
+            wanted = {f: targets[f] for u in choices for f in u.members[:1]}
+            importance = {f: input_importance(s) for f, s in
+                          collect_stats(model, calibration, wanted, "imatrix", progress).items()}
     fisher = None
-    if sensitivity == "fisher":
+    if sensitivity == "fisher" and choices:
         from ..calibrate import collect_fisher
-        fisher = collect_fisher(model, calibration, {f: targets[f] for u in units for f in u.members},
+        fisher = collect_fisher(model, calibration, {f: targets[f] for u in choices for f in u.members},
                                 progress=progress)
-    for u in tqdm(units, desc="allocate: score candidates", disable=None if progress else True, leave=False):
+    for u in tqdm(choices, desc="allocate: score candidates", disable=None if progress else True, leave=False):
         imp = None if importance is None else importance.get(u.members[0])
         if importance is not None and imp is None:
             raise ValueError(f"allocate_formats: importance has no entry for {u.members[0]}")
