@@ -18,9 +18,9 @@ ranks layers, it does not produce them). Sensitivity of a unit to a candidate, b
 
 "output" is cheaper (no backward) but compares absolute errors across depths, and on SmolLM2 it
 sends the first blocks (small residual stream, small E[x²]) to the cheap format though they are
-the most sensitive ones: at 3.2 bits per weight it did no better than random picks (gcb2/gcb3,
-imatrix: 29.5 vs 25.8-30.1), at 2.8 worse (93.1 vs 65-68), where "fisher" gave 25.7 and 46.4
-(README, "Mixed gcb2/gcb3"). Cost of a unit: bits_per_weight × numel (every code and group
+among the most sensitive: gcb2/gcb3 with imatrix rounding, it gave perplexity 29.5 at 3.2 bits
+per weight (random unit scores: 25.8-30.1; "fisher" 26.4) and 93.1 at 2.8 (random: 65-68;
+"fisher" 45.6) (README, "Mixed gcb2/gcb3"). Cost of a unit: bits_per_weight × numel (every code and group
 parameter the format counts; a gcb layer's 64-128-byte codebook table is not counted, as in the
 format's own bits/weight).
 
