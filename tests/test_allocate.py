@@ -193,3 +193,16 @@ def test_cli_mix_needs_a_target():
     r = subprocess.run([sys.executable, "-m", "torch_lowbit", "eval", "--mix", "gcb2_sb192", "gcb3_sb192"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "--mix needs --target-bpw" in r.stderr
+
+
+def test_cli_quantize_step_prints_the_mix(capsys):
+    import argparse
+
+    from torch_lowbit import cli
+    args = argparse.Namespace(mix=MIX, target_bpw=3.0, sensitivity=None, format="q4_0", rounding="rtn", calib=0,
+                              ctx=16, skip_incompatible=False, include_lm_head=False)
+    model = cli._quantize(tiny_llama(), None, args)
+    out = capsys.readouterr().out
+    assert "sensitivity: data-free weight error" in out and "| gate_up_proj |" in out
+    assert f"{quantized_bpw(model):.4f} bits per weight" in out and quantized_bpw(model) <= 3.0
+    assert cli._format_label(args) == "mix gcb2_sb64+gcb3_sb64 @ 3.0 bpw"
