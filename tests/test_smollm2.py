@@ -76,3 +76,27 @@ def test_cli_quantize_then_eval_checkpoint(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     ppl = float(r.stdout.strip().split()[-1])
     assert 10 < ppl < 40
+
+
+def test_gcb_mix_at_3_2_bpw_lands_between_gcb2_and_gcb3(smollm2, text):
+    """The allocator on real layers: a ~3.2 bits-per-weight gcb2/gcb3 mix (imatrix) is better than
+    gcb2 and worse than gcb3. Blocks 0-2 only (the rest stays float) and 2048 tokens, to stay within
+    a few minutes; README has the whole-model numbers."""
+    from torch_lowbit.eval import perplexity
+    from torch_lowbit.eval.assets import calibration_batches
+    from torch_lowbit.nn import mix_summary, quantized_bpw
+    model, tok = smollm2
+    calib = calibration_batches(tok, 4, 512)
+    blocks = lambda m, fqn: isinstance(m, torch.nn.Linear) and fqn.startswith(  # noqa: E731
+        ("model.layers.0.", "model.layers.1.", "model.layers.2."))
+    ppl, bpw = {}, {}
+    for name, fmt in [("gcb2", "gcb2_sb192"), ("gcb3", "gcb3_sb192"),
+                      ("mix", tl.MixedBits(["gcb2_sb192", "gcb3_sb192"], 3.2))]:
+        q = copy.deepcopy(model)
+        tl.quantize_(q, fmt, calibration=calib, rounding="imatrix", filter_fn=blocks, progress=False)
+        with tl.use_backend("reference"):
+            ppl[name] = perplexity(q, tok, text, ctx=512, max_tokens=2048, progress=False)
+        bpw[name] = quantized_bpw(q)
+    print(ppl, bpw, mix_summary(q), sep="\n")
+    assert 3.0 < bpw["mix"] <= 3.2 and "| gcb2_sb192 | gcb3_sb192 |" in mix_summary(q)
+    assert ppl["gcb3"] < ppl["mix"] < ppl["gcb2"]

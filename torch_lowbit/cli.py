@@ -22,10 +22,21 @@ def _load_model(spec: str, dtype: str = "float32"):
 def _quantize(model, tok, args):
     from . import quantize_
     from .eval.assets import calibration_batches
+    from .nn import MixedBits, mix_summary
     calib = calibration_batches(tok, args.calib, args.ctx) if args.rounding != "rtn" else None
-    quantize_(model, args.format, calibration=calib, rounding=args.rounding,
+    fmt = MixedBits(args.mix, args.target_bpw, args.sensitivity) if args.mix else args.format
+    quantize_(model, fmt, calibration=calib, rounding=args.rounding,
               skip_incompatible=args.skip_incompatible, include_lm_head=args.include_lm_head)
+    if args.mix:
+        how = (args.sensitivity or "fisher") if calib else "data-free weight error"
+        print(f"per-layer formats ({' / '.join(args.mix)}, target {args.target_bpw} bits per weight, "
+              f"sensitivity: {how}):")
+        print(mix_summary(model), flush=True)
     return model
+
+
+def _format_label(args) -> str:
+    return f"mix {'+'.join(args.mix)} @ {args.target_bpw} bpw" if args.mix else args.format
 
 
 def _table(headers, rows) -> str:
@@ -58,7 +69,7 @@ def cmd_demo(args) -> None:
     t0 = time.time()
     _quantize(qmodel, tok, args)
     qt = time.time() - t0
-    label = f"{args.format} ({args.rounding}{f', {args.calib} calib windows' if args.rounding != 'rtn' else ''}" \
+    label = f"{_format_label(args)} ({args.rounding}{f', {args.calib} calib windows' if args.rounding != 'rtn' else ''}" \
             f"{', lm_head too' if args.include_lm_head else ''})"
     q = measure(label, qmodel)
     print()
@@ -89,7 +100,7 @@ def cmd_eval(args) -> None:
     model, tok = _load_model(args.model)
     if args.checkpoint:
         load_quantized(model, args.checkpoint)
-    elif args.format != "none":
+    elif args.mix or args.format != "none":
         _quantize(model, tok, args)
     from . import use_backend
     with use_backend(args.backend):
@@ -202,6 +213,14 @@ def main(argv=None) -> None:
                         help="keep layers the group size does not divide in float")
         sp.add_argument("--ctx", type=int, default=512)
         sp.add_argument("--include-lm-head", action="store_true", help="quantize the LM head too")
+        sp.add_argument("--mix", nargs="+", metavar="FMT", help="instead of --format: a per-layer mix of these "
+                        "formats (e.g. gcb2_sb192 gcb3_sb192), each layer's picked by measured sensitivity "
+                        "within --target-bpw (from the calibration unless --rounding rtn)")
+        sp.add_argument("--target-bpw", type=float, help="with --mix: the bit budget, bits per weight over the "
+                        "quantized layers")
+        sp.add_argument("--sensitivity", choices=["fisher", "output"], help="with --mix: fisher (default with "
+                        "calibration): errors weighted by the loss's squared gradients; output: by the layer "
+                        "inputs' E[x²] (no backward pass)")
 
     sp = sub.add_parser("demo", help="main job: quantize SmolLM2, report size / perplexity / tokens/s")
     quant_opts(sp, "mixed")
@@ -269,6 +288,12 @@ def main(argv=None) -> None:
     sp.set_defaults(fn=cmd_lm_eval_tasks)
 
     args = p.parse_args(argv)
+    if getattr(args, "mix", None) and args.target_bpw is None:
+        p.error("--mix needs --target-bpw (bits per weight, e.g. 3.2)")
+    if (getattr(args, "target_bpw", None) is not None or getattr(args, "sensitivity", None)) and not args.mix:
+        p.error("--target-bpw and --sensitivity go with --mix FMT FMT ...")
+    if getattr(args, "mix", None) and getattr(args, "lm_eval", False):
+        p.error("--mix is not available with --lm-eval yet; quantize with --mix to a checkpoint and pass --checkpoint")
     args.fn(args)
 
 

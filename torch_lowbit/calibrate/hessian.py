@@ -1,9 +1,11 @@
-"""Calibration statistics: H = E[x xᵀ] of each Linear's input over calibration batches."""
+"""Calibration statistics: H = E[x xᵀ] of each Linear's input over calibration batches, and the
+empirical Fisher diagonal E[(∂L/∂W)²] of the next-token loss for their weights."""
 from __future__ import annotations
 
 from typing import Iterable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
@@ -53,6 +55,46 @@ def collect_hessians(model: nn.Module, batches: Iterable[Tensor], modules: dict[
     if missing:
         raise RuntimeError(f"calibration never reached {missing[:5]}; are these modules used by forward()?")
     return out
+
+
+def collect_fisher(model: nn.Module, batches: Iterable[Tensor], modules: dict[str, nn.Linear], *,
+                   progress: bool = True) -> dict[str, Tensor]:
+    """{fqn: E[(∂L/∂W)²]} (fp32, the weight's shape) for the given Linear modules: one forward and
+    backward of the mean next-token cross-entropy per batch of token ids, squared gradients
+    averaged over the batches (the empirical Fisher diagonal, a loss-aware weight importance).
+    Only those weights get gradients; every parameter's requires_grad and .grad are restored."""
+    params = list(model.parameters())
+    saved = [(p.requires_grad, p.grad) for p in params]
+    wanted = {id(m.weight) for m in modules.values()}
+    sums = {f: torch.zeros_like(m.weight, dtype=torch.float32) for f, m in modules.items()}
+    was_training = model.training
+    model.eval()
+    n = 0
+    try:
+        for p in params:
+            p.requires_grad_(id(p) in wanted)
+            p.grad = None
+        with torch.enable_grad():
+            for ids in tqdm(list(batches), desc="fisher", disable=None if progress else True, leave=False):
+                ids = ids.to(next(model.parameters()).device)
+                out = model(ids, use_cache=False) if _accepts_use_cache(model) else model(ids)
+                logits = out.logits if hasattr(out, "logits") else out
+                loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+                loss.backward()
+                for f, m in modules.items():
+                    if m.weight.grad is None:
+                        raise RuntimeError(f"the loss does not depend on {f}; is it used by forward()?")
+                    sums[f] += m.weight.grad.float() ** 2
+                    m.weight.grad = None
+                n += 1
+    finally:
+        for p, (req, grad) in zip(params, saved):
+            p.requires_grad_(req)
+            p.grad = grad
+        model.train(was_training)
+    if n == 0:
+        raise ValueError("collect_fisher: no calibration batches")
+    return {f: s / n for f, s in sums.items()}
 
 
 def _accepts_use_cache(model: nn.Module) -> bool:

@@ -9,7 +9,7 @@ fails loudly instead of computing garbage. torch.compile traces through the hook
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Iterable, Optional
 
 from torch import Tensor, nn
 
@@ -88,3 +88,35 @@ def fusable_groups(parent: nn.Module) -> list[tuple[tuple[str, ...], str]]:
         if all(isinstance(c, nn.Linear) for c in children) and len({c.in_features for c in children}) == 1:
             found.append((names, fused_name))
     return found
+
+
+# (parent fqn, child names, fused child name) for a fused group; (fqn, [], None) for a lone layer
+Job = tuple[str, list[str], Optional[str]]
+
+
+def fusion_jobs(model: nn.Module, targets: Iterable[str], fuse: bool = True,
+                may_fuse: Optional[Callable[[list[str]], bool]] = None) -> list[Job]:
+    """How quantize_ will build the given Linear layers (fqns): one job per fused group whose
+    members are all targets (and pass may_fuse(member fqns), e.g. "all share one format"), then
+    one per remaining layer. fuse=False: every layer alone."""
+    targets = list(targets)
+    wanted = set(targets)
+    jobs: list[Job] = []
+    done: set[str] = set()
+    if fuse:
+        for pfqn, parent in model.named_modules():
+            for names, fused_name in fusable_groups(parent):
+                fqns = [f"{pfqn}.{n}" if pfqn else n for n in names]
+                if all(f in wanted for f in fqns) and (may_fuse is None or may_fuse(fqns)):
+                    jobs.append((pfqn, list(names), fused_name))
+                    done.update(fqns)
+    jobs += [(fqn, [], None) for fqn in targets if fqn not in done]
+    return jobs
+
+
+def job_members(job: Job) -> list[str]:
+    """The fqns of the Linear layers a job quantizes."""
+    pfqn, names, fused_name = job
+    if fused_name is None:
+        return [pfqn]
+    return [f"{pfqn}.{n}" if pfqn else n for n in names]

@@ -1,17 +1,18 @@
 """quantize_(model, fmt): swap a model's nn.Linear layers for QuantLinear, in place."""
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional, Union
+from typing import Callable, Iterable, Mapping, Optional, Union
 
 import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..formats import Format, get_format
-from .fusion import fusable_groups, install_fused
+from .fusion import fusion_jobs, install_fused, job_members
 from .linear import QuantLinear
 
 FilterFn = Callable[[nn.Module, str], bool]
+FormatSpec = Union[str, Format]
 
 
 def default_filter(model: nn.Module, include_lm_head: bool = False) -> FilterFn:
@@ -25,6 +26,13 @@ def default_filter(model: nn.Module, include_lm_head: bool = False) -> FilterFn:
         return include_lm_head or (module is not head and fqn.split(".")[-1] != "lm_head")
 
     return keep
+
+
+def select_linears(model: nn.Module, filter_fn: Optional[FilterFn] = None,
+                   include_lm_head: bool = False) -> dict[str, nn.Linear]:
+    """{fqn: module} of the nn.Linear layers filter_fn (default: default_filter) keeps."""
+    keep = filter_fn or default_filter(model, include_lm_head)
+    return {fqn: m for fqn, m in model.named_modules() if isinstance(m, nn.Linear) and keep(m, fqn)}
 
 
 def _set_child(model: nn.Module, fqn: str, new: nn.Module) -> None:
@@ -44,14 +52,36 @@ def _rounding_for(rounding: str, fqn: str) -> str:
     return "gptq" if fqn.rsplit(".", 1)[-1] in _MLP_NAMES else "imatrix"
 
 
-def quantize_(model: nn.Module, fmt: Union[str, Format], *, filter_fn: Optional[FilterFn] = None,
-              fuse: bool = True, skip_incompatible: bool = False,
+def collect_stats(model: nn.Module, calibration: Iterable[Tensor], targets: dict[str, nn.Linear],
+                  rounding: str, progress: bool = True) -> dict[str, Tensor]:
+    """Calibration statistics for the targets: E[x xᵀ] where some layer's rounding is GPTQ, else only
+    the diagonal E[x²] (cheaper)."""
+    from ..calibrate import collect_hessians
+    full = any(_rounding_for(rounding, f) == "gptq" for f in targets)
+    return collect_hessians(model, calibration, targets, diagonal_only=not full, progress=progress)
+
+
+def input_importance(stat: Tensor) -> Tensor:
+    """E[x²] per input feature from a collect_stats entry (a Hessian's diagonal, or the diagonal itself)."""
+    return torch.diagonal(stat) if stat.dim() == 2 else stat
+
+
+def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec], "MixedBits"], *,
+              filter_fn: Optional[FilterFn] = None, fuse: bool = True, skip_incompatible: bool = False,
               calibration: Optional[Iterable[Tensor]] = None, rounding: Optional[str] = None,
               layout=None, include_lm_head: bool = False, progress: bool = True) -> nn.Module:
-    """Replaces the model's nn.Linear layers by QuantLinear in format `fmt` (name or config), in place.
+    """Replaces the model's nn.Linear layers by QuantLinear, in place.
 
+    fmt: one format (name or config) for every selected layer; or a per-layer plan {fqn: format}
+    (e.g. from torch_lowbit.nn.allocate_formats) that quantizes exactly the listed Linear layers,
+    each in its own format (filter_fn, if given, narrows it further; include_lm_head is not used);
+    or MixedBits(candidates, target_bpw[, sensitivity]): allocate_formats picks that plan from the
+    candidates within the bit budget (with calibration: errors weighted by the loss's Fisher
+    diagonal, one extra forward + backward pass; E[x²] / E[x xᵀ] are collected once for both
+    steps), then it is quantized like a plan.
     filter_fn(module, fqn) -> bool picks layers (default: all Linear but lm_head / output embeddings).
-    fuse: q/k/v and gate/up projections of Llama-like blocks become one fused QuantLinear each.
+    fuse: q/k/v and gate/up projections of Llama-like blocks become one fused QuantLinear each
+    (under a plan: only where the group's members share one format; the others stay separate).
     skip_incompatible: leave layers whose in_features the group size does not divide in float
     (default: raise, listing them).
     calibration: batches of token ids ([batch, seq] LongTensors) run through the float model to
@@ -65,56 +95,74 @@ def quantize_(model: nn.Module, fmt: Union[str, Format], *, filter_fn: Optional[
     the int8-activation lut4_i8_n16 where the format allows, lut4_rowmajor for Triton/CUDA).
     Returns the model.
     """
-    fmt = get_format(fmt)
+    from .allocate import MixedBits, allocate_formats
     rounding = rounding or ("imatrix" if calibration is not None else "rtn")
     if rounding not in ROUNDINGS:
         raise ValueError(f"unknown rounding {rounding!r}; choose one of {', '.join(ROUNDINGS)}")
     if rounding != "rtn" and calibration is None:
         raise ValueError(f"rounding={rounding!r} needs calibration batches (token ids); pass calibration=...")
-    keep = filter_fn or default_filter(model, include_lm_head)
-    targets = {fqn: m for fqn, m in model.named_modules() if isinstance(m, nn.Linear) and keep(m, fqn)}
-    problems = {fqn: fmt.shape_problem(m.out_features, m.in_features) for fqn, m in targets.items()}
-    bad = [f"{fqn} {p}" for fqn, p in problems.items() if p]
+    stats: dict[str, Tensor] = {}
+    if isinstance(fmt, MixedBits):
+        if calibration is not None:
+            calibration = list(calibration)  # read twice: statistics, then the allocator's Fisher pass
+            stats = collect_stats(model, calibration, select_linears(model, filter_fn, include_lm_head),
+                                  rounding, progress)
+        fmt = allocate_formats(model, fmt.candidates, fmt.target_bpw, filter_fn=filter_fn,
+                               include_lm_head=include_lm_head, fuse=fuse, skip_incompatible=skip_incompatible,
+                               progress=progress, calibration=calibration, sensitivity=fmt.sensitivity,
+                               importance={f: input_importance(s) for f, s in stats.items()} if stats else None)
+    if isinstance(fmt, Mapping):
+        plan = _check_plan(model, fmt, filter_fn)
+        label = "mixed plan"
+    else:
+        fmt = get_format(fmt)
+        plan = {fqn: fmt for fqn in select_linears(model, filter_fn, include_lm_head)}
+        label = fmt.name
+    targets: dict[str, nn.Linear] = {fqn: model.get_submodule(fqn) for fqn in plan}
+    problems = {fqn: plan[fqn].shape_problem(m.out_features, m.in_features) for fqn, m in targets.items()}
+    bad = [f"{fqn}{f' ({plan[fqn].name})' if label != plan[fqn].name else ''} {p}"
+           for fqn, p in problems.items() if p]
     if bad and not skip_incompatible:
-        raise ValueError(f"{fmt.name} cannot hold {len(bad)} layer(s): {'; '.join(bad[:3])}"
+        raise ValueError(f"{label} cannot hold {len(bad)} layer(s): {'; '.join(bad[:3])}"
                          f"{' …' if len(bad) > 3 else ''}. Pass skip_incompatible=True to keep them in float")
     targets = {fqn: m for fqn, m in targets.items() if not problems[fqn]}
+    jobs = fusion_jobs(model, targets, fuse, may_fuse=lambda fqns: len({plan[f] for f in fqns}) == 1)
 
-    jobs: list[tuple[str, list[str], Optional[str]]] = []  # (parent fqn, child names, fused name)
-    done: set[str] = set()
-    if fuse:
-        for pfqn, parent in model.named_modules():
-            for names, fused_name in fusable_groups(parent):
-                fqns = [f"{pfqn}.{n}" if pfqn else n for n in names]
-                if all(f in targets for f in fqns):
-                    jobs.append((pfqn, list(names), fused_name))
-                    done.update(fqns)
-    for fqn in targets:
-        if fqn not in done:
-            jobs.append((fqn, [], None))
-
-    stats: dict[str, Tensor] = {}
-    if rounding != "rtn":
-        from ..calibrate import collect_hessians
-        full = any(_rounding_for(rounding, f) == "gptq" for f in targets)
-        stats = collect_hessians(model, calibration, targets, diagonal_only=not full, progress=progress)
+    if rounding != "rtn" and not stats:
+        stats = collect_stats(model, calibration, targets, rounding, progress)
 
     def data_args(fqn: str) -> dict:
         how = _rounding_for(rounding, fqn)
         if how == "rtn":
             return {}
-        stat = stats[fqn]
         if how == "imatrix":
-            return {"importance": torch.diagonal(stat) if stat.dim() == 2 else stat}
-        return {"hessian": stat}
+            return {"importance": input_importance(stats[fqn])}
+        return {"hessian": stats[fqn]}
 
-    for pfqn, names, fused_name in tqdm(jobs, desc=f"quantize {fmt.name}", disable=None if progress else True, leave=False):
+    for job in tqdm(jobs, desc=f"quantize {label}", disable=None if progress else True, leave=False):
+        pfqn, names, fused_name = job
+        first = job_members(job)[0]  # fused members share one input, so one statistic and one format
         if fused_name is None:
-            _set_child(model, pfqn, QuantLinear.from_linear(targets[pfqn], fmt, layout=layout, **data_args(pfqn)))
+            _set_child(model, pfqn, QuantLinear.from_linear(targets[pfqn], plan[pfqn], layout=layout,
+                                                            **data_args(pfqn)))
         else:
             parent = model.get_submodule(pfqn) if pfqn else model
-            first = f"{pfqn}.{names[0]}" if pfqn else names[0]  # one input, so one statistic for all
-            fused = QuantLinear.from_linears([getattr(parent, n) for n in names], fmt, layout=layout,
+            fused = QuantLinear.from_linears([getattr(parent, n) for n in names], plan[first], layout=layout,
                                              **data_args(first))
             install_fused(parent, tuple(names), fused_name, fused)
     return model
+
+
+def _check_plan(model: nn.Module, plan: Mapping[str, FormatSpec], filter_fn: Optional[FilterFn]) -> dict[str, Format]:
+    """{fqn: Format} of a per-layer plan, every key an nn.Linear of the model (and kept by filter_fn)."""
+    modules = dict(model.named_modules())
+    out: dict[str, Format] = {}
+    for fqn, spec in plan.items():
+        m = modules.get(fqn) if isinstance(fqn, str) else None
+        if not isinstance(m, nn.Linear):
+            what = "no module" if m is None else f"a {type(m).__name__}, not an nn.Linear"
+            raise ValueError(f"the format plan lists {fqn!r}, which is {what} of this model; list the fqns of "
+                             "its nn.Linear layers (as model.named_modules() names them, before quantizing)")
+        if filter_fn is None or filter_fn(m, fqn):
+            out[fqn] = get_format(spec)
+    return out

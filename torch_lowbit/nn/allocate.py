@@ -1,0 +1,256 @@
+"""Per-layer format allocation: a mix of formats (e.g. gcb2 / gcb3) within a bit budget, chosen by
+measured sensitivity (llama.cpp's Q3_K_M-style tensor mixes, but picked per layer from data).
+
+    plan = allocate_formats(model, ["gcb2_sb192", "gcb3_sb192"], 3.2, calibration=batches)
+    quantize_(model, plan, calibration=batches)             # {fqn: Format}, quantized as listed
+    quantize_(model, MixedBits(["gcb2_sb192", "gcb3_sb192"], 3.2), calibration=batches)  # both steps
+
+Units: a layer, or a q/k/v (gate/up) group that quantize_ fuses into one module; a unit gets one
+format. Q: a candidate's data-free quantize→dequantize, its errors weighted by imp_k = E[x_k²] of
+the layer's calibration inputs (llama.cpp's imatrix, as rounding="imatrix" does; no GPTQ here: Q
+ranks layers, it does not produce them). Sensitivity of a unit to a candidate, by `sensitivity`:
+
+    "fisher" (default with calibration):  score = Σ_nk F[n,k] · (W − Q(W))²[n,k]
+        F = E[(∂L/∂W)²], the empirical Fisher diagonal of the next-token loss over the calibration
+        batches (one forward + backward each): a second-order estimate of the loss increase.
+    "output":                             score = Σ_k imp_k · Σ_n (W − Q(W))²[n,k]
+        the layer's own output error E‖(W − Q(W)) x‖² (diagonal part), imp = 1 without calibration.
+
+"output" is cheaper (no backward) but compares absolute errors across depths, and on SmolLM2 it
+sends the first blocks (small residual stream, small E[x²]) to the cheap format though they are
+among the most sensitive: gcb2/gcb3 with imatrix rounding, it gave perplexity 29.5 at 3.2 bits
+per weight (random unit scores: 25.8-30.1; "fisher" 26.4) and 93.1 at 2.8 (random: 65-68;
+"fisher" 45.6) (README, "Mixed gcb2/gcb3"). Cost of a unit: bits_per_weight × numel (every code and group
+parameter the format counts; a gcb layer's 64-128-byte codebook table is not counted, as in the
+format's own bits/weight).
+
+Budget: Σ bits ≤ target_bpw × Σ numel over the allocated units. Solved as a multiple-choice
+knapsack by the standard greedy: every unit starts at its cheapest candidate; then, repeatedly,
+among the upgrades (a unit to one of its more expensive candidates with a lower score) that still
+fit the remaining budget, take the one with the largest score decrease per added bit. It stops
+when no upgrade fits. With two candidates this is the fractional-knapsack order, optimal up to the
+last unit that did not fit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Iterable, Mapping, Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from ..formats import Format, get_format
+from .fusion import fusion_jobs, job_members
+from .quantize import FilterFn, FormatSpec, collect_stats, input_importance, select_linears
+
+
+SENSITIVITIES = ("fisher", "output")
+
+
+@dataclasses.dataclass(frozen=True)
+class MixedBits:
+    """quantize_(model, MixedBits(candidates, target_bpw), ...): allocate_formats, then quantize the plan."""
+    candidates: Sequence[FormatSpec]
+    target_bpw: float
+    sensitivity: Optional[str] = None  # allocate_formats' (default: "fisher" with calibration, else "output")
+
+    def __post_init__(self):
+        object.__setattr__(self, "candidates", tuple(self.candidates))
+
+
+@dataclasses.dataclass
+class _Unit:
+    members: list[str]  # fqns of the Linear layers quantized as one module
+    numel: int
+    options: list[tuple[Format, float, float]]  # (format, bits, score), by increasing bits
+    choice: int = 0
+
+
+def allocate_formats(model: nn.Module, candidates: Sequence[FormatSpec], target_bpw: float, *,
+                     calibration: Optional[Iterable[Tensor]] = None,
+                     importance: Optional[Mapping[str, Tensor]] = None, sensitivity: Optional[str] = None,
+                     filter_fn: Optional[FilterFn] = None, include_lm_head: bool = False, fuse: bool = True,
+                     skip_incompatible: bool = False, progress: bool = True) -> dict[str, Format]:
+    """{fqn: Format}: one of `candidates` (names or configs) for each selected Linear layer, with the
+    layers' total bits ≤ target_bpw × their weights, least total sensitivity (module doc).
+
+    calibration: batches of token ids ([batch, seq]); their per-input-feature E[x²] weights the
+    rounding errors (or pass importance {fqn: E[x²] [in_features]} already collected) and, for
+    sensitivity="fisher", their loss gradients weigh each weight. sensitivity: "fisher" (default
+    with calibration) or "output" (default without; data-free weight error without importance).
+    filter_fn / include_lm_head pick the layers as in quantize_; fuse: q/k/v and gate/up groups get
+    one format (quantize_ fuses them). A candidate that cannot hold a layer's shape is not
+    considered for it; a layer no candidate holds raises, or with skip_incompatible stays out of
+    the plan (float)."""
+    cands = _check_candidates(candidates)
+    if isinstance(target_bpw, bool) or not isinstance(target_bpw, (int, float)) or not target_bpw > 0:
+        raise ValueError(f"target_bpw must be a positive number of bits per weight, got {target_bpw!r}")
+    sensitivity = sensitivity or ("fisher" if calibration is not None else "output")
+    if sensitivity not in SENSITIVITIES:
+        raise ValueError(f"unknown sensitivity {sensitivity!r}; choose one of {', '.join(SENSITIVITIES)}")
+    if sensitivity == "fisher" and calibration is None:
+        raise ValueError("sensitivity='fisher' needs calibration batches (token ids); pass calibration=... "
+                         "or use sensitivity='output'")
+    targets = select_linears(model, filter_fn, include_lm_head)
+    if not targets:
+        raise ValueError("allocate_formats: no nn.Linear layers selected (check filter_fn / the model)")
+    units, orphans = [], []
+    for job in fusion_jobs(model, targets, fuse):
+        members = job_members(job)
+        layers = [targets[f] for f in members]
+        n, k = sum(m.out_features for m in layers), layers[0].in_features
+        held = sorted((f for f in cands if all(f.shape_problem(m.out_features, m.in_features) is None
+                                               for m in layers)), key=lambda f: f.bits_per_weight())
+        if held:
+            units.append(_Unit(members, n * k, [(f, f.bits_per_weight() * n * k, 0.0) for f in held]))
+        else:
+            orphans += [f"{fqn} (in_features={k})" for fqn in members]
+    if orphans and not skip_incompatible:
+        raise ValueError(f"none of {', '.join(f.name for f in cands)} can hold {len(orphans)} layer(s): "
+                         f"{'; '.join(orphans[:3])}{' …' if len(orphans) > 3 else ''}. Add a candidate whose group "
+                         "size divides them, exclude them with filter_fn, or pass skip_incompatible=True to keep "
+                         "them in float")
+    if not units:
+        raise ValueError("allocate_formats: no selected layer can be held by any candidate")
+
+    total = sum(u.numel for u in units)
+    budget = target_bpw * total
+    low = sum(u.options[0][1] for u in units)
+    high = sum(u.options[-1][1] for u in units)
+    cheapest = min(cands, key=lambda f: f.bits_per_weight())
+    priciest = max(cands, key=lambda f: f.bits_per_weight())
+    if budget < low * (1 - 1e-9):
+        raise ValueError(f"target_bpw={target_bpw} is below the cheapest possible mix ({low / total:.4f} bits per "
+                         f"weight: each layer in its cheapest candidate, e.g. {cheapest.name} at "
+                         f"{cheapest.bits_per_weight():.4f}); raise target_bpw or add a cheaper candidate")
+    if budget > high * (1 + 1e-9):
+        raise ValueError(f"target_bpw={target_bpw} is above the most expensive mix ({high / total:.4f} bits per "
+                         f"weight: each layer in its priciest candidate, e.g. {priciest.name} at "
+                         f"{priciest.bits_per_weight():.4f}); lower target_bpw, add a richer candidate, or just "
+                         f"quantize everything with {priciest.name}")
+
+    choices = [u for u in units if len(u.options) > 1]  # a unit one candidate holds has no choice to score
+    if calibration is not None and choices:
+        calibration = list(calibration)  # read once or twice (E[x²], then the Fisher pass)
+        if importance is None:
+            wanted = {f: targets[f] for u in choices for f in u.members[:1]}
+            importance = {f: input_importance(s) for f, s in
+                          collect_stats(model, calibration, wanted, "imatrix", progress).items()}
+    fisher = None
+    if sensitivity == "fisher" and choices:
+        from ..calibrate import collect_fisher
+        fisher = collect_fisher(model, calibration, {f: targets[f] for u in choices for f in u.members},
+                                progress=progress)
+    for u in tqdm(choices, desc="allocate: score candidates", disable=None if progress else True, leave=False):
+        imp = None if importance is None else importance.get(u.members[0])
+        if importance is not None and imp is None:
+            raise ValueError(f"allocate_formats: importance has no entry for {u.members[0]}")
+        weight = _cat([targets[f].weight.detach() for f in u.members])
+        per_weight = None if fisher is None else _cat([fisher.pop(f) for f in u.members])
+        u.options = [(f, bits, quantization_error(f, weight, imp, per_weight)) for f, bits, _ in u.options]
+
+    _greedy_upgrade(units, budget - low)
+    return {fqn: u.options[u.choice][0] for u in units for fqn in u.members}
+
+
+def quantization_error(fmt: Format, weight: Tensor, importance: Optional[Tensor] = None,
+                       weight_importance: Optional[Tensor] = None) -> float:
+    """Weighted squared error of fmt's data-free quantize→dequantize of weight [N, K] (rounding
+    weighted by importance [K]): Σ weight_importance · (W − Q(W))² when given (e.g. the Fisher
+    diagonal), else Σ_k importance_k · Σ_n (W − Q(W))²[n, k] (the layer's output error up to the
+    off-diagonal terms of E[x xᵀ]), else the plain Σ (W − Q(W))²."""
+    with torch.no_grad():
+        w = weight.float()
+        imp = None if importance is None else importance.detach().float().to(w.device)
+        err = (fmt.dequantize(fmt.quantize(w, imp)).to(w.device) - w).pow(2)
+        if weight_importance is not None:
+            return float((weight_importance.to(w.device).float() * err).sum())
+        err = err.sum(0)
+        return float(err.sum() if imp is None else (imp * err).sum())
+
+
+def _cat(rows: list[Tensor]) -> Tensor:
+    return torch.cat(rows) if len(rows) > 1 else rows[0]
+
+
+def _greedy_upgrade(units: list[_Unit], spare: float) -> None:
+    """Spends `spare` bits on upgrades, best score decrease per added bit first (module doc)."""
+    while True:
+        best = None  # (gain per bit, unit, option)
+        for u in units:
+            _, bits0, score0 = u.options[u.choice]
+            for j in range(u.choice + 1, len(u.options)):
+                _, bits, score = u.options[j]
+                extra = bits - bits0
+                if score < score0 and extra <= spare:
+                    rate = (score0 - score) / max(extra, 1e-12)
+                    if best is None or rate > best[0]:
+                        best = (rate, u, j)
+        if best is None:
+            return
+        _, u, j = best
+        spare -= u.options[j][1] - u.options[u.choice][1]
+        u.choice = j
+
+
+def _check_candidates(candidates: Sequence[FormatSpec]) -> list[Format]:
+    if isinstance(candidates, (str, Format)) or not isinstance(candidates, Iterable):
+        raise ValueError(f"candidates must be a list of format names or configs, got {candidates!r}")
+    cands = list(dict.fromkeys(get_format(c) for c in candidates))  # unknown names raise, listing the known
+    if not cands:
+        raise ValueError("allocate_formats: no candidate formats; give two or more, e.g. "
+                         "['gcb2_sb192', 'gcb3_sb192'] (see `python -m torch_lowbit formats`)")
+    return cands
+
+
+def plan_bpw(model: nn.Module, plan: Mapping[str, FormatSpec]) -> float:
+    """Bits per weight of a plan over its layers (each format's bits/weight × the layer's weights)."""
+    sizes = {fqn: model.get_submodule(fqn).weight.numel() for fqn in plan}
+    return sum(get_format(f).bits_per_weight() * sizes[q] for q, f in plan.items()) / max(1, sum(sizes.values()))
+
+
+def quantized_bpw(model: nn.Module) -> float:
+    """Bits per weight over a (quantized) model's QuantLinear modules: each format's bits/weight
+    times the module's weights (nan without any)."""
+    from .linear import QuantLinear
+    sizes = [(m.fmt.bits_per_weight(), m.in_features * m.out_features) for m in model.modules()
+             if isinstance(m, QuantLinear)]
+    return sum(b * n for b, n in sizes) / sum(n for _, n in sizes) if sizes else float("nan")
+
+
+def mix_summary(model: nn.Module) -> str:
+    """The formats of a quantized model's QuantLinear modules: a table (layer type × format: which
+    blocks) and the achieved bits per weight over them."""
+    from .linear import QuantLinear
+    by_type: dict[str, dict[str, list[str]]] = {}
+    for fqn, m in model.named_modules():
+        if isinstance(m, QuantLinear):
+            block = re.search(r"\.(\d+)\.", f".{fqn}.")
+            kind = fqn.rsplit(".", 1)[-1]
+            by_type.setdefault(kind, {}).setdefault(m.fmt.name, []).append(block.group(1) if block else fqn)
+    if not by_type:
+        return "no quantized layers"
+    names = sorted({f for d in by_type.values() for f in d}, key=lambda f: get_format(f).bits_per_weight())
+    lines = ["| layer | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for kind, d in by_type.items():
+        lines.append(f"| {kind} | " + " | ".join(_ranges(d.get(f, [])) for f in names) + " |")
+    count = sum(len(v) for d in by_type.values() for v in d.values())
+    lines.append(f"{count} quantized modules (blocks listed per format), {quantized_bpw(model):.4f} bits per weight")
+    return "\n".join(lines)
+
+
+def _ranges(blocks: list[str]) -> str:
+    """'0-3, 7, 9-11' for block indices (other names listed as they are); '-' for none."""
+    if not blocks:
+        return "-"
+    nums = sorted(int(b) for b in blocks if b.isdigit())
+    out, start = [], None
+    for i, b in enumerate(nums):
+        if start is None:
+            start = b
+        if i + 1 == len(nums) or nums[i + 1] != b + 1:
+            out.append(f"{start}" if start == b else f"{start}-{b}")
+            start = None
+    return ", ".join(out + [b for b in blocks if not b.isdigit()])
