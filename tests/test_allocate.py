@@ -175,6 +175,13 @@ def test_bad_inputs_raise_with_the_fix():
     assert plan and not any(f.endswith("down_proj") for f in plan)
     with pytest.raises(ValueError, match="needs calibration"):
         tl.quantize_(model, tl.MixedBits(MIX, 3.0), rounding="gptq")
+
+    def never_read():
+        raise AssertionError("calibration read before the cheap checks")
+        yield
+
+    with pytest.raises(ValueError, match="above the most expensive mix"):  # checked before calibrating
+        tl.quantize_(model, tl.MixedBits(MIX, 3.6), calibration=never_read(), progress=False)
     with pytest.raises(ValueError, match="sensitivity='fisher' needs calibration"):
         tl.allocate_formats(model, MIX, 3.0, sensitivity="fisher")
     with pytest.raises(ValueError, match="unknown sensitivity 'hessian'"):

@@ -84,6 +84,19 @@ def allocate_formats(model: nn.Module, candidates: Sequence[FormatSpec], target_
     one format (quantize_ fuses them). A candidate that cannot hold a layer's shape is not
     considered for it; a layer no candidate holds raises, or with skip_incompatible stays out of
     the plan (float)."""
+    return allocate_and_collect(model, candidates, target_bpw, calibration=calibration, importance=importance,
+                                sensitivity=sensitivity, filter_fn=filter_fn, include_lm_head=include_lm_head,
+                                fuse=fuse, skip_incompatible=skip_incompatible, progress=progress)[0]
+
+
+def allocate_and_collect(model: nn.Module, candidates: Sequence[FormatSpec], target_bpw: float, *,
+                         calibration: Optional[Iterable[Tensor]], sensitivity: Optional[str],
+                         importance: Optional[Mapping[str, Tensor]] = None, rounding: str = "imatrix",
+                         filter_fn: Optional[FilterFn], include_lm_head: bool, fuse: bool,
+                         skip_incompatible: bool, progress: bool) -> tuple[dict[str, Format], dict[str, Tensor]]:
+    """allocate_formats, also returning the calibration statistics it collected for `rounding`
+    (quantize_'s collect_stats, over every allocated layer; empty when none were needed): quantize_
+    rounds the plan with them, so calibration runs once, after the cheap checks."""
     cands = _check_candidates(candidates)
     if isinstance(target_bpw, bool) or not isinstance(target_bpw, (int, float)) or not target_bpw > 0:
         raise ValueError(f"target_bpw must be a positive number of bits per weight, got {target_bpw!r}")
@@ -132,12 +145,13 @@ def allocate_formats(model: nn.Module, candidates: Sequence[FormatSpec], target_
                          f"quantize everything with {priciest.name}")
 
     choices = [u for u in units if len(u.options) > 1]  # a unit one candidate holds has no choice to score
+    stats: dict[str, Tensor] = {}
     if calibration is not None and choices:
         calibration = list(calibration)  # read once or twice (E[x²], then the Fisher pass)
         if importance is None:
-            wanted = {f: targets[f] for u in choices for f in u.members[:1]}
-            importance = {f: input_importance(s) for f, s in
-                          collect_stats(model, calibration, wanted, "imatrix", progress).items()}
+            stats = collect_stats(model, calibration, {f: targets[f] for u in units for f in u.members},
+                                  rounding, progress)
+            importance = {f: input_importance(s) for f, s in stats.items()}
     fisher = None
     if sensitivity == "fisher" and choices:
         from ..calibrate import collect_fisher
@@ -152,7 +166,7 @@ def allocate_formats(model: nn.Module, candidates: Sequence[FormatSpec], target_
         u.options = [(f, bits, quantization_error(f, weight, imp, per_weight)) for f, bits, _ in u.options]
 
     _greedy_upgrade(units, budget - low)
-    return {fqn: u.options[u.choice][0] for u in units for fqn in u.members}
+    return {fqn: u.options[u.choice][0] for u in units for fqn in u.members}, stats
 
 
 def quantization_error(fmt: Format, weight: Tensor, importance: Optional[Tensor] = None,

@@ -95,7 +95,7 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
     the int8-activation lut4_i8_n16 where the format allows, lut4_rowmajor for Triton/CUDA).
     Returns the model.
     """
-    from .allocate import MixedBits, allocate_formats
+    from .allocate import MixedBits, allocate_and_collect
     rounding = rounding or ("imatrix" if calibration is not None else "rtn")
     if rounding not in ROUNDINGS:
         raise ValueError(f"unknown rounding {rounding!r}; choose one of {', '.join(ROUNDINGS)}")
@@ -103,14 +103,10 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
         raise ValueError(f"rounding={rounding!r} needs calibration batches (token ids); pass calibration=...")
     stats: dict[str, Tensor] = {}
     if isinstance(fmt, MixedBits):
-        if calibration is not None:
-            calibration = list(calibration)  # read twice: statistics, then the allocator's Fisher pass
-            stats = collect_stats(model, calibration, select_linears(model, filter_fn, include_lm_head),
-                                  rounding, progress)
-        fmt = allocate_formats(model, fmt.candidates, fmt.target_bpw, filter_fn=filter_fn,
-                               include_lm_head=include_lm_head, fuse=fuse, skip_incompatible=skip_incompatible,
-                               progress=progress, calibration=calibration, sensitivity=fmt.sensitivity,
-                               importance={f: input_importance(s) for f, s in stats.items()} if stats else None)
+        fmt, stats = allocate_and_collect(model, fmt.candidates, fmt.target_bpw, calibration=calibration,
+                                          sensitivity=fmt.sensitivity, rounding=rounding, filter_fn=filter_fn,
+                                          include_lm_head=include_lm_head, fuse=fuse,
+                                          skip_incompatible=skip_incompatible, progress=progress)
     if isinstance(fmt, Mapping):
         plan = _check_plan(model, fmt, filter_fn)
         label = "mixed plan"
