@@ -377,6 +377,41 @@ def test_palette_forced_configs_split_k(fmt, n, k, m, config):
     assert torch.equal(y, y1)  # deterministic split-K reduction
 
 
+@pytest.mark.parametrize("fmt", ["q4_0", "int4_g64", "iq4_nl", "nuq2", "nuq4", "vq1.5", "vq2"])
+@pytest.mark.parametrize("m,config", [(1, GEMV_CONFIGS[1]), (3, GEMV_CONFIGS[0]), (17, DOT_CONFIGS[0])])
+def test_staged_codebook_matches_global_gathers(fmt, m, config):
+    """Tables of <= STAGE_MAX_VALUES values may be staged in registers (tl.gather) or gathered from
+    memory: the same values in the same order, so bit-identical outputs, both on the reference."""
+    gen = _gen()
+    k, n = 320, 45
+    if fmt.startswith(("nuq", "vq")):
+        f, b, w = _palette_weights(fmt, n, k, gen)
+        assert _palette().stage_table(2 ** f.code_bits * f.columns)
+
+        def run(x, stage):
+            return _palette_linear(f, b, x, None, dict(config, STAGE=stage))[0]
+    else:
+        q, _ = _quantized(fmt, k, n, False, gen)
+        w = q.dequantize()
+        assert _kernels().stage_table(q.lut.numel())
+
+        def run(x, stage):
+            return _run(q, x, dict(config, STAGE=stage))
+    for dtype in (torch.float32, torch.float16):
+        x = torch.randn(m, k, generator=gen).to(dtype)
+        staged, gathered = run(x, True), run(x, False)
+        assert torch.equal(staged, gathered)
+        _check_palette(x, w, None, staged)
+
+
+def test_stage_choices_follow_the_table_size():
+    lut4 = _kernels()
+    base = [dict(BLOCK_N=32)]
+    assert lut4.with_stage(base, 16) == [dict(BLOCK_N=32, STAGE=True), dict(BLOCK_N=32, STAGE=False)]
+    assert lut4.with_stage(base, 2 * 1024) == [dict(BLOCK_N=32, STAGE=False)]  # vq5: stays in L1
+    assert lut4.stage_table(lut4.STAGE_MAX_VALUES) and not lut4.stage_table(lut4.STAGE_MAX_VALUES + 1)
+
+
 def test_half_tcq_is_one_launch(monkeypatch):
     pal = _palette()
     counter = _CountLaunches(pal._tcq_linear_kernel)

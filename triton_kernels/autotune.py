@@ -6,7 +6,7 @@ suite, CPU tensors) timing would only measure the interpreter. Here, on CPU tens
 interpreter, `pick` returns the kernel's fixed default config without timing. On a GPU it times each
 candidate with CUDA events (median of a few runs), keeps the fastest, and writes it to
 $TORCH_LOWBIT_CACHE/triton_autotune.json (else ~/.cache/torch_lowbit/triton_autotune.json) under
-"<GPU name> / triton <version>"; the file is read once per process.
+"<GPU name> / triton <version> / configs v<CONFIG_VERSION>"; the file is read once per process.
 
 Keys are strings built by the caller from (M bucket, N, K, ...): `m_bucket` rounds M up to a power
 of two so one decode step and the next share a tuned config.
@@ -24,6 +24,8 @@ import torch
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 CACHE_FILE = "triton_autotune.json"
+# Bumped when the config fields change (2: STAGE), so configs tuned by an older version are not read.
+CONFIG_VERSION = 2
 
 Config = dict  # launch kwargs: BLOCK_* / SPLIT_K constexprs plus num_warps, num_stages
 
@@ -43,7 +45,7 @@ def cache_path() -> Path:
 
 def _device_key(device: torch.device) -> str:
     import triton
-    return f"{torch.cuda.get_device_name(device)} / triton {triton.__version__}"
+    return f"{torch.cuda.get_device_name(device)} / triton {triton.__version__} / configs v{CONFIG_VERSION}"
 
 
 def _load() -> dict:

@@ -34,16 +34,57 @@ GEMV_MAX_M = 4  # M <= this: CUDA-core GEMV kernel; above: tl.dot kernel (see th
 _ACTS = (torch.float32, torch.bfloat16, torch.float16)
 
 
+# -- codebook staging -----------------------------------------------------------------------------
+# A table of at most STAGE_MAX_VALUES fp32 values (the 16-entry 4-bit LUTs, nuq1..4, vq1.5, vq2) is
+# loaded into registers once per program and every tile's lookups are `tl.gather`s from it (VQ-LLM's
+# codebook cache: on chip, never reloaded per tile). Larger tables (vq2.5+, the TCQ hybrid code's
+# 2^(Q+1) x 2) would cost BLOCK_N x size registers as a gather source; they stay gathers from
+# global memory, loaded evict_last while the streamed codes go evict_first, so the table is what
+# L1 keeps. Whether staging wins is GPU-specific: STAGE is an autotuned config field.
+STAGE_MAX_VALUES = 32
+
+
 @triton.jit
-def _decode_tile(qw_ptr, s_ptr, mn_ptr, lut_ptr, offs_n, k, N, K, GROUP: tl.constexpr, HAS_MIN: tl.constexpr):
-    """fp32 weights [BLOCK_N, BLOCK_K] for rows offs_n and columns k (k % 32 order as in the layout)."""
+def _stage_table(tbl_ptr, SIZE: tl.constexpr, STAGE: tl.constexpr):
+    """STAGE: the table's SIZE values in registers (one load per program); else its pointer."""
+    if STAGE:
+        return tl.load(tbl_ptr + tl.arange(0, SIZE))
+    else:
+        return tbl_ptr
+
+
+@triton.jit
+def _lookup(table, idx, SIZE: tl.constexpr, STAGE: tl.constexpr):
+    """table[idx] for a 2-D int32 idx: a register gather from the staged table, or a global gather."""
+    if STAGE:
+        return tl.gather(tl.broadcast_to(table[None, :], (idx.shape[0], SIZE)), idx, axis=1)
+    else:
+        return tl.load(table + idx, eviction_policy="evict_last")
+
+
+def stage_table(size: int) -> bool:
+    """The default STAGE for a table of `size` fp32 values (autotuning tries both where allowed)."""
+    return size <= STAGE_MAX_VALUES
+
+
+def with_stage(candidates, size: int) -> list:
+    """The launch-config space times the STAGE choices a table of `size` values allows."""
+    choices = (True, False) if stage_table(size) else (False,)
+    return [dict(c, STAGE=s) for c in candidates for s in choices]
+
+
+@triton.jit
+def _decode_tile(qw_ptr, s_ptr, mn_ptr, lut, offs_n, k, N, K, GROUP: tl.constexpr, HAS_MIN: tl.constexpr,
+                 STAGE: tl.constexpr):
+    """fp32 weights [BLOCK_N, BLOCK_K] for rows offs_n and columns k (k % 32 order as in the layout);
+    lut: _stage_table's result."""
     mask = (offs_n[:, None] < N) & (k[None, :] < K)
     byte = (k // 32) * 16 + (k % 16)
     shift = ((k % 32) // 16) * 4
     rows = offs_n[:, None].to(tl.int64)
-    packed = tl.load(qw_ptr + rows * (K // 2) + byte[None, :], mask=mask, other=0)
+    packed = tl.load(qw_ptr + rows * (K // 2) + byte[None, :], mask=mask, other=0, eviction_policy="evict_first")
     codes = (packed.to(tl.int32) >> shift[None, :]) & 0xF
-    w = tl.load(lut_ptr + codes)
+    w = _lookup(lut, codes, 16, STAGE)
     g_off = rows * (K // GROUP) + (k // GROUP)[None, :]
     w = w * tl.load(s_ptr + g_off, mask=mask, other=0.0).to(tl.float32)
     if HAS_MIN:
@@ -76,18 +117,19 @@ def _k_slice(pid_k, K, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
 @triton.jit
 def _lut4_gemv_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_ptr, M, N, K,
                       GROUP: tl.constexpr, HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
+                      SPLIT_K: tl.constexpr, STAGE: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)  # all M rows (M <= BLOCK_M)
     x_rows = offs_m[:, None].to(tl.int64) * K
     k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
+    lut = _stage_table(lut_ptr, 16, STAGE)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        w = _decode_tile(qw_ptr, s_ptr, mn_ptr, lut_ptr, offs_n, k, N, K, GROUP, HAS_MIN)
+        w = _decode_tile(qw_ptr, s_ptr, mn_ptr, lut, offs_n, k, N, K, GROUP, HAS_MIN, STAGE)
         # fp32 right after the load: CUDA-core FMAs in fp32 (and the interpreter mis-reads bf16 math)
         x = tl.load(x_ptr + x_rows + k[None, :], mask=(offs_m[:, None] < M) & (k[None, :] < K),
                     other=0.0).to(tl.float32)
@@ -98,8 +140,8 @@ def _lut4_gemv_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_pt
 @triton.jit
 def _lut4_matmul_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_ptr, M, N, K,
                         GROUP: tl.constexpr, HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr,
-                        DOT_FP32: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        DOT_FP32: tl.constexpr, SPLIT_K: tl.constexpr, STAGE: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_m = tl.program_id(0)  # fastest grid axis: the M tiles of one N tile share its weight in L2
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -107,11 +149,12 @@ def _lut4_matmul_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     x_rows = offs_m[:, None].to(tl.int64) * K
     k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
+    lut = _stage_table(lut_ptr, 16, STAGE)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + x_rows + k[None, :], mask=(offs_m[:, None] < M) & (k[None, :] < K), other=0.0)
-        w = _decode_tile(qw_ptr, s_ptr, mn_ptr, lut_ptr, offs_n, k, N, K, GROUP, HAS_MIN)
+        w = _decode_tile(qw_ptr, s_ptr, mn_ptr, lut, offs_n, k, N, K, GROUP, HAS_MIN, STAGE)
         if DOT_FP32:  # fp32 activations (exact products), or bf16 under the interpreter
             acc += tl.dot(x.to(tl.float32), tl.trans(w), input_precision="ieee")
         else:  # fp16/bf16 tensor cores, fp32 accumulation
@@ -137,7 +180,7 @@ def _lut4_dequant_kernel(qw_ptr, s_ptr, mn_ptr, lut_ptr, out_ptr, N, K, GROUP: t
                          HAS_MIN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    w = _decode_tile(qw_ptr, s_ptr, mn_ptr, lut_ptr, offs_n, k, N, K, GROUP, HAS_MIN)
+    w = _decode_tile(qw_ptr, s_ptr, mn_ptr, lut_ptr, offs_n, k, N, K, GROUP, HAS_MIN, False)
     tl.store(out_ptr + offs_n[:, None].to(tl.int64) * K + k[None, :], w,
              mask=(offs_n[:, None] < N) & (k[None, :] < K))
 
@@ -212,6 +255,7 @@ def _launch(kind, x2, qw, sc, mn, lt, bias, y, group_size, has_min, cfg):
     m, k = x2.shape
     n = qw.shape[0]
     cfg = dict(cfg)
+    cfg.setdefault("STAGE", stage_table(16))  # forced configs may leave it out
     split = cfg.pop("SPLIT_K")
     # fp32 partials of each K slice (every element written: no zero-fill needed)
     ws = torch.empty((split, m, n), device=x2.device, dtype=torch.float32) if split > 1 else y
@@ -256,7 +300,8 @@ def lut4_linear(x, qweight, scales, mins, lut, group_size, bias=None, *, config=
         if config is None:
             cands, default = (_gemv_candidates, _gemv_default) if kind == "gemv" else (_dot_candidates, _dot_default)
             key = f"m{autotune.m_bucket(m)}_n{n}_k{k}_g{group_size}_{str(x.dtype).removeprefix('torch.')}"
-            config = autotune.pick(f"lut4_{kind}", key, cands(m, n, k), default(m, n, k), run, x.device)
+            config = autotune.pick(f"lut4_{kind}", key, with_stage(cands(m, n, k), 16), default(m, n, k), run,
+                                   x.device)
         run(config)
     return y.to(x.dtype).reshape(*x.shape[:-1], n)
 

@@ -17,9 +17,11 @@ The row scale multiplies each output once in the epilogue (sum_k s w x = s sum_k
 weight: cheaper, and on the tensor cores the decoded tile is cast to x's dtype unscaled (nuq's
 int8-grid levels are exact in fp16 and bf16).
 
-Codebook lookups are plain gathers from the (at most 1024 x 2 fp32 = 8 KiB) table, which stays in
-L1/L2 across the program; VQ-LLM's "codebook cache" (stage hot entries in shared memory) is the
-next step if profiles show the gathers stalling.
+Codebook tables of at most lut4.STAGE_MAX_VALUES values (nuq1..4, vq1.5, vq2) are staged on chip
+once per program and looked up with `tl.gather` (VQ-LLM's codebook cache); larger ones (vq2.5+ up
+to 1024 x 2, the TCQ tables) are gathered from global memory with an evict_last hint while the
+streamed codes are loaded evict_first, so L1 keeps the table rather than the codes (lut4.py,
+"codebook staging").
 """
 from __future__ import annotations
 
@@ -29,8 +31,8 @@ import triton.language as tl
 
 from . import autotune
 from .autotune import INTERPRET
-from .lut4 import (_dot_candidates, _dot_default, _epilogue, _gemv_candidates, _gemv_default, _k_slice,
-                   _splitk_reduce_kernel, kernel_kind)
+from .lut4 import (_dot_candidates, _dot_default, _epilogue, _gemv_candidates, _gemv_default, _k_slice, _lookup,
+                   _splitk_reduce_kernel, _stage_table, kernel_kind, stage_table, with_stage)
 
 _ACTS = (torch.float32, torch.bfloat16, torch.float16)
 STREAMS = 16  # bit streams per codebook row (palette.h kCodeStreams)
@@ -55,21 +57,24 @@ def _stream_codes(words_ptr, offs_n, j, N, C, ROW_WORDS, BITS: tl.constexpr):
     o = (pos % 32).to(tl.uint32)[None, :]
     row = words_ptr + offs_n[:, None].to(tl.int64) * ROW_WORDS
     nxt = (w + 1) * 16 + lane  # only read where a code straddles two words; past the row it is 0
-    first = tl.load(row + (w * 16 + lane)[None, :], mask=mask, other=0).to(tl.uint32, bitcast=True)
-    second = tl.load(row + nxt[None, :], mask=mask & (nxt[None, :] < ROW_WORDS), other=0).to(tl.uint32, bitcast=True)
+    first = tl.load(row + (w * 16 + lane)[None, :], mask=mask, other=0,
+                    eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+    second = tl.load(row + nxt[None, :], mask=mask & (nxt[None, :] < ROW_WORDS), other=0,
+                     eviction_policy="evict_first").to(tl.uint32, bitcast=True)
     return _window(first, second, o) >> (32 - BITS)
 
 
 @triton.jit
-def _codebook_tile(words_ptr, tbl_ptr, offs_n, k0, N, K, ROW_WORDS, BITS: tl.constexpr, D: tl.constexpr,
-                   BLOCK_K: tl.constexpr):
-    """Unscaled fp32 weights [BLOCK_N, BLOCK_K] of columns k0 .. k0 + BLOCK_K (k0 a multiple of D)."""
+def _codebook_tile(words_ptr, table, offs_n, k0, N, K, ROW_WORDS, BITS: tl.constexpr, D: tl.constexpr,
+                   BLOCK_K: tl.constexpr, STAGE: tl.constexpr):
+    """Unscaled fp32 weights [BLOCK_N, BLOCK_K] of columns k0 .. k0 + BLOCK_K (k0 a multiple of D);
+    table: lut4._stage_table's result for the [2^BITS, D] table."""
     j = k0 // D + tl.arange(0, BLOCK_K // D)
     codes = _stream_codes(words_ptr, offs_n, j, N, K // D, ROW_WORDS, BITS).to(tl.int32)
     if D == 1:
-        w = tl.load(tbl_ptr + codes)
+        w = _lookup(table, codes, 1 << BITS, STAGE)
     else:  # one code per pair: both coordinates of its entry, interleaved back into columns
-        w = tl.interleave(tl.load(tbl_ptr + 2 * codes), tl.load(tbl_ptr + 2 * codes + 1))
+        w = tl.interleave(_lookup(table, 2 * codes, 2 << BITS, STAGE), _lookup(table, 2 * codes + 1, 2 << BITS, STAGE))
     return w
 
 
@@ -85,12 +90,15 @@ def _tcq_tile(codes_ptr, tbl_ptr, offs_n, k0, k_lim, N, KP, S: tl.constexpr, Q: 
     pos = t * S
     w = pos // 32
     base = codes_ptr + seq * (4 * S)
-    first = tl.load(base + w, mask=mask, other=0).to(tl.uint32, bitcast=True)
-    second = tl.load(base + (w + 1) % (4 * S), mask=mask, other=0).to(tl.uint32, bitcast=True)  # tail-biting
+    first = tl.load(base + w, mask=mask, other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+    second = tl.load(base + (w + 1) % (4 * S), mask=mask, other=0,  # tail-biting
+                     eviction_policy="evict_first").to(tl.uint32, bitcast=True)
     state = _window(first, second, (pos % 32).to(tl.uint32)) >> 16
     h = (state * (state + 1)) & 0xFFFF
     idx = ((h >> (15 - Q)) & ((2 << Q) - 1)).to(tl.int32)
-    return tl.interleave(tl.load(tbl_ptr + 2 * idx), tl.load(tbl_ptr + 2 * idx + 1))
+    # the table (2^(Q+1) x 2, 16-64 KiB) is too large to stage in registers: keep it in L1
+    return tl.interleave(tl.load(tbl_ptr + 2 * idx, eviction_policy="evict_last"),
+                         tl.load(tbl_ptr + 2 * idx + 1, eviction_policy="evict_last"))
 
 
 # -- shared loop pieces ---------------------------------------------------------------------------
@@ -134,14 +142,15 @@ def _tiles(GEMV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 @triton.jit
 def _codebook_linear_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, ROW_WORDS,
                             BITS: tl.constexpr, D: tl.constexpr, GEMV: tl.constexpr, DOT_FP32: tl.constexpr,
-                            HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                            HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, STAGE: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(GEMV, BLOCK_M, BLOCK_N)
     x_rows = offs_m[:, None].to(tl.int64) * K
     k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
+    table = _stage_table(tbl_ptr, D << BITS, STAGE)  # once per program
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
-        w = _codebook_tile(words_ptr, tbl_ptr, offs_n, k0, N, K, ROW_WORDS, BITS, D, BLOCK_K)
+        w = _codebook_tile(words_ptr, table, offs_n, k0, N, K, ROW_WORDS, BITS, D, BLOCK_K, STAGE)
         acc = _mac(acc, x_ptr, x_rows, offs_m, M, k0 + tl.arange(0, BLOCK_K), K, w, GEMV, DOT_FP32)
     _scaled_epilogue(acc, offs_m, offs_n, pid_k, M, N, s_ptr, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
 
@@ -179,7 +188,7 @@ def _codebook_dequant_kernel(words_ptr, tbl_ptr, s_ptr, out_ptr, N, K, ROW_WORDS
                              D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
-    w = _codebook_tile(words_ptr, tbl_ptr, offs_n, k0, N, K, ROW_WORDS, BITS, D, BLOCK_K)
+    w = _codebook_tile(words_ptr, tbl_ptr, offs_n, k0, N, K, ROW_WORDS, BITS, D, BLOCK_K, False)
     _store_scaled(out_ptr, w, s_ptr, offs_n, k0 + tl.arange(0, BLOCK_K), K, N, K)
 
 
@@ -265,8 +274,9 @@ def _tcq_part(op, codes, table, table_bits, shift_bits):
 
 
 # -- launchers ------------------------------------------------------------------------------------
-def _linear(op, kernel, x, n, weights, sizes, consts, row_scales, bias, key, config):
-    """Shared launcher: kernel(x, *weights, row_scales, bias, y, ws, M, N, K, *sizes, **consts, ...)."""
+def _linear(op, kernel, x, n, weights, sizes, consts, row_scales, bias, key, config, table_values=None):
+    """Shared launcher: kernel(x, *weights, row_scales, bias, y, ws, M, N, K, *sizes, **consts, ...).
+    table_values: size of a table the kernel may stage (its STAGE constexpr); None: no STAGE."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0]
@@ -282,6 +292,8 @@ def _linear(op, kernel, x, n, weights, sizes, consts, row_scales, bias, key, con
 
     def run(cfg):
         cfg = dict(cfg)
+        if table_values is not None:
+            cfg.setdefault("STAGE", stage_table(table_values))  # forced configs may leave it out
         split = cfg.pop("SPLIT_K")
         # fp32 partials of each K slice (every element written: no zero-fill needed)
         ws = torch.empty((split, m, n), device=x.device, dtype=torch.float32) if split > 1 else y
@@ -301,7 +313,8 @@ def _linear(op, kernel, x, n, weights, sizes, consts, row_scales, bias, key, con
     if config is None:
         cands, default = (_gemv_candidates, _gemv_default) if gemv else (_dot_candidates, _dot_default)
         full_key = f"m{autotune.m_bucket(m)}_n{n}_k{k}_{key}_{str(x.dtype).removeprefix('torch.')}"
-        config = autotune.pick(f"{op}_{kind}", full_key, cands(m, n, k), default(m, n, k), run, x.device)
+        space = cands(m, n, k) if table_values is None else with_stage(cands(m, n, k), table_values)
+        config = autotune.pick(f"{op}_{kind}", full_key, space, default(m, n, k), run, x.device)
     run(config)
     return y.to(x.dtype).reshape(*x.shape[:-1], n)
 
@@ -314,7 +327,8 @@ def codebook_linear(x, codes, code_bits, table, row_scales, bias=None, *, config
     n, d, words = _codebook_shapes(op, codes, code_bits, table, row_scales, x.shape[-1])
     _check_x(op, x, x.shape[-1], n, bias)
     return _linear(op, _codebook_linear_kernel, x, n, (codes.contiguous(), table.contiguous()), (words,),
-                   dict(BITS=code_bits, D=d), row_scales, bias, f"b{code_bits}_d{d}", config)
+                   dict(BITS=code_bits, D=d), row_scales, bias, f"b{code_bits}_d{d}", config,
+                   table_values=table.numel())
 
 
 def codebook_dequantize(codes, code_bits, table, row_scales, in_features):
