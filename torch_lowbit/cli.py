@@ -261,7 +261,7 @@ def main(argv=None) -> None:
     sp.add_argument("--m", type=int, nargs="+", default=[1, 8, 64, 512])
     sp.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     sp.add_argument("--formats", nargs="+", help=f"cpu default: {' '.join(CPU_BENCH_FORMATS)}; gpu default: "
-                    "q4_0 int4_g128 iq4_nl nuq3 vq2 tcq2 (palette formats: palette_packed, rotation timed too); distortion default: every palette format")
+                    "q4_0 int4_g128 iq4_nl nuq3 vq2 tcq2 int2_g64 gcb2 (each in its CUDA layout; palette formats: rotation timed too); distortion default: every palette format")
     sp.add_argument("--layouts", nargs="+", help="CPU layouts to run where they hold the format (default: each "
                     "format's CPU default; lut*_i8_n16: int8 activations, lut4_rowmajor: fp32 activations)")
     sp.add_argument("--rotate-mib", type=int, default=512,

@@ -84,8 +84,14 @@ def _decode_tile(qw_ptr, s_ptr, mn_ptr, lut, offs_n, k, N, K, GROUP: tl.constexp
     rows = offs_n[:, None].to(tl.int64)
     packed = tl.load(qw_ptr + rows * (K // 2) + byte[None, :], mask=mask, other=0, eviction_policy="evict_first")
     codes = (packed.to(tl.int32) >> shift[None, :]) & 0xF
-    w = _lookup(lut, codes, 16, STAGE)
-    g_off = rows * (K // GROUP) + (k // GROUP)[None, :]
+    return _apply_groups(_lookup(lut, codes, 16, STAGE), s_ptr, mn_ptr, offs_n, k, N, K, GROUP, HAS_MIN)
+
+
+@triton.jit
+def _apply_groups(w, s_ptr, mn_ptr, offs_n, k, N, K, GROUP: tl.constexpr, HAS_MIN: tl.constexpr):
+    """w * scale (+ min) of each weight's group: fp16 [N, K / GROUP] scales (and mins)."""
+    mask = (offs_n[:, None] < N) & (k[None, :] < K)
+    g_off = offs_n[:, None].to(tl.int64) * (K // GROUP) + (k // GROUP)[None, :]
     w = w * tl.load(s_ptr + g_off, mask=mask, other=0.0).to(tl.float32)
     if HAS_MIN:
         w = w + tl.load(mn_ptr + g_off, mask=mask, other=0.0).to(tl.float32)

@@ -274,8 +274,10 @@ def _tcq_part(op, codes, table, table_bits, shift_bits):
 
 
 # -- launchers ------------------------------------------------------------------------------------
-def _linear(op, kernel, x, n, weights, sizes, consts, row_scales, bias, key, config, table_values=None):
-    """Shared launcher: kernel(x, *weights, row_scales, bias, y, ws, M, N, K, *sizes, **consts, ...).
+def linear_launch(op, kernel, x, n, weights, sizes, consts, bias, key, config, table_values=None):
+    """The launcher of the decode-matmul kernels built from _tiles / _mac (palette.py, lowbit.py):
+    kernel(x, *weights, bias, y, ws, M, N, K, *sizes, GEMV, DOT_FP32, HAS_BIAS, SPLIT_K, **consts,
+    BLOCK_*), the kind chosen by M, the config by autotune.pick under `op` and `key`.
     table_values: size of a table the kernel may stage (its STAGE constexpr); None: no STAGE."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k).contiguous()
@@ -287,8 +289,7 @@ def _linear(op, kernel, x, n, weights, sizes, consts, row_scales, bias, key, con
         return y.to(x.dtype).reshape(*x.shape[:-1], n)
     kind = kernel_kind(m)
     gemv = kind == "gemv"
-    scales = row_scales.contiguous()
-    b = bias.contiguous() if bias is not None else scales
+    b = bias.contiguous() if bias is not None else x2  # any pointer: HAS_BIAS is off
 
     def run(cfg):
         cfg = dict(cfg)
@@ -303,7 +304,7 @@ def _linear(op, kernel, x, n, weights, sizes, consts, row_scales, bias, key, con
         else:
             grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), split)
         dot_fp32 = x2.dtype == torch.float32 or (INTERPRET and x2.dtype == torch.bfloat16)
-        kernel[grid](x2, *weights, scales, b, y, ws, m, n, k, *sizes, GEMV=gemv, DOT_FP32=dot_fp32,
+        kernel[grid](x2, *weights, b, y, ws, m, n, k, *sizes, GEMV=gemv, DOT_FP32=dot_fp32,
                      HAS_BIAS=bias is not None and split == 1, SPLIT_K=split, **consts, **cfg)
         if split > 1:
             block = 1024
@@ -326,9 +327,9 @@ def codebook_linear(x, codes, code_bits, table, row_scales, bias=None, *, config
     _check_device(op, "x", x, {"codes": codes, "table": table, "row_scales": row_scales, "bias": bias})
     n, d, words = _codebook_shapes(op, codes, code_bits, table, row_scales, x.shape[-1])
     _check_x(op, x, x.shape[-1], n, bias)
-    return _linear(op, _codebook_linear_kernel, x, n, (codes.contiguous(), table.contiguous()), (words,),
-                   dict(BITS=code_bits, D=d), row_scales, bias, f"b{code_bits}_d{d}", config,
-                   table_values=table.numel())
+    return linear_launch(op, _codebook_linear_kernel, x, n, (codes.contiguous(), table.contiguous(),
+                                                             row_scales.contiguous()), (words,),
+                         dict(BITS=code_bits, D=d), bias, f"b{code_bits}_d{d}", config, table_values=table.numel())
 
 
 def codebook_dequantize(codes, code_bits, table, row_scales, in_features):
@@ -365,7 +366,8 @@ def _tcq_parts(op, parts, row_scales, ref_name, ref, extra):
 def _tcq_linear(op, x, parts, row_scales, bias, config):
     n, k, kh, args, consts, key = _tcq_parts(op, parts, row_scales, "x", x, {"row_scales": row_scales, "bias": bias})
     _check_x(op, x, k, n, bias)
-    return _linear(op, _tcq_linear_kernel, x, n, args, (kh,), consts, row_scales, bias, key, config)
+    return linear_launch(op, _tcq_linear_kernel, x, n, (*args, row_scales.contiguous()), (kh,), consts, bias, key,
+                         config)
 
 
 def tcq_linear(x, codes, table, table_bits, shift_bits, row_scales, bias=None, *, config=None):

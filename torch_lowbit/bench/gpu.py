@@ -7,7 +7,8 @@ Each call is timed with CUDA events; tables show medians. GB/s is the weight's b
 (the activations and output are small next to it at these M). With `fast_hadamard_transform`
 installed, its transform of [M, 4096] is timed against our Triton Hadamard kernel too.
 
-Palette formats (nuq*, vq*, tcq*, half-TCQ) run in their CUDA layout, palette_packed, and the timed
+Every format runs in its CUDA default layout (lut4_rowmajor, lowbit_rowmajor for int1/2/3,
+gcb_rowmajor, palette_packed). Palette formats (nuq*, vq*, tcq*, half-TCQ): the timed
 call is the whole QuantLinear forward: the activations' Hadamard rotation plus the fused kernel. TCQ
 weights get random code bits instead of Viterbi codes: the encoder is CPU-only at these sizes (the
 pure-torch reference on a GPU holds [sequences, 2^16] costs per step), and neither the decode work
@@ -34,7 +35,7 @@ from ..layouts import default_layout
 from ..nn import QuantLinear
 
 GPU_BENCH_SHAPES = ((4096, 4096), (4096, 14336))  # (N out, K in)
-GPU_BENCH_FORMATS = ("q4_0", "int4_g128", "iq4_nl", "nuq3", "vq2", "tcq2")
+GPU_BENCH_FORMATS = ("q4_0", "int4_g128", "iq4_nl", "nuq3", "vq2", "tcq2", "int2_g64", "gcb2")
 BASELINE = "torch fp16 F.linear"
 
 

@@ -67,6 +67,17 @@ def load_codebooks(source: str, bits: int) -> Tensor:
     return cb.clone()
 
 
+def dequantize_subgroups(codes: Tensor, codebook_index: Tensor, sub_scales: Tensor, super_scales: Tensor,
+                         codebooks: Tensor) -> Tensor:
+    """fp32 W [N, K] = d * s_j * codebooks[c_j][code]: the reference dequantizer of gcb (also the
+    portable CPU impl of the gcb ops). The superblock is K / super_scales' columns."""
+    codes, cidx = codes.long(), codebook_index.long()
+    per_code = codebooks.float()[cidx.repeat_interleave(SUBGROUP, 1), codes]  # [N, K]
+    superblock = codes.shape[1] // super_scales.shape[1]
+    scale = sub_scales.float() * super_scales.float().repeat_interleave(superblock // SUBGROUP, 1)
+    return per_code * scale.repeat_interleave(SUBGROUP, 1)
+
+
 @dataclasses.dataclass(frozen=True)
 class GroupCodebook(Format):
     kind: ClassVar[str] = "gcb"
@@ -155,12 +166,8 @@ class GroupCodebook(Format):
         return codes.to(torch.uint8), candidates.gather(1, codes[:, None])[:, 0]
 
     def dequantize(self, q: dict[str, Tensor]) -> Tensor:
-        codes, cidx = q["codes"].long(), q["codebook_index"].long()
-        n, k = codes.shape
-        values = q["codebooks"].float()
-        per_code = values[cidx.repeat_interleave(SUBGROUP, 1), codes]  # [N, K]
-        scale = q["sub_scales"].float() * q["super_scales"].float().repeat_interleave(self.superblock // SUBGROUP, 1)
-        return per_code * scale.repeat_interleave(SUBGROUP, 1)
+        return dequantize_subgroups(q["codes"], q["codebook_index"], q["sub_scales"], q["super_scales"],
+                                    q["codebooks"])
 
     def _importance(self, importance: Tensor, in_features: int) -> Tensor:
         if importance.shape != (in_features,) or not bool(torch.isfinite(importance).all()) or \

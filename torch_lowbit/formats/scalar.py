@@ -19,6 +19,15 @@ from .base import Format
 FP16_MAX = 65504.0
 
 
+def dequantize_groups(table: Tensor, codes: Tensor, scales: Tensor, mins: Optional[Tensor], group_size: int) -> Tensor:
+    """fp32 W [N, K] = table[codes] * scale (+ min), one fp16 scale (and min) per group of K: the
+    family's reference dequantizer (also the portable CPU impl of the lowbit ops)."""
+    w = table.to(codes.device)[codes.long()] * scales.float().repeat_interleave(group_size, dim=1)
+    if mins is not None:
+        w = w + mins.float().repeat_interleave(group_size, dim=1)
+    return w
+
+
 @dataclasses.dataclass(frozen=True)
 class ScalarCodebookFormat(Format):
     code_bits: ClassVar[int] = 4
@@ -84,12 +93,8 @@ class ScalarCodebookFormat(Format):
         return self.code_bits + params / self.group_size
 
     def dequantize(self, q: dict[str, Tensor]) -> Tensor:
-        codes, scales = q["codes"], q["scales"]
-        table = self.code_values().to(codes.device)
-        w = table[codes.long()] * scales.float().repeat_interleave(self.group_size, dim=1)
-        if self.has_mins:
-            w = w + q["mins"].float().repeat_interleave(self.group_size, dim=1)
-        return w
+        return dequantize_groups(self.code_values(), q["codes"], q["scales"], q["mins"] if self.has_mins else None,
+                                 self.group_size)
 
     def _groups(self, weight: Tensor) -> Tensor:
         """[out, in] -> fp32 [out, in/group, group], after the format's input checks."""

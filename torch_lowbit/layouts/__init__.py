@@ -1,6 +1,6 @@
 """Packing of format outputs per backend, and the kernel calls that read each packing."""
-from . import gcb, lut4, lut_i8, palette, palette_packed  # noqa: F401  (registers gcb_rowmajor, lut4_rowmajor, lut{1..4}_i8_n16,
-#                                                   nuq_i8_n16, palette_dense, palette_packed)
+from . import gcb, lowbit, lut4, lut_i8, palette, palette_packed  # noqa: F401  (registers gcb_rowmajor,
+#   gcb_i8_n16, lowbit_rowmajor, lut4_rowmajor, lut{1..4}_i8_n16, nuq_i8_n16, palette_dense, palette_packed)
 from .base import Layout, default_layout, get_layout, layouts, register_layout
 
 __all__ = ["Layout", "default_layout", "get_layout", "layouts", "register_layout"]

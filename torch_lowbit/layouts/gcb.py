@@ -8,15 +8,16 @@ the int8-activation kernels of lut_i8_linear (csrc/common/lut_i8.h): the 16 code
 (gcb2) or two (gcb3) vector registers and vpermb / vpermi2b look each row's codes up in its block's
 codebook (AVX-512 VBMI; AVX2: a gather of each row's codebook + vpshufb; portable scalar).
 
-gcb_rowmajor (portable, any device): codes as one MSB-first b-bit stream per row (int32 words); the
-forward decodes with the format's reference dequantizer and runs a dense matmul.
+gcb_rowmajor (default off the CPU): codes as one MSB-first b-bit stream per row (int32 words),
+sub-group bytes uint8 [N, K/32], superblock scales fp16 [N, K/superblock], the codebooks. The op
+torch_lowbit::gcb_linear reads it: Triton on CUDA (triton_kernels/lowbit.py), the format's reference
+dequantizer + a dense matmul on CPU tensors (portable fallback).
 """
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..formats.activations import fake_quantize_q8_blocks
@@ -38,8 +39,7 @@ def _split_sub_group_bytes(sub: Tensor) -> dict[str, Tensor]:
 class GcbRowMajor(Layout):
     name = "gcb_rowmajor"
     version = 1
-    backends = ("cpu",)  # plain torch ops: the same code on every device
-    isa_paths = False
+    isa_paths = False  # its CPU impl is plain torch: one path
 
     def supports(self, fmt) -> bool:
         return isinstance(fmt, GroupCodebook)
@@ -62,8 +62,13 @@ class GcbRowMajor(Layout):
 
     def linear(self, fmt: GroupCodebook, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
                backend: str, out_features: int) -> Tensor:
-        w = fmt.dequantize(self.unpack(fmt, buffers, out_features, x.shape[-1]))
-        return F.linear(x.float(), w, bias.float() if bias is not None else None).to(x.dtype)
+        args = (x, buffers["codes"], fmt.bits, buffers["sub_groups"], buffers["super_scales"], buffers["codebooks"],
+                bias)
+        if backend == "triton" and x.device.type == "cpu":
+            # Eager-only debugging route: the Triton kernel under TRITON_INTERPRET=1 on CPU tensors.
+            from ..triton_kernels.lowbit import gcb_linear
+            return gcb_linear(*args)
+        return torch.ops.torch_lowbit.gcb_linear(*args)
 
 
 class GcbI8Tiled(Layout):

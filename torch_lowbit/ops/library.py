@@ -74,6 +74,74 @@ def _tcq_check(codes, table, table_bits, shift_bits, row_scales):
     return n, k
 
 
+def _stream_check(op, codes, code_bits, n, k):
+    words = -(-k * code_bits // 32)
+    _check(codes.dtype == torch.int32 and tuple(codes.shape) == (n, words),
+           f"{op}: codes must be int32 [{n}, {words}] (one {code_bits}-bit MSB-first stream per row)")
+
+
+def _lowbit_check(codes, code_bits, scales, mins, lut, group_size):
+    """lowbit_rowmajor (int1/2/3): one code stream per row, fp16 group scales (and mins)."""
+    _check(1 <= code_bits <= 3, f"lowbit: code_bits must be 1..3, got {code_bits}")
+    _check(group_size > 0 and group_size % 32 == 0, f"lowbit: group size {group_size} must be a multiple of 32")
+    _check(scales.dtype == torch.float16 and scales.dim() == 2, "lowbit: scales must be 2-D fp16 [N, K/group]")
+    n, k = scales.shape[0], scales.shape[1] * group_size
+    if mins is not None:
+        _check(mins.dtype == torch.float16 and mins.shape == scales.shape, "lowbit: mins must match scales")
+    _check(lut.dtype == torch.float32 and lut.numel() == 2 ** code_bits,
+           f"lowbit: lut must be {2 ** code_bits} fp32 values")
+    _stream_check("lowbit", codes, code_bits, n, k)
+    return n, k
+
+
+def _gcb_check(codes, code_bits, sub_groups, super_scales, codebooks):
+    """gcb_rowmajor: one code stream per row, sub-group bytes, superblock scales, int8 codebooks."""
+    _check(code_bits in (2, 3), f"gcb: code_bits must be 2 or 3, got {code_bits}")
+    _check(sub_groups.dtype == torch.uint8 and sub_groups.dim() == 2, "gcb: sub_groups must be 2-D uint8 [N, K/32]")
+    n, k = sub_groups.shape[0], sub_groups.shape[1] * 32
+    _check(super_scales.dtype == torch.float16 and super_scales.dim() == 2 and super_scales.shape[0] == n
+           and super_scales.shape[1] > 0 and k % super_scales.shape[1] == 0
+           and (k // super_scales.shape[1]) % 32 == 0,
+           f"gcb: super_scales must be fp16 [{n}, K/superblock], the superblock a multiple of 32 dividing K={k}")
+    _check(codebooks.dtype == torch.int8 and codebooks.dim() == 2 and codebooks.shape[1] == 2 ** code_bits
+           and 1 <= codebooks.shape[0] <= 16, f"gcb: codebooks must be int8 [1..16, {2 ** code_bits}]")
+    _stream_check("gcb", codes, code_bits, n, k)
+    return n, k
+
+
+def _lowbit_dequantize_cpu(codes, code_bits, scales, mins, lut, group_size):
+    from ..formats.scalar import dequantize_groups
+    from ..layouts.palette_packed import unpack_stream
+    n, k = _lowbit_check(codes, code_bits, scales, mins, lut, group_size)
+    return dequantize_groups(lut, unpack_stream(codes, code_bits, k), scales, mins, group_size)
+
+
+def _gcb_dequantize_cpu(codes, code_bits, sub_groups, super_scales, codebooks):
+    from ..formats.gcb import dequantize_subgroups
+    from ..layouts.palette_packed import unpack_stream
+    n, k = _gcb_check(codes, code_bits, sub_groups, super_scales, codebooks)
+    s = sub_groups.to(torch.int32)
+    return dequantize_subgroups(unpack_stream(codes, code_bits, k), s >> 4, s & 15, super_scales, codebooks)
+
+
+def _dense_linear(op, x, w, bias):
+    """The portable CPU impl of a fused linear op: the reference-decoded weight, a float matmul."""
+    _linear_out(op, x, w.shape[0], w.shape[1], bias)
+    return torch.nn.functional.linear(x.float(), w, bias.float() if bias is not None else None).to(x.dtype)
+
+
+# The off-CPU layouts of the sub-4-bit group formats (layouts/lowbit.py, layouts/gcb.py gcb_rowmajor):
+# defined from Python; CUDA impls are triton_kernels/lowbit.py, CPU impls the reference decoders.
+_LOWBIT_SCHEMAS = (
+    "lowbit_linear(Tensor x, Tensor codes, int code_bits, Tensor scales, Tensor? mins, Tensor lut, int group_size, "
+    "Tensor? bias) -> Tensor",
+    "lowbit_dequantize(Tensor codes, int code_bits, Tensor scales, Tensor? mins, Tensor lut, int group_size) -> Tensor",
+    "gcb_linear(Tensor x, Tensor codes, int code_bits, Tensor sub_groups, Tensor super_scales, Tensor codebooks, "
+    "Tensor? bias) -> Tensor",
+    "gcb_dequantize(Tensor codes, int code_bits, Tensor sub_groups, Tensor super_scales, Tensor codebooks) -> Tensor",
+)
+
+
 # half-TCQ as one op, so a CUDA model runs both halves of K in one Triton launch (and compiles
 # through its fake impl). Defined here, not in csrc: its CPU impl is the two C++ tcq_linear calls.
 _TCQ_HALF_SCHEMA = ("tcq_half_linear(Tensor x, Tensor codes_lo, Tensor table_lo, int table_bits_lo, "
@@ -84,6 +152,41 @@ _TCQ_HALF_SCHEMA = ("tcq_half_linear(Tensor x, Tensor codes_lo, Tensor table_lo,
 def _register() -> None:
     cpu_extension()  # loads the schemas and CPU kernels
     _LIB.define(_TCQ_HALF_SCHEMA)
+    for schema in _LOWBIT_SCHEMAS:
+        _LIB.define(schema)
+
+    @torch.library.register_fake("torch_lowbit::lowbit_linear")
+    def _lowbit_linear_fake(x, codes, code_bits, scales, mins, lut, group_size, bias):
+        n, k = _lowbit_check(codes, code_bits, scales, mins, lut, group_size)
+        return _linear_out("lowbit_linear", x, n, k, bias)
+
+    @torch.library.register_fake("torch_lowbit::lowbit_dequantize")
+    def _lowbit_dequantize_fake(codes, code_bits, scales, mins, lut, group_size):
+        n, k = _lowbit_check(codes, code_bits, scales, mins, lut, group_size)
+        return codes.new_empty((n, k), dtype=torch.float32)
+
+    @torch.library.register_fake("torch_lowbit::gcb_linear")
+    def _gcb_linear_fake(x, codes, code_bits, sub_groups, super_scales, codebooks, bias):
+        n, k = _gcb_check(codes, code_bits, sub_groups, super_scales, codebooks)
+        return _linear_out("gcb_linear", x, n, k, bias)
+
+    @torch.library.register_fake("torch_lowbit::gcb_dequantize")
+    def _gcb_dequantize_fake(codes, code_bits, sub_groups, super_scales, codebooks):
+        n, k = _gcb_check(codes, code_bits, sub_groups, super_scales, codebooks)
+        return codes.new_empty((n, k), dtype=torch.float32)
+
+    torch.library.impl("torch_lowbit::lowbit_dequantize", "CPU")(_lowbit_dequantize_cpu)
+    torch.library.impl("torch_lowbit::gcb_dequantize", "CPU")(_gcb_dequantize_cpu)
+
+    @torch.library.impl("torch_lowbit::lowbit_linear", "CPU")
+    def _lowbit_linear_cpu(x, codes, code_bits, scales, mins, lut, group_size, bias):
+        return _dense_linear("lowbit_linear", x, _lowbit_dequantize_cpu(codes, code_bits, scales, mins, lut,
+                                                                        group_size), bias)
+
+    @torch.library.impl("torch_lowbit::gcb_linear", "CPU")
+    def _gcb_linear_cpu(x, codes, code_bits, sub_groups, super_scales, codebooks, bias):
+        return _dense_linear("gcb_linear", x, _gcb_dequantize_cpu(codes, code_bits, sub_groups, super_scales,
+                                                                  codebooks), bias)
 
     @torch.library.register_fake("torch_lowbit::lut4_linear")
     def _lut4_linear_fake(x, qweight, scales, mins, lut, group_size, bias):
@@ -171,13 +274,17 @@ def _register() -> None:
 
     # palette_packed (nuq/vq/tcq): triton_kernels/palette.py, same signatures as the ops
     for name in ("codebook_linear", "codebook_dequantize", "tcq_linear", "tcq_dequantize", "tcq_half_linear"):
-        torch.library.impl(f"torch_lowbit::{name}", "CUDA")(_palette_cuda(name))
+        torch.library.impl(f"torch_lowbit::{name}", "CUDA")(_triton_cuda("palette", name))
+    # lowbit_rowmajor / gcb_rowmajor: triton_kernels/lowbit.py
+    for name in ("lowbit_linear", "lowbit_dequantize", "gcb_linear", "gcb_dequantize"):
+        torch.library.impl(f"torch_lowbit::{name}", "CUDA")(_triton_cuda("lowbit", name))
 
 
-def _palette_cuda(name):
+def _triton_cuda(module, name):
+    """The CUDA impl of op `name`: the same-named function of triton_kernels/<module>.py."""
     def impl(*args):
-        from ..triton_kernels import palette
-        return getattr(palette, name)(*args)
+        import importlib
+        return getattr(importlib.import_module(f"..triton_kernels.{module}", __package__), name)(*args)
     impl.__name__ = f"_{name}_cuda"
     return impl
 

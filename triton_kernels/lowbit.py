@@ -1,0 +1,224 @@
+"""Fused decode-matmul for the sub-4-bit group formats off the CPU: y = x @ W.T + bias.
+
+Both layouts store a row's b-bit codes as one MSB-first bit stream (layouts.palette_packed.pack_stream:
+code j at bits [j b, j b + b) of the row, int32 words, the row padded to a word):
+- lowbit_rowmajor (int1_g*, int2_g*, int2_sym_g*, int3_g*; layouts/lowbit.py): W[n, k] =
+  lut[code] * scale[n, k // group] (+ min), fp16 scales / mins [N, K / group], the format's fp32
+  table of 2^b code values (staged in registers, lut4.py "codebook staging").
+- gcb_rowmajor (gcb2, gcb3; layouts/gcb.py): W[n, k] = codebooks[c][code] * (s * d) with the
+  sub-group byte c << 4 | s of (n, k // 32) as uint8 [N, K / 32], d the fp16 superblock scale
+  [N, K / superblock] and the layer's int8 codebooks [C, 2^b] (64-128 values: gathered from global
+  memory, evict_last so L1 keeps them).
+The decode runs in registers right after the load; kernel kinds by M (split-K CUDA-core GEMV / tiled
+tl.dot), configs, split-K reduction and the launcher are palette.py's and lut4.py's.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .lut4 import _apply_groups, _lookup, _stage_table
+from .palette import _check_device, _check_x, _k_slice, _mac, _epilogue, _tiles, _window, linear_launch
+
+SUBGROUP = 32  # gcb: weights per sub-group byte (formats/gcb.py)
+
+
+# -- decoders --------------------------------------------------------------------------------------
+@triton.jit
+def _row_codes(words_ptr, offs_n, k, N, K, ROW_WORDS, BITS: tl.constexpr):
+    """int32 codes [BLOCK_N, len(k)] of rows offs_n, columns k, from one MSB-first stream per row."""
+    mask = (offs_n[:, None] < N) & (k[None, :] < K)
+    pos = k * BITS
+    w = pos // 32
+    o = (pos % 32).to(tl.uint32)[None, :]
+    row = words_ptr + offs_n[:, None].to(tl.int64) * ROW_WORDS
+    first = tl.load(row + w[None, :], mask=mask, other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+    if 32 % BITS == 0:  # 1, 2 (4) bits: a code never straddles two words
+        codes = (first >> (32 - BITS - o)) & ((1 << BITS) - 1)
+    else:  # read the next word only where the code straddles it
+        straddles = (o + BITS > 32) & mask
+        second = tl.load(row + (w + 1)[None, :], mask=straddles, other=0,
+                         eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+        codes = _window(first, second, o) >> (32 - BITS)
+    return codes.to(tl.int32)
+
+
+@triton.jit
+def _lowbit_tile(words_ptr, s_ptr, mn_ptr, lut, offs_n, k, N, K, ROW_WORDS, BITS: tl.constexpr,
+                 GROUP: tl.constexpr, HAS_MIN: tl.constexpr, STAGE: tl.constexpr):
+    """fp32 weights [BLOCK_N, len(k)]: lut[code] * group scale (+ group min)."""
+    codes = _row_codes(words_ptr, offs_n, k, N, K, ROW_WORDS, BITS)
+    return _apply_groups(_lookup(lut, codes, 1 << BITS, STAGE), s_ptr, mn_ptr, offs_n, k, N, K, GROUP, HAS_MIN)
+
+
+@triton.jit
+def _gcb_tile(words_ptr, sub_ptr, d_ptr, cb_ptr, offs_n, k, N, K, ROW_WORDS, BITS: tl.constexpr,
+              SUPERBLOCK: tl.constexpr):
+    """fp32 weights [BLOCK_N, len(k)]: codebooks[c][code] * (s * d), in the reference's order."""
+    mask = (offs_n[:, None] < N) & (k[None, :] < K)
+    codes = _row_codes(words_ptr, offs_n, k, N, K, ROW_WORDS, BITS)
+    rows = offs_n[:, None].to(tl.int64)
+    sub = tl.load(sub_ptr + rows * (K // SUBGROUP) + (k // SUBGROUP)[None, :], mask=mask, other=0).to(tl.int32)
+    d = tl.load(d_ptr + rows * (K // SUPERBLOCK) + (k // SUPERBLOCK)[None, :], mask=mask, other=0.0)
+    value = tl.load(cb_ptr + (sub >> 4) * (1 << BITS) + codes, eviction_policy="evict_last").to(tl.float32)
+    return value * ((sub & 15).to(tl.float32) * d.to(tl.float32))
+
+
+# -- kernels ---------------------------------------------------------------------------------------
+@triton.jit
+def _lowbit_linear_kernel(x_ptr, words_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, ROW_WORDS,
+                          BITS: tl.constexpr, GROUP: tl.constexpr, HAS_MIN: tl.constexpr, GEMV: tl.constexpr,
+                          DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+                          STAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr):
+    pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(GEMV, BLOCK_M, BLOCK_N)
+    x_rows = offs_m[:, None].to(tl.int64) * K
+    k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
+    lut = _stage_table(lut_ptr, 1 << BITS, STAGE)  # once per program
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        w = _lowbit_tile(words_ptr, s_ptr, mn_ptr, lut, offs_n, k, N, K, ROW_WORDS, BITS, GROUP, HAS_MIN, STAGE)
+        acc = _mac(acc, x_ptr, x_rows, offs_m, M, k, K, w, GEMV, DOT_FP32)
+    _epilogue(acc, offs_m, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def _gcb_linear_kernel(x_ptr, words_ptr, sub_ptr, d_ptr, cb_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, ROW_WORDS,
+                       BITS: tl.constexpr, SUPERBLOCK: tl.constexpr, GEMV: tl.constexpr, DOT_FP32: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(GEMV, BLOCK_M, BLOCK_N)
+    x_rows = offs_m[:, None].to(tl.int64) * K
+    k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        w = _gcb_tile(words_ptr, sub_ptr, d_ptr, cb_ptr, offs_n, k, N, K, ROW_WORDS, BITS, SUPERBLOCK)
+        acc = _mac(acc, x_ptr, x_rows, offs_m, M, k, K, w, GEMV, DOT_FP32)
+    _epilogue(acc, offs_m, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def _lowbit_dequant_kernel(words_ptr, s_ptr, mn_ptr, lut_ptr, out_ptr, N, K, ROW_WORDS, BITS: tl.constexpr,
+                           GROUP: tl.constexpr, HAS_MIN: tl.constexpr, BLOCK_N: tl.constexpr,
+                           BLOCK_K: tl.constexpr):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    w = _lowbit_tile(words_ptr, s_ptr, mn_ptr, lut_ptr, offs_n, k, N, K, ROW_WORDS, BITS, GROUP, HAS_MIN, False)
+    tl.store(out_ptr + offs_n[:, None].to(tl.int64) * K + k[None, :], w, mask=(offs_n[:, None] < N) & (k[None, :] < K))
+
+
+@triton.jit
+def _gcb_dequant_kernel(words_ptr, sub_ptr, d_ptr, cb_ptr, out_ptr, N, K, ROW_WORDS, BITS: tl.constexpr,
+                        SUPERBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    w = _gcb_tile(words_ptr, sub_ptr, d_ptr, cb_ptr, offs_n, k, N, K, ROW_WORDS, BITS, SUPERBLOCK)
+    tl.store(out_ptr + offs_n[:, None].to(tl.int64) * K + k[None, :], w, mask=(offs_n[:, None] < N) & (k[None, :] < K))
+
+
+# -- input checks ----------------------------------------------------------------------------------
+def stream_words(in_features: int, code_bits: int) -> int:
+    """int32 words per row of one MSB-first code stream (layouts.palette_packed.pack_stream)."""
+    return -(-in_features * code_bits // 32)
+
+
+def _codes_check(op, codes, code_bits, n, k):
+    if not 1 <= code_bits <= 4:
+        raise ValueError(f"{op} (triton): code_bits must be 1..4, got {code_bits}")
+    words = stream_words(k, code_bits)
+    if codes.dtype != torch.int32 or tuple(codes.shape) != (n, words):
+        raise ValueError(f"{op} (triton): codes must be int32 [{n}, {words}] (one {code_bits}-bit MSB-first stream "
+                         f"per row, layouts.palette_packed.pack_stream), got {codes.dtype} {tuple(codes.shape)}")
+    return words
+
+
+def _lowbit_shapes(op, codes, code_bits, scales, mins, lut, group_size):
+    """(N, K, row words) of lowbit_rowmajor buffers, with clear errors for what the kernels cannot read."""
+    if scales.dtype != torch.float16 or scales.dim() != 2:
+        raise ValueError(f"{op} (triton): scales must be 2-D fp16 [N, K/group], got {scales.dtype} "
+                         f"{tuple(scales.shape)}")
+    if group_size <= 0 or group_size % 32:
+        raise ValueError(f"{op} (triton): group size {group_size} must be a positive multiple of 32")
+    n, k = scales.shape[0], scales.shape[1] * group_size
+    if mins is not None and (mins.dtype != torch.float16 or mins.shape != scales.shape):
+        raise ValueError(f"{op} (triton): mins must be fp16 of the scales' shape {tuple(scales.shape)}")
+    if lut.dtype != torch.float32 or lut.numel() != 2 ** code_bits:
+        raise ValueError(f"{op} (triton): lut must be {2 ** code_bits} fp32 values (the format's code_values()), "
+                         f"got {lut.numel()} {lut.dtype}")
+    return n, k, _codes_check(op, codes, code_bits, n, k)
+
+
+def _gcb_shapes(op, codes, code_bits, sub_groups, super_scales, codebooks):
+    """(N, K, row words, superblock) of gcb_rowmajor buffers, with clear errors."""
+    if sub_groups.dtype != torch.uint8 or sub_groups.dim() != 2:
+        raise ValueError(f"{op} (triton): sub_groups must be 2-D uint8 [N, K/32], got {sub_groups.dtype} "
+                         f"{tuple(sub_groups.shape)}")
+    n, k = sub_groups.shape[0], sub_groups.shape[1] * SUBGROUP
+    if super_scales.dtype != torch.float16 or super_scales.dim() != 2 or super_scales.shape[0] != n \
+            or super_scales.shape[1] == 0 or k % super_scales.shape[1] or (k // super_scales.shape[1]) % SUBGROUP:
+        raise ValueError(f"{op} (triton): super_scales must be fp16 [{n}, K/superblock] with the superblock a "
+                         f"multiple of 32 dividing K={k}, got {super_scales.dtype} {tuple(super_scales.shape)}")
+    if code_bits not in (2, 3) or codebooks.dtype != torch.int8 or codebooks.dim() != 2 \
+            or codebooks.shape[1] != 2 ** code_bits or not 1 <= codebooks.shape[0] <= 16:
+        raise ValueError(f"{op} (triton): codebooks must be int8 [1..16, 2^code_bits] with code_bits 2 or 3, got "
+                         f"{codebooks.dtype} {tuple(codebooks.shape)} for code_bits={code_bits}")
+    return n, k, _codes_check(op, codes, code_bits, n, k), k // super_scales.shape[1]
+
+
+# -- launchers -------------------------------------------------------------------------------------
+def lowbit_linear(x, codes, code_bits, scales, mins, lut, group_size, bias=None, *, config=None):
+    """y = x @ W.T + bias for lowbit_rowmajor buffers (the op torch_lowbit::lowbit_linear), output in
+    x's dtype, any leading dims of x. config: force a launch config (tests, benchmarks)."""
+    op = "lowbit_linear"
+    _check_device(op, "x", x, {"codes": codes, "scales": scales, "mins": mins, "lut": lut, "bias": bias})
+    n, k, words = _lowbit_shapes(op, codes, code_bits, scales, mins, lut, group_size)
+    _check_x(op, x, k, n, bias)
+    has_min = mins is not None
+    weights = (codes.contiguous(), scales.contiguous(), mins.contiguous() if has_min else scales, lut.contiguous())
+    return linear_launch(op, _lowbit_linear_kernel, x, n, weights, (words,),
+                         dict(BITS=code_bits, GROUP=group_size, HAS_MIN=has_min), bias,
+                         f"b{code_bits}_g{group_size}_{'min' if has_min else 'sym'}", config, table_values=lut.numel())
+
+
+def gcb_linear(x, codes, code_bits, sub_groups, super_scales, codebooks, bias=None, *, config=None):
+    """y = x @ W.T + bias for gcb_rowmajor buffers (the op torch_lowbit::gcb_linear)."""
+    op = "gcb_linear"
+    _check_device(op, "x", x, {"codes": codes, "sub_groups": sub_groups, "super_scales": super_scales,
+                               "codebooks": codebooks, "bias": bias})
+    n, k, words, superblock = _gcb_shapes(op, codes, code_bits, sub_groups, super_scales, codebooks)
+    _check_x(op, x, k, n, bias)
+    weights = (codes.contiguous(), sub_groups.contiguous(), super_scales.contiguous(), codebooks.contiguous())
+    return linear_launch(op, _gcb_linear_kernel, x, n, weights, (words,), dict(BITS=code_bits, SUPERBLOCK=superblock),
+                         bias, f"b{code_bits}_sb{superblock}", config)
+
+
+_DEQUANT_BLOCK = (32, 64)  # (BLOCK_N, BLOCK_K)
+
+
+def lowbit_dequantize(codes, code_bits, scales, mins, lut, group_size):
+    """fp32 W [N, K] of lowbit_rowmajor buffers (the op torch_lowbit::lowbit_dequantize)."""
+    op = "lowbit_dequantize"
+    _check_device(op, "codes", codes, {"scales": scales, "mins": mins, "lut": lut})
+    n, k, words = _lowbit_shapes(op, codes, code_bits, scales, mins, lut, group_size)
+    out = torch.empty((n, k), device=codes.device, dtype=torch.float32)
+    bn, bk = _DEQUANT_BLOCK
+    _lowbit_dequant_kernel[(triton.cdiv(n, bn), triton.cdiv(k, bk))](
+        codes.contiguous(), scales.contiguous(), mins.contiguous() if mins is not None else scales, lut.contiguous(),
+        out, n, k, words, BITS=code_bits, GROUP=group_size, HAS_MIN=mins is not None, BLOCK_N=bn, BLOCK_K=bk)
+    return out
+
+
+def gcb_dequantize(codes, code_bits, sub_groups, super_scales, codebooks):
+    """fp32 W [N, K] of gcb_rowmajor buffers (the op torch_lowbit::gcb_dequantize)."""
+    op = "gcb_dequantize"
+    _check_device(op, "codes", codes, {"sub_groups": sub_groups, "super_scales": super_scales, "codebooks": codebooks})
+    n, k, words, superblock = _gcb_shapes(op, codes, code_bits, sub_groups, super_scales, codebooks)
+    out = torch.empty((n, k), device=codes.device, dtype=torch.float32)
+    bn, bk = _DEQUANT_BLOCK
+    _gcb_dequant_kernel[(triton.cdiv(n, bn), triton.cdiv(k, bk))](
+        codes.contiguous(), sub_groups.contiguous(), super_scales.contiguous(), codebooks.contiguous(), out, n, k,
+        words, BITS=code_bits, SUPERBLOCK=superblock, BLOCK_N=bn, BLOCK_K=bk)
+    return out
