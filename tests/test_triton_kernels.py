@@ -27,6 +27,11 @@ def _kernels():
     return lut4
 
 
+def _matmul():
+    from torch_lowbit.triton_kernels import matmul
+    return matmul
+
+
 def _quantized(fmt, k, n, bias, gen, device="cpu"):
     lin = random_linear(k, n, bias, gen)
     return tl.QuantLinear.from_linear(lin.to(device), fmt, layout="lut4_rowmajor"), lin
@@ -64,7 +69,7 @@ def test_default_paths_match_reference(fmt, m, n, dtype):
     q, _ = _quantized(fmt, f.group_size * 3, n, bias, _gen())
     x = (torch.randn(m, f.group_size * 3, generator=_gen()) * 2).to(dtype)
     _check(q, x, _run(q, x))
-    assert _kernels().kernel_kind(m) == ("gemv" if m <= 4 else "dot")
+    assert _matmul().kernel_kind(m) == ("gemv" if m <= 4 else "dot")
 
 
 GEMV_CONFIGS = [dict(BLOCK_N=16, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=2),
@@ -119,7 +124,7 @@ def test_launcher_rejects_bad_input(monkeypatch):
         lut4.lut4_linear(torch.randn(1, 64), *args, torch.zeros(9))
     with pytest.raises(ValueError, match="qweight is on cpu but x is on meta"):
         lut4.lut4_linear(torch.randn(1, 64, device="meta"), *args)
-    monkeypatch.setattr(lut4, "INTERPRET", False)
+    monkeypatch.setattr(_matmul(), "INTERPRET", False)
     with pytest.raises(RuntimeError, match="set TRITON_INTERPRET=1"):
         lut4.lut4_linear(torch.randn(1, 64), *args)
 
@@ -135,7 +140,7 @@ class _CountLaunches:
 
 def test_fused_projections_run_as_one_launch_with_view_outputs(monkeypatch):
     lut4 = _kernels()
-    counters = {name: _CountLaunches(getattr(lut4, name)) for name in ("_lut4_gemv_kernel", "_lut4_matmul_kernel")}
+    counters = {"_lut4_linear_kernel": _CountLaunches(lut4._lut4_linear_kernel)}
     for name, c in counters.items():
         monkeypatch.setattr(lut4, name, c)
     model = tiny_llama()
@@ -167,8 +172,8 @@ def test_fused_projections_run_as_one_launch_with_view_outputs(monkeypatch):
 
 def test_fused_module_gemv_is_one_launch(monkeypatch):
     lut4 = _kernels()
-    counter = _CountLaunches(lut4._lut4_gemv_kernel)
-    monkeypatch.setattr(lut4, "_lut4_gemv_kernel", counter)
+    counter = _CountLaunches(lut4._lut4_linear_kernel)
+    monkeypatch.setattr(lut4, "_lut4_linear_kernel", counter)
     gen = _gen()
     lins = [torch.nn.Linear(128, n) for n in (64, 32, 32)]
     fused = tl.QuantLinear.from_linears(lins, "int4_g64", layout="lut4_rowmajor")
@@ -386,14 +391,14 @@ def test_staged_codebook_matches_global_gathers(fmt, m, config):
     k, n = 320, 45
     if fmt.startswith(("nuq", "vq")):
         f, b, w = _palette_weights(fmt, n, k, gen)
-        assert _palette().stage_table(2 ** f.code_bits * f.columns)
+        assert _matmul().stage_table(2 ** f.code_bits * f.columns)
 
         def run(x, stage):
             return _palette_linear(f, b, x, None, dict(config, STAGE=stage))[0]
     else:
         q, _ = _quantized(fmt, k, n, False, gen)
         w = q.dequantize()
-        assert _kernels().stage_table(q.lut.numel())
+        assert _matmul().stage_table(q.lut.numel())
 
         def run(x, stage):
             return _run(q, x, dict(config, STAGE=stage))
@@ -405,11 +410,11 @@ def test_staged_codebook_matches_global_gathers(fmt, m, config):
 
 
 def test_stage_choices_follow_the_table_size():
-    lut4 = _kernels()
+    mm = _matmul()
     base = [dict(BLOCK_N=32)]
-    assert lut4.with_stage(base, 16) == [dict(BLOCK_N=32, STAGE=True), dict(BLOCK_N=32, STAGE=False)]
-    assert lut4.with_stage(base, 2 * 1024) == [dict(BLOCK_N=32, STAGE=False)]  # vq5: stays in L1
-    assert lut4.stage_table(lut4.STAGE_MAX_VALUES) and not lut4.stage_table(lut4.STAGE_MAX_VALUES + 1)
+    assert mm.with_stage(base, 16) == [dict(BLOCK_N=32, STAGE=True), dict(BLOCK_N=32, STAGE=False)]
+    assert mm.with_stage(base, 2 * 1024) == [dict(BLOCK_N=32, STAGE=False)]  # vq5: stays in L1
+    assert mm.stage_table(mm.STAGE_MAX_VALUES) and not mm.stage_table(mm.STAGE_MAX_VALUES + 1)
 
 
 def test_half_tcq_is_one_launch(monkeypatch):
@@ -508,7 +513,7 @@ def test_palette_launchers_reject_bad_input(monkeypatch):
         pal.tcq_linear(torch.randn(1, 32), args[0], args[1][:512], *args[2:4], tb["row_scales"])
     with pytest.raises(ValueError, match=r"codes must be int32 \[N/16, K/16, 16\]"):
         pal.tcq_linear(torch.randn(1, 32), args[4], *args[1:4], tb["row_scales"])
-    monkeypatch.setattr(pal, "INTERPRET", False)
+    monkeypatch.setattr(_matmul(), "INTERPRET", False)
     with pytest.raises(RuntimeError, match="set TRITON_INTERPRET=1"):
         pal.codebook_linear(torch.randn(1, 64), words, 4, table, scales)
 
@@ -650,7 +655,7 @@ def test_lowbit_launchers_reject_bad_input(monkeypatch):
         lb.gcb_linear(torch.randn(1, 128, device="meta"), gcodes, gbits, sub, sup, cbs)
     with pytest.raises(RuntimeError, match="lowbit: lut must be 8 fp32 values"):  # the op's own check
         torch.ops.torch_lowbit.lowbit_linear(x, codes, bits, scales, mins, lut[:4], group, None)
-    monkeypatch.setattr(_palette(), "INTERPRET", False)
+    monkeypatch.setattr(_matmul(), "INTERPRET", False)
     with pytest.raises(RuntimeError, match="set TRITON_INTERPRET=1"):
         lb.gcb_linear(torch.randn(1, 128), gcodes, gbits, sub, sup, cbs)
 
@@ -678,3 +683,48 @@ def test_cuda_lowbit_kernels_match_reference_at_real_sizes(fmt, m):
             y = getattr(_lowbit(), f"{kind}_linear")(x, *args, q.bias, config=cfg)
             assert ((y.double() - ref).norm() / ref.norm()).item() < tol[dtype]
     assert torch.equal(getattr(_lowbit(), f"{kind}_dequantize")(*args).double(), w)
+
+
+# -- the dequantize + cuBLAS route (large M) -------------------------------------------------------
+def test_config_space_offers_the_dequant_route_from_dequant_min_m():
+    mm = _matmul()
+    route = mm.DEQUANT_ROUTE
+    cands, default = mm.config_space(mm.DEQUANT_MIN_M, 4096, 4096, 16)
+    assert route in cands and default.get("ROUTE") is None and default["STAGE"] is True
+    assert all("STAGE" in c for c in cands if c != route)
+    assert route not in mm.config_space(mm.DEQUANT_MIN_M - 1, 4096, 4096, 16)[0]
+    assert route not in mm.config_space(1, 4096, 4096, None)[0]  # GEMV: never
+    assert all("STAGE" not in c for c in mm.config_space(512, 4096, 4096, None)[0])  # TCQ: no table to stage
+
+
+@pytest.mark.parametrize("fmt", ["int4_g64", "nuq3", "tcq2.25", "int3_g64", "gcb2_sb64"])
+def test_dequant_route_matches_reference(fmt):
+    """The config DEQUANT_ROUTE: the format's dequantize kernel writes W in x's dtype, then torch.mm /
+    addmm (cuBLAS on a GPU); with and without bias, 3-D input."""
+    gen = _gen()
+    route = _matmul().DEQUANT_ROUTE
+    k, n, m = 320, 48, 6
+    if fmt.startswith(("nuq", "tcq")):
+        f, b, w = _palette_weights(fmt, n, k if fmt.startswith("nuq") else 288, gen)
+        k = w.shape[1]
+
+        def run(x, bias):
+            return _palette_linear(f, b, x, bias, route)[0]
+    elif fmt.startswith("int4"):
+        q, _ = _quantized(fmt, k, n, False, gen)
+        w = q.dequantize()
+
+        def run(x, bias):
+            return _run(q, x, route) if bias is None else _kernels().lut4_linear(
+                x, q.qweight, q.scales, q.mins, q.lut, q.fmt.group_size, bias, config=route)
+    else:
+        q = _lowbit_module(fmt, k, n, gen)
+        kind, args = _lowbit_args(q)
+        w = q.dequantize()
+
+        def run(x, bias):
+            return getattr(_lowbit(), f"{kind}_linear")(x, *args, bias, config=route)
+    for dtype in (torch.float32, torch.float16):
+        for bias in (None, torch.randn(n, generator=gen)):
+            x = torch.randn(2, m // 2, k, generator=gen).to(dtype)
+            _check_palette(x, w, bias, run(x, bias))

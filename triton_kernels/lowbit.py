@@ -9,8 +9,8 @@ code j at bits [j b, j b + b) of the row, int32 words, the row padded to a word)
   sub-group byte c << 4 | s of (n, k // 32) as uint8 [N, K / 32], d the fp16 superblock scale
   [N, K / superblock] and the layer's int8 codebooks [C, 2^b] (64-128 values: gathered from global
   memory, evict_last so L1 keeps them).
-The decode runs in registers right after the load; kernel kinds by M (split-K CUDA-core GEMV / tiled
-tl.dot), configs, split-K reduction and the launcher are palette.py's and lut4.py's.
+The decode runs in registers right after the load; kernel kinds by M (split-K CUDA-core GEMV, tiled
+tl.dot, dequantize + cuBLAS), configs, split-K and the launcher are matmul.py's.
 """
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .lut4 import _apply_groups, _lookup, _stage_table
-from .palette import _check_device, _check_x, _k_slice, _mac, _epilogue, _tiles, _window, linear_launch
+from .lut4 import _apply_groups
+from .matmul import (_epilogue, _k_slice, _lookup, _mac, _stage_table, _store_tile, _tiles, _window, check_device,
+                     check_x, dequant_launch, linear_launch)
 
 SUBGROUP = 32  # gcb: weights per sub-group byte (formats/gcb.py)
 
@@ -107,7 +108,7 @@ def _lowbit_dequant_kernel(words_ptr, s_ptr, mn_ptr, lut_ptr, out_ptr, N, K, ROW
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     w = _lowbit_tile(words_ptr, s_ptr, mn_ptr, lut_ptr, offs_n, k, N, K, ROW_WORDS, BITS, GROUP, HAS_MIN, False)
-    tl.store(out_ptr + offs_n[:, None].to(tl.int64) * K + k[None, :], w, mask=(offs_n[:, None] < N) & (k[None, :] < K))
+    _store_tile(out_ptr, w, offs_n, k, K, N, K)
 
 
 @triton.jit
@@ -116,7 +117,7 @@ def _gcb_dequant_kernel(words_ptr, sub_ptr, d_ptr, cb_ptr, out_ptr, N, K, ROW_WO
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     w = _gcb_tile(words_ptr, sub_ptr, d_ptr, cb_ptr, offs_n, k, N, K, ROW_WORDS, BITS, SUPERBLOCK)
-    tl.store(out_ptr + offs_n[:, None].to(tl.int64) * K + k[None, :], w, mask=(offs_n[:, None] < N) & (k[None, :] < K))
+    _store_tile(out_ptr, w, offs_n, k, K, N, K)
 
 
 # -- input checks ----------------------------------------------------------------------------------
@@ -169,56 +170,56 @@ def _gcb_shapes(op, codes, code_bits, sub_groups, super_scales, codebooks):
 
 
 # -- launchers -------------------------------------------------------------------------------------
+def _lowbit_weights(codes, scales, mins, lut):
+    return (codes.contiguous(), scales.contiguous(), mins.contiguous() if mins is not None else scales, lut.contiguous())
+
+
+def _gcb_weights(codes, sub_groups, super_scales, codebooks):
+    return codes.contiguous(), sub_groups.contiguous(), super_scales.contiguous(), codebooks.contiguous()
+
+
 def lowbit_linear(x, codes, code_bits, scales, mins, lut, group_size, bias=None, *, config=None):
     """y = x @ W.T + bias for lowbit_rowmajor buffers (the op torch_lowbit::lowbit_linear), output in
     x's dtype, any leading dims of x. config: force a launch config (tests, benchmarks)."""
     op = "lowbit_linear"
-    _check_device(op, "x", x, {"codes": codes, "scales": scales, "mins": mins, "lut": lut, "bias": bias})
+    check_device(op, "x", x, {"codes": codes, "scales": scales, "mins": mins, "lut": lut, "bias": bias})
     n, k, words = _lowbit_shapes(op, codes, code_bits, scales, mins, lut, group_size)
-    _check_x(op, x, k, n, bias)
+    check_x(op, x, k, n, bias)
     has_min = mins is not None
-    weights = (codes.contiguous(), scales.contiguous(), mins.contiguous() if has_min else scales, lut.contiguous())
-    return linear_launch(op, _lowbit_linear_kernel, x, n, weights, (words,),
+    return linear_launch(op, _lowbit_linear_kernel, x, n, _lowbit_weights(codes, scales, mins, lut), (words,),
                          dict(BITS=code_bits, GROUP=group_size, HAS_MIN=has_min), bias,
-                         f"b{code_bits}_g{group_size}_{'min' if has_min else 'sym'}", config, table_values=lut.numel())
+                         f"b{code_bits}_g{group_size}_{'min' if has_min else 'sym'}", config,
+                         lambda dtype: lowbit_dequantize(codes, code_bits, scales, mins, lut, group_size, dtype=dtype),
+                         table_values=lut.numel())
 
 
 def gcb_linear(x, codes, code_bits, sub_groups, super_scales, codebooks, bias=None, *, config=None):
     """y = x @ W.T + bias for gcb_rowmajor buffers (the op torch_lowbit::gcb_linear)."""
     op = "gcb_linear"
-    _check_device(op, "x", x, {"codes": codes, "sub_groups": sub_groups, "super_scales": super_scales,
-                               "codebooks": codebooks, "bias": bias})
+    check_device(op, "x", x, {"codes": codes, "sub_groups": sub_groups, "super_scales": super_scales,
+                              "codebooks": codebooks, "bias": bias})
     n, k, words, superblock = _gcb_shapes(op, codes, code_bits, sub_groups, super_scales, codebooks)
-    _check_x(op, x, k, n, bias)
-    weights = (codes.contiguous(), sub_groups.contiguous(), super_scales.contiguous(), codebooks.contiguous())
-    return linear_launch(op, _gcb_linear_kernel, x, n, weights, (words,), dict(BITS=code_bits, SUPERBLOCK=superblock),
-                         bias, f"b{code_bits}_sb{superblock}", config)
+    check_x(op, x, k, n, bias)
+    return linear_launch(op, _gcb_linear_kernel, x, n, _gcb_weights(codes, sub_groups, super_scales, codebooks),
+                         (words,), dict(BITS=code_bits, SUPERBLOCK=superblock), bias, f"b{code_bits}_sb{superblock}",
+                         config, lambda dtype: gcb_dequantize(codes, code_bits, sub_groups, super_scales, codebooks,
+                                                              dtype=dtype))
 
 
-_DEQUANT_BLOCK = (32, 64)  # (BLOCK_N, BLOCK_K)
-
-
-def lowbit_dequantize(codes, code_bits, scales, mins, lut, group_size):
-    """fp32 W [N, K] of lowbit_rowmajor buffers (the op torch_lowbit::lowbit_dequantize)."""
+def lowbit_dequantize(codes, code_bits, scales, mins, lut, group_size, *, dtype=torch.float32):
+    """W [N, K] in `dtype` of lowbit_rowmajor buffers (the op torch_lowbit::lowbit_dequantize: fp32)."""
     op = "lowbit_dequantize"
-    _check_device(op, "codes", codes, {"scales": scales, "mins": mins, "lut": lut})
+    check_device(op, "codes", codes, {"scales": scales, "mins": mins, "lut": lut})
     n, k, words = _lowbit_shapes(op, codes, code_bits, scales, mins, lut, group_size)
-    out = torch.empty((n, k), device=codes.device, dtype=torch.float32)
-    bn, bk = _DEQUANT_BLOCK
-    _lowbit_dequant_kernel[(triton.cdiv(n, bn), triton.cdiv(k, bk))](
-        codes.contiguous(), scales.contiguous(), mins.contiguous() if mins is not None else scales, lut.contiguous(),
-        out, n, k, words, BITS=code_bits, GROUP=group_size, HAS_MIN=mins is not None, BLOCK_N=bn, BLOCK_K=bk)
-    return out
+    return dequant_launch(_lowbit_dequant_kernel, n, k, _lowbit_weights(codes, scales, mins, lut),
+                          dict(ROW_WORDS=words, BITS=code_bits, GROUP=group_size, HAS_MIN=mins is not None),
+                          codes.device, dtype)
 
 
-def gcb_dequantize(codes, code_bits, sub_groups, super_scales, codebooks):
-    """fp32 W [N, K] of gcb_rowmajor buffers (the op torch_lowbit::gcb_dequantize)."""
+def gcb_dequantize(codes, code_bits, sub_groups, super_scales, codebooks, *, dtype=torch.float32):
+    """W [N, K] in `dtype` of gcb_rowmajor buffers (the op torch_lowbit::gcb_dequantize: fp32)."""
     op = "gcb_dequantize"
-    _check_device(op, "codes", codes, {"sub_groups": sub_groups, "super_scales": super_scales, "codebooks": codebooks})
+    check_device(op, "codes", codes, {"sub_groups": sub_groups, "super_scales": super_scales, "codebooks": codebooks})
     n, k, words, superblock = _gcb_shapes(op, codes, code_bits, sub_groups, super_scales, codebooks)
-    out = torch.empty((n, k), device=codes.device, dtype=torch.float32)
-    bn, bk = _DEQUANT_BLOCK
-    _gcb_dequant_kernel[(triton.cdiv(n, bn), triton.cdiv(k, bk))](
-        codes.contiguous(), sub_groups.contiguous(), super_scales.contiguous(), codebooks.contiguous(), out, n, k,
-        words, BITS=code_bits, SUPERBLOCK=superblock, BLOCK_N=bn, BLOCK_K=bk)
-    return out
+    return dequant_launch(_gcb_dequant_kernel, n, k, _gcb_weights(codes, sub_groups, super_scales, codebooks),
+                          dict(ROW_WORDS=words, BITS=code_bits, SUPERBLOCK=superblock), codes.device, dtype)

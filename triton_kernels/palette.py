@@ -11,16 +11,16 @@ The bit layouts and scalar decoders are csrc/common/palette.h's; the kernels rea
   signed table's entry (h >> (15 - Q)) mod 2^(Q+1), h = state * (state + 1) mod 2^16 (`tcq_value`).
   half-TCQ: two such code tensors (own s, Q and table), one per half of K, in one launch.
 
-Kernels and their choice by M are lut4.py's (split-K CUDA-core GEMV for M <= GEMV_MAX_M, tiled
-tl.dot above; the same launch-config spaces, autotune.py, and its deterministic split-K reduction).
+Kernel kinds by M (split-K CUDA-core GEMV, tiled tl.dot, dequantize + cuBLAS), configs, split-K and
+the launcher are matmul.py's.
 The row scale multiplies each output once in the epilogue (sum_k s w x = s sum_k w x), not every
 weight: cheaper, and on the tensor cores the decoded tile is cast to x's dtype unscaled (nuq's
 int8-grid levels are exact in fp16 and bf16).
 
-Codebook tables of at most lut4.STAGE_MAX_VALUES values (nuq1..4, vq1.5, vq2) are staged on chip
+Codebook tables of at most matmul.STAGE_MAX_VALUES values (nuq1..4, vq1.5, vq2) are staged on chip
 once per program and looked up with `tl.gather` (VQ-LLM's codebook cache); larger ones (vq2.5+ up
 to 1024 x 2, the TCQ tables) are gathered from global memory with an evict_last hint while the
-streamed codes are loaded evict_first, so L1 keeps the table rather than the codes (lut4.py,
+streamed codes are loaded evict_first, so L1 keeps the table rather than the codes (matmul.py,
 "codebook staging").
 """
 from __future__ import annotations
@@ -29,24 +29,14 @@ import torch
 import triton
 import triton.language as tl
 
-from . import autotune
-from .autotune import INTERPRET
-from .lut4 import (_dot_candidates, _dot_default, _epilogue, _gemv_candidates, _gemv_default, _k_slice, _lookup,
-                   _splitk_reduce_kernel, _stage_table, kernel_kind, stage_table, with_stage)
+from .matmul import (_epilogue, _k_slice, _lookup, _mac, _stage_table, _store_tile, _tiles, _window, check_device,
+                     check_x, dequant_launch, linear_launch)
 
-_ACTS = (torch.float32, torch.bfloat16, torch.float16)
 STREAMS = 16  # bit streams per codebook row (palette.h kCodeStreams)
 TILE = 16  # TCQ tiles are 16 x 16 (palette.h kTcqTile)
 
 
 # -- decoders (palette.h, vectorized) -------------------------------------------------------------
-@triton.jit
-def _window(first, second, o):
-    """32 bits of a stream starting o bits into word `first` (uint32; `second` is the next word).
-    (second >> 1) >> (31 - o) takes second's top o bits without a shift by 32 at o = 0."""
-    return (first << o) | ((second >> 1) >> (31 - o))
-
-
 @triton.jit
 def _stream_codes(words_ptr, offs_n, j, N, C, ROW_WORDS, BITS: tl.constexpr):
     """uint32 codes [BLOCK_N, len(j)] of rows offs_n, code indices j (palette.h stream_code)."""
@@ -101,41 +91,12 @@ def _tcq_tile(codes_ptr, tbl_ptr, offs_n, k0, k_lim, N, KP, S: tl.constexpr, Q: 
                          tl.load(tbl_ptr + 2 * idx + 1, eviction_policy="evict_last"))
 
 
-# -- shared loop pieces ---------------------------------------------------------------------------
-@triton.jit
-def _mac(acc, x_ptr, x_rows, offs_m, M, k, k_lim, w, GEMV: tl.constexpr, DOT_FP32: tl.constexpr):
-    """acc += x[:, k] @ w.T, columns >= k_lim masked out of x (so w there never counts)."""
-    x = tl.load(x_ptr + x_rows + k[None, :], mask=(offs_m[:, None] < M) & (k[None, :] < k_lim), other=0.0)
-    if GEMV:  # broadcast FMAs in fp32 on the CUDA cores (and the interpreter mis-reads bf16 math)
-        acc += tl.sum(x.to(tl.float32)[:, None, :] * w[None, :, :], axis=2)
-    elif DOT_FP32:  # fp32 activations (exact products), or bf16 under the interpreter
-        acc += tl.dot(x.to(tl.float32), tl.trans(w), input_precision="ieee")
-    else:  # fp16/bf16 tensor cores, fp32 accumulation
-        acc += tl.dot(x, tl.trans(w.to(x.dtype)))
-    return acc
-
-
 @triton.jit
 def _scaled_epilogue(acc, offs_m, offs_n, pid_k, M, N, s_ptr, b_ptr, y_ptr, ws_ptr, HAS_BIAS: tl.constexpr,
                      SPLIT_K: tl.constexpr):
     # the row scale is linear, so each K slice's partial sum takes it before the reduction adds bias
     scale = tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
     _epilogue(acc * scale[None, :], offs_m, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
-
-
-@triton.jit
-def _tiles(GEMV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(pid_m, pid_n, pid_k, offs_m, offs_n): GEMV grid (N tiles, K slices) with all M rows in one
-    tile; tl.dot grid (M tiles fastest, so the M tiles of one N tile share its weight in L2, N, K)."""
-    if GEMV:
-        pid_m = 0
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
-    else:
-        pid_m = tl.program_id(0)
-        pid_n = tl.program_id(1)
-        pid_k = tl.program_id(2)
-    return (pid_m, pid_n, pid_k, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N))
 
 
 # -- kernels --------------------------------------------------------------------------------------
@@ -179,8 +140,7 @@ def _tcq_linear_kernel(x_ptr, c_ptr, t_ptr, c2_ptr, t2_ptr, s_ptr, b_ptr, y_ptr,
 @triton.jit
 def _store_scaled(out_ptr, w, s_ptr, offs_n, k, k_lim, N, K):
     scale = tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs_n[:, None].to(tl.int64) * K + k[None, :], w * scale[:, None],
-             mask=(offs_n[:, None] < N) & (k[None, :] < k_lim))
+    _store_tile(out_ptr, w * scale[:, None], offs_n, k, k_lim, N, K)
 
 
 @triton.jit
@@ -210,26 +170,6 @@ def _tcq_dequant_kernel(c_ptr, t_ptr, c2_ptr, t2_ptr, s_ptr, out_ptr, N, K, KH, 
 
 
 # -- input checks ---------------------------------------------------------------------------------
-def _check_device(op, ref_name, ref, tensors):
-    for name, t in tensors.items():
-        if t is not None and t.device != ref.device:
-            raise ValueError(f"{op} (triton): {name} is on {t.device} but {ref_name} is on {ref.device}; move "
-                             "the module or the input with .to()")
-    if ref.device.type == "cpu" and not INTERPRET:
-        raise RuntimeError(f"{op} (triton): CPU tensors run only under the Triton interpreter; set "
-                           "TRITON_INTERPRET=1 before importing torch_lowbit, or move the tensors to CUDA")
-
-
-def _check_x(op, x, k, n, bias):
-    if x.dtype not in _ACTS:
-        raise TypeError(f"{op} (triton): activations must be float32, bfloat16 or float16, got {x.dtype}; "
-                        "cast them with .to(torch.float16) or similar")
-    if x.shape[-1] != k:
-        raise ValueError(f"{op} (triton): x has {x.shape[-1]} features, the weight has K={k}")
-    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
-        raise ValueError(f"{op} (triton): bias must have {n} elements, got {tuple(bias.shape)}")
-
-
 def _check_scales(op, row_scales, n):
     if row_scales.dtype != torch.float16 or tuple(row_scales.shape) != (n,):
         raise ValueError(f"{op} (triton): row_scales must be fp16 [{n}], got {row_scales.dtype} "
@@ -274,81 +214,35 @@ def _tcq_part(op, codes, table, table_bits, shift_bits):
 
 
 # -- launchers ------------------------------------------------------------------------------------
-def linear_launch(op, kernel, x, n, weights, sizes, consts, bias, key, config, table_values=None):
-    """The launcher of the decode-matmul kernels built from _tiles / _mac (palette.py, lowbit.py):
-    kernel(x, *weights, bias, y, ws, M, N, K, *sizes, GEMV, DOT_FP32, HAS_BIAS, SPLIT_K, **consts,
-    BLOCK_*), the kind chosen by M, the config by autotune.pick under `op` and `key`.
-    table_values: size of a table the kernel may stage (its STAGE constexpr); None: no STAGE."""
-    k = x.shape[-1]
-    x2 = x.reshape(-1, k).contiguous()
-    m = x2.shape[0]
-    # The interpreter stores bf16 by truncation: give it an fp32 output and round once on the host.
-    out_dtype = torch.float32 if INTERPRET and x.dtype == torch.bfloat16 else x.dtype
-    y = torch.empty((m, n), device=x.device, dtype=out_dtype)
-    if m == 0:
-        return y.to(x.dtype).reshape(*x.shape[:-1], n)
-    kind = kernel_kind(m)
-    gemv = kind == "gemv"
-    b = bias.contiguous() if bias is not None else x2  # any pointer: HAS_BIAS is off
-
-    def run(cfg):
-        cfg = dict(cfg)
-        if table_values is not None:
-            cfg.setdefault("STAGE", stage_table(table_values))  # forced configs may leave it out
-        split = cfg.pop("SPLIT_K")
-        # fp32 partials of each K slice (every element written: no zero-fill needed)
-        ws = torch.empty((split, m, n), device=x.device, dtype=torch.float32) if split > 1 else y
-        if gemv:
-            grid = (triton.cdiv(n, cfg["BLOCK_N"]), split)
-            cfg["BLOCK_M"] = triton.next_power_of_2(m)
-        else:
-            grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), split)
-        dot_fp32 = x2.dtype == torch.float32 or (INTERPRET and x2.dtype == torch.bfloat16)
-        kernel[grid](x2, *weights, b, y, ws, m, n, k, *sizes, GEMV=gemv, DOT_FP32=dot_fp32,
-                     HAS_BIAS=bias is not None and split == 1, SPLIT_K=split, **consts, **cfg)
-        if split > 1:
-            block = 1024
-            _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](ws, b, y, m * n, n, HAS_BIAS=bias is not None,
-                                                                SPLIT_K=split, BLOCK=block)
-
-    if config is None:
-        cands, default = (_gemv_candidates, _gemv_default) if gemv else (_dot_candidates, _dot_default)
-        full_key = f"m{autotune.m_bucket(m)}_n{n}_k{k}_{key}_{str(x.dtype).removeprefix('torch.')}"
-        space = cands(m, n, k) if table_values is None else with_stage(cands(m, n, k), table_values)
-        config = autotune.pick(f"{op}_{kind}", full_key, space, default(m, n, k), run, x.device)
-    run(config)
-    return y.to(x.dtype).reshape(*x.shape[:-1], n)
-
-
 def codebook_linear(x, codes, code_bits, table, row_scales, bias=None, *, config=None):
     """y = x @ W'.T + bias for nuq/vq codes (the op torch_lowbit::codebook_linear), x already rotated;
     output in x's dtype, any leading dims. config: force a launch config (tests, benchmarks)."""
     op = "codebook_linear"
-    _check_device(op, "x", x, {"codes": codes, "table": table, "row_scales": row_scales, "bias": bias})
+    check_device(op, "x", x, {"codes": codes, "table": table, "row_scales": row_scales, "bias": bias})
     n, d, words = _codebook_shapes(op, codes, code_bits, table, row_scales, x.shape[-1])
-    _check_x(op, x, x.shape[-1], n, bias)
+    check_x(op, x, x.shape[-1], n, bias)
     return linear_launch(op, _codebook_linear_kernel, x, n, (codes.contiguous(), table.contiguous(),
                                                              row_scales.contiguous()), (words,),
-                         dict(BITS=code_bits, D=d), bias, f"b{code_bits}_d{d}", config, table_values=table.numel())
+                         dict(BITS=code_bits, D=d), bias, f"b{code_bits}_d{d}", config,
+                         lambda dtype: codebook_dequantize(codes, code_bits, table, row_scales, x.shape[-1], dtype=dtype),
+                         table_values=table.numel())
 
 
-def codebook_dequantize(codes, code_bits, table, row_scales, in_features):
-    """fp32 W' [N, in_features] = row_scale * table[code] (the op torch_lowbit::codebook_dequantize)."""
+def codebook_dequantize(codes, code_bits, table, row_scales, in_features, *, dtype=torch.float32):
+    """W' [N, in_features] = row_scale * table[code] in `dtype` (the op torch_lowbit::codebook_dequantize:
+    fp32)."""
     op = "codebook_dequantize"
-    _check_device(op, "codes", codes, {"table": table, "row_scales": row_scales})
+    check_device(op, "codes", codes, {"table": table, "row_scales": row_scales})
     n, d, words = _codebook_shapes(op, codes, code_bits, table, row_scales, in_features)
-    out = torch.empty((n, in_features), device=codes.device, dtype=torch.float32)
-    block_n, block_k = 32, 64
-    _codebook_dequant_kernel[(triton.cdiv(n, block_n), triton.cdiv(in_features, block_k))](
-        codes.contiguous(), table.contiguous(), row_scales.contiguous(), out, n, in_features, words,
-        BITS=code_bits, D=d, BLOCK_N=block_n, BLOCK_K=block_k)
-    return out
+    return dequant_launch(_codebook_dequant_kernel, n, in_features,
+                          (codes.contiguous(), table.contiguous(), row_scales.contiguous()),
+                          dict(ROW_WORDS=words, BITS=code_bits, D=d), codes.device, dtype)
 
 
 def _tcq_parts(op, parts, row_scales, ref_name, ref, extra):
     """(N, K, KH, kernel args, constexprs, key) of one or two TCQ parts (codes, table, Q, s)."""
     suffixes = ("",) if len(parts) == 1 else ("_lo", "_hi")
-    _check_device(op, ref_name, ref, {f"{name}{sfx}": t for sfx, p in zip(suffixes, parts)
+    check_device(op, ref_name, ref, {f"{name}{sfx}": t for sfx, p in zip(suffixes, parts)
                                       for name, t in (("codes", p[0]), ("table", p[1]))} | extra)
     widths = [_tcq_part(op, *p) for p in parts]
     n = parts[0][0].shape[0] * TILE
@@ -365,9 +259,9 @@ def _tcq_parts(op, parts, row_scales, ref_name, ref, extra):
 
 def _tcq_linear(op, x, parts, row_scales, bias, config):
     n, k, kh, args, consts, key = _tcq_parts(op, parts, row_scales, "x", x, {"row_scales": row_scales, "bias": bias})
-    _check_x(op, x, k, n, bias)
+    check_x(op, x, k, n, bias)
     return linear_launch(op, _tcq_linear_kernel, x, n, (*args, row_scales.contiguous()), (kh,), consts, bias, key,
-                         config)
+                         config, lambda dtype: _tcq_dequantize(op, parts, row_scales, dtype))
 
 
 def tcq_linear(x, codes, table, table_bits, shift_bits, row_scales, bias=None, *, config=None):
@@ -384,14 +278,11 @@ def tcq_half_linear(x, codes_lo, table_lo, table_bits_lo, shift_bits_lo, codes_h
                        row_scales, bias, config)
 
 
-def _tcq_dequantize(op, parts, row_scales):
+def _tcq_dequantize(op, parts, row_scales, dtype=torch.float32):
     codes = parts[0][0]
     n, k, kh, args, consts, _ = _tcq_parts(op, parts, row_scales, "codes", codes, {"row_scales": row_scales})
-    out = torch.empty((n, k), device=codes.device, dtype=torch.float32)
-    block_n, block_k = 32, 64
-    _tcq_dequant_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
-        *args, row_scales.contiguous(), out, n, k, kh, **consts, BLOCK_N=block_n, BLOCK_K=block_k)
-    return out
+    return dequant_launch(_tcq_dequant_kernel, n, k, (*args, row_scales.contiguous()), dict(KH=kh, **consts),
+                          codes.device, dtype)
 
 
 def tcq_dequantize(codes, table, table_bits, shift_bits, row_scales):

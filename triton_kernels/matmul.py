@@ -1,0 +1,291 @@
+"""The decode-matmul skeleton every Triton format kernel shares (lut4.py, palette.py, lowbit.py):
+program tiles, K slices, the multiply-accumulate, the epilogue and split-K reduction, codebook
+staging, launch configs and the launcher. A format file only supplies its tile decoder.
+
+Kernel kinds, chosen by M (the number of activation rows):
+- M <= GEMV_MAX_M, "gemv": CUDA-core split-K GEMV (GemLite's GEMV_SPLITK, Q-Palette's CUDA-core
+  kernels). Each program owns BLOCK_N outputs and one of SPLIT_K slices of K, decodes a
+  [BLOCK_N, BLOCK_K] weight tile and multiplies it with all M rows by broadcast FMAs. Why not
+  tensor cores: a tl.dot tile is at least 16 rows, and at M <= 4 the 2*M flops per weight stay
+  below what the CUDA cores sustain at HBM speed (H100: 3.35 TB/s / 0.5625 B per q4_0 weight ->
+  6e12 weights/s -> 48 TFLOPS at M = 4 vs 67 fp32), so the kernel stays memory-bound either way
+  and split-K gives enough programs to fill the GPU at small N.
+- M > GEMV_MAX_M, "dot": tiled tl.dot (fp16/bf16 tensor cores, the decoded tile cast to x's dtype;
+  exact fp32 products for fp32 activations). The grid's fastest axis is M, so the programs of one
+  N tile run together and its weight is read from HBM once (then L2). Optional split-K for medium M
+  and small N. From M >= DEQUANT_MIN_M the autotuner also times the "dequant" route: the format's
+  dequantize kernel writes W in x's dtype, then cuBLAS (torch.addmm) — whichever is faster wins.
+With SPLIT_K > 1 each program writes fp32 partials and `_splitk_reduce_kernel` sums them in a fixed
+order (deterministic, unlike atomics), adds the bias and casts; with SPLIT_K == 1 the kernel does
+that epilogue itself. Configs come from autotune.py.
+
+Codebook staging: a table of at most STAGE_MAX_VALUES fp32 values (the 16-entry 4-bit LUTs,
+nuq1..4, vq1.5, vq2, int1/2/3 tables) is loaded into registers once per program and every tile's
+lookups are `tl.gather`s from it (VQ-LLM's codebook cache: on chip, never reloaded per tile). Larger
+tables (vq2.5+, gcb's codebooks, the TCQ hybrid code's 2^(Q+1) x 2) would cost BLOCK_N x size
+registers as a gather source; they stay gathers from global memory, loaded evict_last while the
+streamed codes go evict_first, so the table is what L1 keeps. Whether staging wins is GPU-specific:
+STAGE is an autotuned config field.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from . import autotune
+from .autotune import INTERPRET
+
+GEMV_MAX_M = 4  # M <= this: CUDA-core GEMV kernel; above: tl.dot kernel (see the module docstring)
+DEQUANT_MIN_M = 128  # from here the autotuner also tries dequantize + cuBLAS
+STAGE_MAX_VALUES = 32
+ACTS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+# -- jit pieces ------------------------------------------------------------------------------------
+@triton.jit
+def _stage_table(tbl_ptr, SIZE: tl.constexpr, STAGE: tl.constexpr):
+    """STAGE: the table's SIZE values in registers (one load per program); else its pointer."""
+    if STAGE:
+        return tl.load(tbl_ptr + tl.arange(0, SIZE))
+    else:
+        return tbl_ptr
+
+
+@triton.jit
+def _lookup(table, idx, SIZE: tl.constexpr, STAGE: tl.constexpr):
+    """table[idx] for a 2-D int32 idx: a register gather from the staged table, or a global gather."""
+    if STAGE:
+        return tl.gather(tl.broadcast_to(table[None, :], (idx.shape[0], SIZE)), idx, axis=1)
+    else:
+        return tl.load(table + idx, eviction_policy="evict_last")
+
+
+@triton.jit
+def _window(first, second, o):
+    """32 bits of a bit stream starting o bits into word `first` (uint32; `second` is the next word).
+    (second >> 1) >> (31 - o) takes second's top o bits without a shift by 32 at o = 0."""
+    return (first << o) | ((second >> 1) >> (31 - o))
+
+
+@triton.jit
+def _tiles(GEMV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(pid_m, pid_n, pid_k, offs_m, offs_n): GEMV grid (N tiles, K slices) with all M rows in one
+    tile; tl.dot grid (M tiles fastest, so the M tiles of one N tile share its weight in L2, N, K)."""
+    if GEMV:
+        pid_m = 0
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+    else:
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        pid_k = tl.program_id(2)
+    return (pid_m, pid_n, pid_k, pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N))
+
+
+@triton.jit
+def _k_slice(pid_k, K, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[begin, end) of this program's K slice: whole BLOCK_K blocks, only the last meets K's edge."""
+    k_len = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
+    k_begin = pid_k * k_len
+    return k_begin, tl.minimum(k_begin + k_len, K)
+
+
+@triton.jit
+def _mac(acc, x_ptr, x_rows, offs_m, M, k, k_lim, w, GEMV: tl.constexpr, DOT_FP32: tl.constexpr):
+    """acc += x[:, k] @ w.T, columns >= k_lim masked out of x (so w there never counts)."""
+    x = tl.load(x_ptr + x_rows + k[None, :], mask=(offs_m[:, None] < M) & (k[None, :] < k_lim), other=0.0)
+    if GEMV:  # broadcast FMAs in fp32 on the CUDA cores (and the interpreter mis-reads bf16 math)
+        acc += tl.sum(x.to(tl.float32)[:, None, :] * w[None, :, :], axis=2)
+    elif DOT_FP32:  # fp32 activations (exact products), or bf16 under the interpreter
+        acc += tl.dot(x.to(tl.float32), tl.trans(w), input_precision="ieee")
+    else:  # fp16/bf16 tensor cores, fp32 accumulation
+        acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+    return acc
+
+
+@triton.jit
+def _epilogue(acc, offs_m, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS: tl.constexpr,
+              SPLIT_K: tl.constexpr):
+    """SPLIT_K == 1: bias, cast, store y. Else: store this K slice's fp32 partial sums."""
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    off = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + off, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(ws_ptr + pid_k.to(tl.int64) * M * N + off, acc, mask=mask)
+
+
+@triton.jit
+def _splitk_reduce_kernel(ws_ptr, b_ptr, y_ptr, MN, N, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):  # fixed order: the same sum on every run
+        acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _store_tile(out_ptr, w, offs_n, k, k_lim, N, K):
+    """Store a decoded [BLOCK_N, len(k)] tile into the [N, K] output (cast to its dtype)."""
+    tl.store(out_ptr + offs_n[:, None].to(tl.int64) * K + k[None, :], w.to(out_ptr.dtype.element_ty),
+             mask=(offs_n[:, None] < N) & (k[None, :] < k_lim))
+
+
+# -- launch configs --------------------------------------------------------------------------------
+# GEMV: BLOCK_N x BLOCK_K weight tile times BLOCK_M (<= 4) rows lives in registers as a 3-D product:
+# BLOCK_N * BLOCK_K / threads <= 32 values per row and thread.
+_GEMV_TILES = ((16, 256, 4), (32, 128, 4), (64, 64, 4), (32, 256, 8), (64, 128, 8))
+_DOT_TILES = ((16, 64, 128, 4), (16, 128, 64, 4), (32, 64, 64, 4), (32, 128, 64, 4), (64, 64, 64, 4),
+              (64, 128, 64, 4), (128, 64, 64, 4), (128, 128, 64, 8), (128, 256, 64, 8))
+_SPLITS = (1, 2, 4, 8)
+DEQUANT_ROUTE = {"ROUTE": "dequant"}
+
+
+def kernel_kind(m: int) -> str:
+    """'gemv' (CUDA-core split-K) for M <= GEMV_MAX_M, else 'dot' (tiled tl.dot)."""
+    return "gemv" if m <= GEMV_MAX_M else "dot"
+
+
+def gemv_candidates(m, n, k):
+    return [dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=2)
+            for bn, bk, w in _GEMV_TILES for sk in _SPLITS if sk * bk <= k]
+
+
+def gemv_default(m, n, k):
+    # A few K slices even on small shapes, so the interpreter tests exercise the split-K reduction.
+    return dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=max(1, min(4, triton.cdiv(k, 64))), num_warps=4, num_stages=2)
+
+
+def dot_candidates(m, n, k):
+    # Split K only while the M x N tiles alone are too few to fill a GPU (M <= 64).
+    return [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=3)
+            for bm, bn, bk, w in _DOT_TILES if bm <= max(16, autotune.m_bucket(m))
+            for sk in (_SPLITS[:3] if m <= 64 else (1,)) if sk * bk <= k]
+
+
+def dot_default(m, n, k):
+    bm = 16 if m <= 16 else 32 if m <= 32 else 64  # GPU-valid tl.dot tiles (M, N, K >= 16)
+    return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64, SPLIT_K=1, num_warps=4, num_stages=3)
+
+
+def stage_table(size: int) -> bool:
+    """The default STAGE for a table of `size` fp32 values (autotuning tries both where allowed)."""
+    return size <= STAGE_MAX_VALUES
+
+
+def with_stage(candidates, size: int) -> list:
+    """The launch-config space times the STAGE choices a table of `size` values allows."""
+    choices = (True, False) if stage_table(size) else (False,)
+    return [dict(c, STAGE=s) for c in candidates for s in choices]
+
+
+def config_space(m, n, k, table_values: Optional[int]) -> tuple[list, dict]:
+    """(candidates, untimed default) for a call with M = m: the kind's tiles (x STAGE choices), and
+    from DEQUANT_MIN_M the dequantize + cuBLAS route."""
+    gemv = kernel_kind(m) == "gemv"
+    cands = gemv_candidates(m, n, k) if gemv else dot_candidates(m, n, k)
+    default = gemv_default(m, n, k) if gemv else dot_default(m, n, k)
+    if table_values is not None:
+        cands, default = with_stage(cands, table_values), dict(default, STAGE=stage_table(table_values))
+    if not gemv and m >= DEQUANT_MIN_M:
+        cands = cands + [dict(DEQUANT_ROUTE)]
+    return cands, default
+
+
+# -- checks ----------------------------------------------------------------------------------------
+def check_device(op, ref_name, ref, tensors):
+    for name, t in tensors.items():
+        if t is not None and t.device != ref.device:
+            raise ValueError(f"{op} (triton): {name} is on {t.device} but {ref_name} is on {ref.device}; move "
+                             "the module or the input with .to()")
+    if ref.device.type == "cpu" and not INTERPRET:
+        raise RuntimeError(f"{op} (triton): CPU tensors run only under the Triton interpreter; set "
+                           "TRITON_INTERPRET=1 before importing torch_lowbit, or move the tensors to CUDA")
+
+
+def check_x(op, x, k, n, bias):
+    if x.dtype not in ACTS:
+        raise TypeError(f"{op} (triton): activations must be float32, bfloat16 or float16, got {x.dtype}; "
+                        "cast them with .to(torch.float16) or similar")
+    if x.shape[-1] != k:
+        raise ValueError(f"{op} (triton): x has {x.shape[-1]} features, the weight has K={k}")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
+        raise ValueError(f"{op} (triton): bias must have {n} elements, got {tuple(bias.shape)}")
+
+
+# -- launcher --------------------------------------------------------------------------------------
+def linear_launch(op: str, kernel, x, n: int, weights: tuple, sizes: tuple, consts: dict, bias, key: str, config,
+                  dequantize: Callable[[torch.dtype], torch.Tensor], table_values: Optional[int] = None):
+    """y = x @ W.T + bias in x's dtype, any leading dims of x, through
+    kernel(x, *weights, bias, y, ws, M, N, K, *sizes, GEMV, DOT_FP32, HAS_BIAS, SPLIT_K, **consts,
+    [STAGE,] BLOCK_*) — the kind chosen by M, the config by autotune.pick under `op` and `key` — or,
+    for the config DEQUANT_ROUTE, dequantize(x.dtype) -> W [N, K] and cuBLAS.
+
+    config: force a launch config (tests, benchmarks); default: autotune.pick (the fixed default
+    without a GPU timer, the tuned one on CUDA). table_values: size of a table the kernel may stage
+    (its STAGE constexpr); None: the kernel has no STAGE."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    # The interpreter stores bf16 by truncation: give it an fp32 output and round once on the host.
+    out_dtype = torch.float32 if INTERPRET and x.dtype == torch.bfloat16 else x.dtype
+    y = torch.empty((m, n), device=x.device, dtype=out_dtype)
+    if m == 0:
+        return y.to(x.dtype).reshape(*x.shape[:-1], n)
+    gemv = kernel_kind(m) == "gemv"
+    b = bias.contiguous() if bias is not None else x2  # any pointer: HAS_BIAS is off
+
+    def run(cfg):
+        cfg = dict(cfg)
+        if cfg.get("ROUTE") == "dequant":
+            w_t = dequantize(x2.dtype).t()
+            target = y if y.dtype == x2.dtype else torch.empty_like(y, dtype=x2.dtype)
+            if bias is None:
+                torch.mm(x2, w_t, out=target)
+            else:
+                torch.addmm(bias.to(x2.dtype), x2, w_t, out=target)
+            if target is not y:
+                y.copy_(target)
+            return
+        if table_values is not None:
+            cfg.setdefault("STAGE", stage_table(table_values))  # forced configs may leave it out
+        split = cfg.pop("SPLIT_K")
+        # fp32 partials of each K slice (every element written: no zero-fill needed)
+        ws = torch.empty((split, m, n), device=x.device, dtype=torch.float32) if split > 1 else y
+        if gemv:
+            grid = (triton.cdiv(n, cfg["BLOCK_N"]), split)
+            cfg["BLOCK_M"] = triton.next_power_of_2(m)
+        else:
+            grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), split)
+        dot_fp32 = x2.dtype == torch.float32 or (INTERPRET and x2.dtype == torch.bfloat16)
+        kernel[grid](x2, *weights, b, y, ws, m, n, k, *sizes, GEMV=gemv, DOT_FP32=dot_fp32,
+                     HAS_BIAS=bias is not None and split == 1, SPLIT_K=split, **consts, **cfg)
+        if split > 1:
+            block = 1024
+            _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](ws, b, y, m * n, n, HAS_BIAS=bias is not None,
+                                                                SPLIT_K=split, BLOCK=block)
+
+    if config is None:
+        cands, default = config_space(m, n, k, table_values)
+        full_key = f"m{autotune.m_bucket(m)}_n{n}_k{k}_{key}_{str(x.dtype).removeprefix('torch.')}"
+        config = autotune.pick(f"{op}_{'gemv' if gemv else 'dot'}", full_key, cands, default, run, x.device)
+    run(config)
+    return y.to(x.dtype).reshape(*x.shape[:-1], n)
+
+
+def dequant_launch(kernel, n: int, k: int, args: tuple, consts: dict, device, dtype=torch.float32,
+                   block_n: int = 32, block_k: int = 64):
+    """W [N, K] in `dtype` from kernel(*args, out, N, K, **consts, BLOCK_N, BLOCK_K), one tile a program."""
+    out = torch.empty((n, k), device=device, dtype=dtype)
+    kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](*args, out, n, k, **consts, BLOCK_N=block_n,
+                                                                BLOCK_K=block_k)
+    return out
