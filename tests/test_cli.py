@@ -29,7 +29,7 @@ def test_cli_bench_cpu_runs_every_contender(tmp_path):
 
 
 def test_cli_bench_roofline_model_table():
-    r = subprocess.run([sys.executable, "-m", "torch_lowbit", "bench", "roofline", "--shapes", "256x512", "--threads",
+    r = subprocess.run([sys.executable, "-m", "torch_lowbit", "bench", "roofline", "--shapes", "1024x2048", "--threads",
                         "1", "--formats", "int2_g64", "gcb2", "--rotate-mib", "8"], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -149,9 +149,21 @@ class IntSym(IntGroupFormat):
         return 2 * torch.arange(2 ** self.bits, dtype=torch.float32) - (2 ** self.bits - 1)
 
     def fit_groups(self, x: Tensor, importance: Optional[Tensor] = None) -> tuple[Tensor, None]:
-        w = torch.ones_like(x) if importance is None else importance.expand_as(x)
+        start = x.abs().amax(-1, keepdim=True) / self.code_values()[-1]
+        if importance is None:
+            return self._refit(x, torch.ones_like(x), start)[0], None
+        # The weighted alternation can stall in a worse local optimum than the plain one: start it
+        # from both and keep, per group, the scale of lower weighted error.
+        w = importance.expand_as(x)
+        scale, err = self._refit(x, w, start)
+        plain_scale = self._refit(x, torch.ones_like(x), start)[0]
+        plain_scale, plain_err = self._refit(x, w, plain_scale)
+        return torch.where(plain_err < err, plain_scale, scale), None
+
+    def _refit(self, x: Tensor, w: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
+        """Alternate nearest levels and the weighted least-squares scale from `scale`, keeping only
+        improvements: (scale, weighted squared error) per group."""
         values = self.code_values().to(x.device)
-        scale = x.abs().amax(-1, keepdim=True) / values[-1]
 
         def err_and_levels(d):
             t = values[self.encode(x, d, None).long()]
@@ -165,7 +177,7 @@ class IntSym(IntGroupFormat):
             better = (refit > 0) & (new_err < err)
             scale, err = torch.where(better, refit, scale), torch.where(better, new_err, err)
             t = torch.where(better, new_t, t)
-        return scale, None
+        return scale, err
 
 
 def _nearest_codes(x: Tensor, scale: Tensor, mn: Tensor, top: int) -> Tensor:

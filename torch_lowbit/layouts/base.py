@@ -7,6 +7,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Optional
 
+import torch
 from torch import Tensor
 
 from ..formats.base import Format
@@ -49,6 +50,16 @@ class Layout(ABC):
     def linear(self, fmt: Format, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
                backend: str, out_features: int) -> Tensor:
         """y = x @ W.T + bias with the kernels of `backend` ("cpu" or "triton")."""
+
+
+def run_op(op: str, kernels: str, args: tuple, backend: str, x: Tensor) -> Tensor:
+    """torch.ops.torch_lowbit.<op>(*args) (its CPU / CUDA impl by device), or with backend "triton" on
+    CPU tensors the Triton function of the same name in triton_kernels/<kernels>.py (the eager-only
+    debugging route: the kernel under TRITON_INTERPRET=1; torch.ops would run the CPU impl)."""
+    if backend == "triton" and x.device.type == "cpu":
+        import importlib
+        return getattr(importlib.import_module(f"torch_lowbit.triton_kernels.{kernels}"), op)(*args)
+    return getattr(torch.ops.torch_lowbit, op)(*args)
 
 
 _LAYOUTS: dict[str, Layout] = {}

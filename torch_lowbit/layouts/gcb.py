@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..formats.activations import fake_quantize_q8_blocks
 from ..formats.gcb import SUBGROUP, GroupCodebook
-from .base import Layout, register_layout
+from .base import Layout, register_layout, run_op
 from .lut_i8 import TILE, pad_rows, pack_codes, unpack_codes
 from .palette_packed import pack_stream, unpack_stream
 
@@ -64,11 +64,7 @@ class GcbRowMajor(Layout):
                backend: str, out_features: int) -> Tensor:
         args = (x, buffers["codes"], fmt.bits, buffers["sub_groups"], buffers["super_scales"], buffers["codebooks"],
                 bias)
-        if backend == "triton" and x.device.type == "cpu":
-            # Eager-only debugging route: the Triton kernel under TRITON_INTERPRET=1 on CPU tensors.
-            from ..triton_kernels.lowbit import gcb_linear
-            return gcb_linear(*args)
-        return torch.ops.torch_lowbit.gcb_linear(*args)
+        return run_op("gcb_linear", "lowbit", args, backend, x)
 
 
 class GcbI8Tiled(Layout):

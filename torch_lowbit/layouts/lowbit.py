@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ..formats.scalar import ScalarCodebookFormat
-from .base import Layout, register_layout
+from .base import Layout, register_layout, run_op
 from .palette_packed import pack_stream, unpack_stream
 
 BITS = (1, 2, 3)
@@ -57,11 +57,7 @@ class LowbitRowMajor(Layout):
                bias: Optional[Tensor], backend: str, out_features: int) -> Tensor:
         args = (x, buffers["codes"], fmt.code_bits, buffers["scales"], buffers.get("mins"), buffers["lut"],
                 fmt.group_size, bias)
-        if backend == "triton" and x.device.type == "cpu":
-            # Eager-only debugging route: the Triton kernel under TRITON_INTERPRET=1 on CPU tensors.
-            from ..triton_kernels.lowbit import lowbit_linear
-            return lowbit_linear(*args)
-        return torch.ops.torch_lowbit.lowbit_linear(*args)
+        return run_op("lowbit_linear", "lowbit", args, backend, x)
 
 
 LOWBIT_ROWMAJOR = register_layout(LowbitRowMajor(), default_for="lut1")

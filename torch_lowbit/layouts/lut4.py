@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ..formats.scalar import ScalarCodebookFormat
-from .base import Layout, register_layout
+from .base import Layout, register_layout, run_op
 
 
 def pack_nibbles(codes: Tensor) -> Tensor:
@@ -63,11 +63,7 @@ class Lut4RowMajor(Layout):
                bias: Optional[Tensor], backend: str, out_features: int) -> Tensor:
         args = (x, buffers["qweight"], buffers["scales"], buffers.get("mins"), buffers["lut"],
                 fmt.group_size, bias)
-        if backend == "triton" and x.device.type == "cpu":
-            # Eager-only debugging route: the Triton kernel under TRITON_INTERPRET=1 on CPU tensors.
-            from ..triton_kernels.lut4 import lut4_linear
-            return lut4_linear(*args)
-        return torch.ops.torch_lowbit.lut4_linear(*args)
+        return run_op("lut4_linear", "lut4", args, backend, x)
 
 
 LUT4_ROWMAJOR = register_layout(Lut4RowMajor(), default_for="lut4")

@@ -149,31 +149,28 @@ _TCQ_HALF_SCHEMA = ("tcq_half_linear(Tensor x, Tensor codes_lo, Tensor table_lo,
                     "Tensor row_scales, Tensor? bias) -> Tensor")
 
 
+def _register_fakes(name: str, check) -> None:
+    """Fake impls of <name>_linear(x, *weights, bias) and <name>_dequantize(*weights) -> fp32 [N, K],
+    where check(*weights) validates the weights and returns (N, K)."""
+    def linear_fake(x, *args):
+        *weights, bias = args
+        return _linear_out(f"{name}_linear", x, *check(*weights), bias)
+
+    def dequantize_fake(*weights):
+        return weights[0].new_empty(check(*weights), dtype=torch.float32)
+
+    torch.library.register_fake(f"torch_lowbit::{name}_linear")(linear_fake)
+    torch.library.register_fake(f"torch_lowbit::{name}_dequantize")(dequantize_fake)
+
+
 def _register() -> None:
     cpu_extension()  # loads the schemas and CPU kernels
     _LIB.define(_TCQ_HALF_SCHEMA)
     for schema in _LOWBIT_SCHEMAS:
         _LIB.define(schema)
 
-    @torch.library.register_fake("torch_lowbit::lowbit_linear")
-    def _lowbit_linear_fake(x, codes, code_bits, scales, mins, lut, group_size, bias):
-        n, k = _lowbit_check(codes, code_bits, scales, mins, lut, group_size)
-        return _linear_out("lowbit_linear", x, n, k, bias)
-
-    @torch.library.register_fake("torch_lowbit::lowbit_dequantize")
-    def _lowbit_dequantize_fake(codes, code_bits, scales, mins, lut, group_size):
-        n, k = _lowbit_check(codes, code_bits, scales, mins, lut, group_size)
-        return codes.new_empty((n, k), dtype=torch.float32)
-
-    @torch.library.register_fake("torch_lowbit::gcb_linear")
-    def _gcb_linear_fake(x, codes, code_bits, sub_groups, super_scales, codebooks, bias):
-        n, k = _gcb_check(codes, code_bits, sub_groups, super_scales, codebooks)
-        return _linear_out("gcb_linear", x, n, k, bias)
-
-    @torch.library.register_fake("torch_lowbit::gcb_dequantize")
-    def _gcb_dequantize_fake(codes, code_bits, sub_groups, super_scales, codebooks):
-        n, k = _gcb_check(codes, code_bits, sub_groups, super_scales, codebooks)
-        return codes.new_empty((n, k), dtype=torch.float32)
+    for name, check in (("lut4", _lut4_check), ("tcq", _tcq_check), ("lowbit", _lowbit_check), ("gcb", _gcb_check)):
+        _register_fakes(name, check)
 
     torch.library.impl("torch_lowbit::lowbit_dequantize", "CPU")(_lowbit_dequantize_cpu)
     torch.library.impl("torch_lowbit::gcb_dequantize", "CPU")(_gcb_dequantize_cpu)
@@ -187,11 +184,6 @@ def _register() -> None:
     def _gcb_linear_cpu(x, codes, code_bits, sub_groups, super_scales, codebooks, bias):
         return _dense_linear("gcb_linear", x, _gcb_dequantize_cpu(codes, code_bits, sub_groups, super_scales,
                                                                   codebooks), bias)
-
-    @torch.library.register_fake("torch_lowbit::lut4_linear")
-    def _lut4_linear_fake(x, qweight, scales, mins, lut, group_size, bias):
-        n, k = _lut4_check(qweight, scales, mins, lut, group_size)
-        return _linear_out("lut4_linear", x, n, k, bias)
 
     @torch.library.register_fake("torch_lowbit::lut_i8_linear")
     def _lut_i8_linear_fake(x, qweight, scales, mins, lut, code_bits, group_size, out_features, bias,
@@ -230,16 +222,6 @@ def _register() -> None:
         n, k = _codebook_check(codes, code_bits, table, row_scales, in_features)
         return codes.new_empty((n, k), dtype=torch.float32)
 
-    @torch.library.register_fake("torch_lowbit::tcq_linear")
-    def _tcq_linear_fake(x, codes, table, table_bits, shift_bits, row_scales, bias):
-        n, k = _tcq_check(codes, table, table_bits, shift_bits, row_scales)
-        return _linear_out("tcq_linear", x, n, k, bias)
-
-    @torch.library.register_fake("torch_lowbit::tcq_dequantize")
-    def _tcq_dequantize_fake(codes, table, table_bits, shift_bits, row_scales):
-        n, k = _tcq_check(codes, table, table_bits, shift_bits, row_scales)
-        return codes.new_empty((n, k), dtype=torch.float32)
-
     @torch.library.register_fake("torch_lowbit::tcq_half_linear")
     def _tcq_half_linear_fake(x, codes_lo, table_lo, table_bits_lo, shift_bits_lo, codes_hi, table_hi,
                               table_bits_hi, shift_bits_hi, row_scales, bias):
@@ -256,11 +238,6 @@ def _register() -> None:
                                               row_scales, None)
         return y + torch.ops.torch_lowbit.tcq_linear(x[..., k_lo:], codes_hi, table_hi, table_bits_hi,
                                                      shift_bits_hi, row_scales, bias)
-
-    @torch.library.register_fake("torch_lowbit::lut4_dequantize")
-    def _lut4_dequantize_fake(qweight, scales, mins, lut, group_size):
-        n, k = _lut4_check(qweight, scales, mins, lut, group_size)
-        return qweight.new_empty((n, k), dtype=torch.float32)
 
     @torch.library.impl("torch_lowbit::lut4_linear", "CUDA")
     def _lut4_linear_cuda(x, qweight, scales, mins, lut, group_size, bias):
