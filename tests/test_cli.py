@@ -78,21 +78,26 @@ def test_bench_gpu_tables_on_tiny_cpu_inputs():
     from torch_lowbit.bench import gpu
     from torch_lowbit.rotations.hadamard import hadamard_matrix
     with tl.use_backend("triton"):
-        rows = gpu.bench_gpu(shapes=((64, 128),), ms=(1, 17), formats=("q4_0", "int4_g128", "nuq3", "tcq2.25"),
-                             rotate_mib=1, device="cpu", timer=gpu.wall_us, progress=lambda msg: None)
+        rows = gpu.bench_gpu(shapes=((64, 128),), ms=(1, 17),
+                             formats=("q4_0", "int4_g128", "nuq3", "tcq2.25", "int2_g64", "gcb2_sb64"), rotate_mib=1, device="cpu", timer=gpu.wall_us, progress=lambda msg: None)
     assert [(r.m, r.name) for r in rows] == [(m, name) for m in (1, 17) for name in
                                             (gpu.BASELINE, "torch_lowbit q4_0 [lut4_rowmajor]",
                                              "torch_lowbit int4_g128 [lut4_rowmajor]",
                                              "torch_lowbit nuq3 [palette_packed]",
-                                             "torch_lowbit tcq2.25 [palette_packed]")]
+                                             "torch_lowbit tcq2.25 [palette_packed]",
+                                             "torch_lowbit int2_g64 [lowbit_rowmajor]",
+                                             "torch_lowbit gcb2_sb64 [gcb_rowmajor]")]
     # codes (nuq: 16 streams per row, each padded to a word) + fp16 row scales + int8 rotation signs
     from torch_lowbit.layouts.palette_packed import stream_words
     assert stream_words(128, 3) == 16 and rows[3].weight_bytes == 64 * 16 * 4 + 64 * 2 + 128
     assert rows[4].weight_bytes == 64 * 128 * 9 // 32 + 64 * 2 + 128  # 2.25 bits: halves at 2 and 2.5
     assert rows[0].weight_bytes == 64 * 128 * 2 and rows[1].weight_bytes == 64 * 128 // 2 + 64 * 4 * 2
+    assert rows[5].weight_bytes == 64 * 128 // 4 + 64 * 2 * 2 * 2  # int2 codes + fp16 scales and mins
+    # gcb: codes + a sub-group byte per 32 + fp16 superblock scales + the 16 x 4 int8 codebooks
+    assert rows[6].weight_bytes == 64 * 128 // 4 + 64 * 4 + 64 * 2 * 2 + 64
     table = gpu.format_gpu_table(rows, "cpu (interpreter)")
     lines = [line for line in table.splitlines() if line.startswith("| 64x128 |")]
-    assert len(lines) == 10 and all(line.count("|") == 8 for line in lines)
+    assert len(lines) == 14 and all(line.count("|") == 8 for line in lines)
     assert lines[0].endswith("| 1.00x |")  # the baseline against itself
     ratio = float(lines[1].split("|")[-2].strip().rstrip("x"))
     assert abs(ratio - rows[0].us / rows[1].us) < 0.01
