@@ -62,7 +62,11 @@ CASES = [(fmt, backend, path, layout, shape_idx, bias, dtype)
          # still meet GEMV and tl.dot); tests/test_triton_kernels.py covers their dtypes x paths
          if backend != "triton" or layout != "palette_packed" or bias == (dtype == torch.bfloat16)
          # plain-torch layouts (one code path for all dtypes): bias and bf16 together suffice
-         if get_layout(layout).isa_paths or bias == (dtype == torch.bfloat16)]
+         if get_layout(layout).isa_paths or bias == (dtype == torch.bfloat16)
+         # one Triton kernel per sub-4-bit family whatever the group size: g64 and the gcb defaults there
+         # (tests/test_triton_kernels.py forces every kernel path for g32/g128 and other superblocks)
+         if backend != "triton" or layout not in ("lowbit_rowmajor", "gcb_rowmajor") or fmt.endswith("_g64")
+         or fmt in ("gcb2", "gcb3")]
 
 
 @pytest.mark.parametrize("fmt,backend,path,layout,shape_idx,bias,dtype", CASES,

@@ -32,6 +32,22 @@ def _matmul():
     return matmul
 
 
+def on_cuda(test):
+    """The `-m gpu` tests: real kernels on CUDA at real sizes (the suite otherwise defaults to the interpreter)."""
+    for mark in (pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+                 pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="conftest defaults to the "
+                                    "interpreter: run with TRITON_INTERPRET=0 to test the GPU kernels")):
+        test = mark(test)
+    return test
+
+
+def _needs_interpreter_on_cpu(monkeypatch, call):
+    """Without TRITON_INTERPRET=1 a launcher refuses CPU tensors with an error naming the fix."""
+    monkeypatch.setattr(_matmul(), "INTERPRET", False)
+    with pytest.raises(RuntimeError, match="set TRITON_INTERPRET=1"):
+        call()
+
+
 def _quantized(fmt, k, n, bias, gen, device="cpu"):
     lin = random_linear(k, n, bias, gen)
     return tl.QuantLinear.from_linear(lin.to(device), fmt, layout="lut4_rowmajor"), lin
@@ -124,9 +140,7 @@ def test_launcher_rejects_bad_input(monkeypatch):
         lut4.lut4_linear(torch.randn(1, 64), *args, torch.zeros(9))
     with pytest.raises(ValueError, match="qweight is on cpu but x is on meta"):
         lut4.lut4_linear(torch.randn(1, 64, device="meta"), *args)
-    monkeypatch.setattr(_matmul(), "INTERPRET", False)
-    with pytest.raises(RuntimeError, match="set TRITON_INTERPRET=1"):
-        lut4.lut4_linear(torch.randn(1, 64), *args)
+    _needs_interpreter_on_cpu(monkeypatch, lambda: lut4.lut4_linear(torch.randn(1, 64), *args))
 
 
 class _CountLaunches:
@@ -140,7 +154,7 @@ class _CountLaunches:
 
 def test_fused_projections_run_as_one_launch_with_view_outputs(monkeypatch):
     lut4 = _kernels()
-    counters = {"_lut4_linear_kernel": _CountLaunches(lut4._lut4_linear_kernel)}
+    counters = {"_group_linear_kernel": _CountLaunches(lut4._group_linear_kernel)}
     for name, c in counters.items():
         monkeypatch.setattr(lut4, name, c)
     model = tiny_llama()
@@ -172,8 +186,8 @@ def test_fused_projections_run_as_one_launch_with_view_outputs(monkeypatch):
 
 def test_fused_module_gemv_is_one_launch(monkeypatch):
     lut4 = _kernels()
-    counter = _CountLaunches(lut4._lut4_linear_kernel)
-    monkeypatch.setattr(lut4, "_lut4_linear_kernel", counter)
+    counter = _CountLaunches(lut4._group_linear_kernel)
+    monkeypatch.setattr(lut4, "_group_linear_kernel", counter)
     gen = _gen()
     lins = [torch.nn.Linear(128, n) for n in (64, 32, 32)]
     fused = tl.QuantLinear.from_linears(lins, "int4_g64", layout="lut4_rowmajor")
@@ -269,10 +283,7 @@ def test_autotune_times_once_and_caches_per_gpu(tmp_path, monkeypatch):
 
 
 # -- GPU -----------------------------------------------------------------------------------------
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
-                    reason="conftest defaults to the interpreter: run with TRITON_INTERPRET=0 to test the GPU kernels")
+@on_cuda
 @pytest.mark.parametrize("fmt", ["q4_0", "iq4_nl", "int4_g32", "int4_g64", "int4_g128"])
 @pytest.mark.parametrize("m", [1, 8, 64, 512])
 def test_cuda_kernels_match_reference_at_real_sizes(fmt, m):
@@ -513,15 +524,10 @@ def test_palette_launchers_reject_bad_input(monkeypatch):
         pal.tcq_linear(torch.randn(1, 32), args[0], args[1][:512], *args[2:4], tb["row_scales"])
     with pytest.raises(ValueError, match=r"codes must be int32 \[N/16, K/16, 16\]"):
         pal.tcq_linear(torch.randn(1, 32), args[4], *args[1:4], tb["row_scales"])
-    monkeypatch.setattr(_matmul(), "INTERPRET", False)
-    with pytest.raises(RuntimeError, match="set TRITON_INTERPRET=1"):
-        pal.codebook_linear(torch.randn(1, 64), words, 4, table, scales)
+    _needs_interpreter_on_cpu(monkeypatch, lambda: pal.codebook_linear(torch.randn(1, 64), words, 4, table, scales))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
-                    reason="conftest defaults to the interpreter: run with TRITON_INTERPRET=0 to test the GPU kernels")
+@on_cuda
 @pytest.mark.parametrize("fmt", ["nuq3", "vq2", "vq5", "tcq2", "tcq5", "tcq2.25"])
 @pytest.mark.parametrize("m", [1, 8, 64, 512])
 def test_cuda_palette_kernels_match_reference_at_real_sizes(fmt, m):
@@ -655,15 +661,10 @@ def test_lowbit_launchers_reject_bad_input(monkeypatch):
         lb.gcb_linear(torch.randn(1, 128, device="meta"), gcodes, gbits, sub, sup, cbs)
     with pytest.raises(RuntimeError, match="lowbit: lut must be 8 fp32 values"):  # the op's own check
         torch.ops.torch_lowbit.lowbit_linear(x, codes, bits, scales, mins, lut[:4], group, None)
-    monkeypatch.setattr(_matmul(), "INTERPRET", False)
-    with pytest.raises(RuntimeError, match="set TRITON_INTERPRET=1"):
-        lb.gcb_linear(torch.randn(1, 128), gcodes, gbits, sub, sup, cbs)
+    _needs_interpreter_on_cpu(monkeypatch, lambda: lb.gcb_linear(torch.randn(1, 128), gcodes, gbits, sub, sup, cbs))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
-                    reason="conftest defaults to the interpreter: run with TRITON_INTERPRET=0 to test the GPU kernels")
+@on_cuda
 @pytest.mark.parametrize("fmt", ["int1_g64", "int2_g64", "int2_sym_g64", "int3_g128", "gcb2", "gcb3"])
 @pytest.mark.parametrize("m", [1, 8, 64, 512])
 def test_cuda_lowbit_kernels_match_reference_at_real_sizes(fmt, m):
@@ -728,3 +729,25 @@ def test_dequant_route_matches_reference(fmt):
         for bias in (None, torch.randn(n, generator=gen)):
             x = torch.randn(2, m // 2, k, generator=gen).to(dtype)
             _check_palette(x, w, bias, run(x, bias))
+
+
+# -- real GPU compile without a GPU -----------------------------------------------------------------
+def test_kernels_compile_for_hopper_without_a_gpu():
+    """The interpreter accepts code the GPU compiler rejects (a non-constexpr global in a jit function, a
+    reassigned constexpr in the Hadamard butterflies both passed it): compile_check runs the real
+    launchers with the code generator and ptxas down to sm_90 cubins, outside the interpreter."""
+    import subprocess
+    import sys
+    code = ("from torch_lowbit.triton_kernels import compile_check as c\n"
+            "d = c.run(formats=c.QUICK)\n"
+            "print('compiled', len(d), max(d.values()))\n")
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
+    if r.returncode and "ptxas" in r.stderr and "not found" in r.stderr:
+        pytest.skip("this triton build has no bundled ptxas")
+    assert r.returncode == 0, r.stderr[-3000:]
+    count, shared = map(int, r.stdout.strip().splitlines()[-1].split()[1:])
+    assert count >= 40 and shared <= 227 * 1024
+    for kernel in ("_group_linear_kernel", "_group_dequant_kernel", "_codebook_linear_kernel", "_tcq_linear_kernel",
+                   "_splitk_reduce_kernel", "_hadamard_kernel"):
+        assert kernel in r.stdout, kernel

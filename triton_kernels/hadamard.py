@@ -47,9 +47,8 @@ def _hadamard_kernel(x_ptr, signs_ptr, mix_ptr, y_ptr, rows, scale,
         m = tl.load(mix_ptr + c * K + a, mask=a_mask, other=0.0)
         acc += tl.sum(v * m[None, :, None], axis=1)
 
-    for stage in tl.static_range(LOG_LEN):
-        h: tl.constexpr = 1 << stage
-        pairs = tl.permute(tl.reshape(acc, (BLOCK_M, LEN // (2 * h), 2, h)), (0, 1, 3, 2))
+    for stage in tl.static_range(LOG_LEN):  # butterflies of span 1 << stage (a constexpr cannot be reassigned)
+        pairs = tl.permute(tl.reshape(acc, (BLOCK_M, LEN // (2 << stage), 2, 1 << stage)), (0, 1, 3, 2))
         lo, hi = tl.split(pairs)
         acc = tl.reshape(tl.permute(tl.join(lo + hi, lo - hi), (0, 1, 3, 2)), (BLOCK_M, LEN))
 

@@ -9,7 +9,8 @@ code j at bits [j b, j b + b) of the row, int32 words, the row padded to a word)
   sub-group byte c << 4 | s of (n, k // 32) as uint8 [N, K / 32], d the fp16 superblock scale
   [N, K / superblock] and the layer's int8 codebooks [C, 2^b] (64-128 values: gathered from global
   memory, evict_last so L1 keeps them).
-The decode runs in registers right after the load; kernel kinds by M (split-K CUDA-core GEMV, tiled
+This file holds the two tile decoders (decoded in registers right after the load); the kernels
+(matmul._group_linear_kernel / _group_dequant_kernel, kinds by M: split-K CUDA-core GEMV, tiled
 tl.dot, dequantize + cuBLAS), configs, split-K and the launcher are matmul.py's.
 """
 from __future__ import annotations
@@ -18,11 +19,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .lut4 import _apply_groups
-from .matmul import (_epilogue, _k_slice, _lookup, _mac, _stage_table, _store_tile, _tiles, _window, check_device,
-                     check_x, dequant_launch, linear_launch)
+from torch_lowbit.formats.gcb import SUBGROUP  # weights per gcb sub-group byte
 
-SUBGROUP = 32  # gcb: weights per sub-group byte (formats/gcb.py)
+from .lut4 import _apply_groups
+from .matmul import (_group_dequant_kernel, _group_linear_kernel, _lookup, _window, check_device, check_x,
+                     dequant_launch, linear_launch)
+
+_SUBGROUP = tl.constexpr(SUBGROUP)  # jit code reads only constexpr globals (the interpreter does not check)
 
 
 # -- decoders --------------------------------------------------------------------------------------
@@ -55,69 +58,16 @@ def _lowbit_tile(words_ptr, s_ptr, mn_ptr, lut, offs_n, k, N, K, ROW_WORDS, BITS
 
 @triton.jit
 def _gcb_tile(words_ptr, sub_ptr, d_ptr, cb_ptr, offs_n, k, N, K, ROW_WORDS, BITS: tl.constexpr,
-              SUPERBLOCK: tl.constexpr):
-    """fp32 weights [BLOCK_N, len(k)]: codebooks[c][code] * (s * d), in the reference's order."""
+              SUPERBLOCK: tl.constexpr, HAS_MIN: tl.constexpr, STAGE: tl.constexpr):
+    """fp32 weights [BLOCK_N, len(k)]: codebooks[c][code] * (s * d), in the reference's order
+    (matmul's group-kernel decoder signature: GROUP is the superblock; no mins; never staged)."""
     mask = (offs_n[:, None] < N) & (k[None, :] < K)
     codes = _row_codes(words_ptr, offs_n, k, N, K, ROW_WORDS, BITS)
     rows = offs_n[:, None].to(tl.int64)
-    sub = tl.load(sub_ptr + rows * (K // SUBGROUP) + (k // SUBGROUP)[None, :], mask=mask, other=0).to(tl.int32)
+    sub = tl.load(sub_ptr + rows * (K // _SUBGROUP) + (k // _SUBGROUP)[None, :], mask=mask, other=0).to(tl.int32)
     d = tl.load(d_ptr + rows * (K // SUPERBLOCK) + (k // SUPERBLOCK)[None, :], mask=mask, other=0.0)
     value = tl.load(cb_ptr + (sub >> 4) * (1 << BITS) + codes, eviction_policy="evict_last").to(tl.float32)
     return value * ((sub & 15).to(tl.float32) * d.to(tl.float32))
-
-
-# -- kernels ---------------------------------------------------------------------------------------
-@triton.jit
-def _lowbit_linear_kernel(x_ptr, words_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, ROW_WORDS,
-                          BITS: tl.constexpr, GROUP: tl.constexpr, HAS_MIN: tl.constexpr, GEMV: tl.constexpr,
-                          DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-                          STAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr):
-    pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(GEMV, BLOCK_M, BLOCK_N)
-    x_rows = offs_m[:, None].to(tl.int64) * K
-    k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
-    lut = _stage_table(lut_ptr, 1 << BITS, STAGE)  # once per program
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_begin, k_end, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        w = _lowbit_tile(words_ptr, s_ptr, mn_ptr, lut, offs_n, k, N, K, ROW_WORDS, BITS, GROUP, HAS_MIN, STAGE)
-        acc = _mac(acc, x_ptr, x_rows, offs_m, M, k, K, w, GEMV, DOT_FP32)
-    _epilogue(acc, offs_m, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
-
-
-@triton.jit
-def _gcb_linear_kernel(x_ptr, words_ptr, sub_ptr, d_ptr, cb_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, ROW_WORDS,
-                       BITS: tl.constexpr, SUPERBLOCK: tl.constexpr, GEMV: tl.constexpr, DOT_FP32: tl.constexpr,
-                       HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(GEMV, BLOCK_M, BLOCK_N)
-    x_rows = offs_m[:, None].to(tl.int64) * K
-    k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_begin, k_end, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        w = _gcb_tile(words_ptr, sub_ptr, d_ptr, cb_ptr, offs_n, k, N, K, ROW_WORDS, BITS, SUPERBLOCK)
-        acc = _mac(acc, x_ptr, x_rows, offs_m, M, k, K, w, GEMV, DOT_FP32)
-    _epilogue(acc, offs_m, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
-
-
-@triton.jit
-def _lowbit_dequant_kernel(words_ptr, s_ptr, mn_ptr, lut_ptr, out_ptr, N, K, ROW_WORDS, BITS: tl.constexpr,
-                           GROUP: tl.constexpr, HAS_MIN: tl.constexpr, BLOCK_N: tl.constexpr,
-                           BLOCK_K: tl.constexpr):
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    w = _lowbit_tile(words_ptr, s_ptr, mn_ptr, lut_ptr, offs_n, k, N, K, ROW_WORDS, BITS, GROUP, HAS_MIN, False)
-    _store_tile(out_ptr, w, offs_n, k, K, N, K)
-
-
-@triton.jit
-def _gcb_dequant_kernel(words_ptr, sub_ptr, d_ptr, cb_ptr, out_ptr, N, K, ROW_WORDS, BITS: tl.constexpr,
-                        SUPERBLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    w = _gcb_tile(words_ptr, sub_ptr, d_ptr, cb_ptr, offs_n, k, N, K, ROW_WORDS, BITS, SUPERBLOCK)
-    _store_tile(out_ptr, w, offs_n, k, K, N, K)
 
 
 # -- input checks ----------------------------------------------------------------------------------
@@ -178,6 +128,14 @@ def _gcb_weights(codes, sub_groups, super_scales, codebooks):
     return codes.contiguous(), sub_groups.contiguous(), super_scales.contiguous(), codebooks.contiguous()
 
 
+def _lowbit_consts(code_bits, group_size, mins):
+    return dict(DECODE=_lowbit_tile, BITS=code_bits, GROUP=group_size, HAS_MIN=mins is not None)
+
+
+def _gcb_consts(code_bits, superblock):
+    return dict(DECODE=_gcb_tile, BITS=code_bits, GROUP=superblock, HAS_MIN=False)
+
+
 def lowbit_linear(x, codes, code_bits, scales, mins, lut, group_size, bias=None, *, config=None):
     """y = x @ W.T + bias for lowbit_rowmajor buffers (the op torch_lowbit::lowbit_linear), output in
     x's dtype, any leading dims of x. config: force a launch config (tests, benchmarks)."""
@@ -186,8 +144,8 @@ def lowbit_linear(x, codes, code_bits, scales, mins, lut, group_size, bias=None,
     n, k, words = _lowbit_shapes(op, codes, code_bits, scales, mins, lut, group_size)
     check_x(op, x, k, n, bias)
     has_min = mins is not None
-    return linear_launch(op, _lowbit_linear_kernel, x, n, _lowbit_weights(codes, scales, mins, lut), (words,),
-                         dict(BITS=code_bits, GROUP=group_size, HAS_MIN=has_min), bias,
+    return linear_launch(op, _group_linear_kernel, x, n, _lowbit_weights(codes, scales, mins, lut), (words,),
+                         _lowbit_consts(code_bits, group_size, mins), bias,
                          f"b{code_bits}_g{group_size}_{'min' if has_min else 'sym'}", config,
                          lambda dtype: lowbit_dequantize(codes, code_bits, scales, mins, lut, group_size, dtype=dtype),
                          table_values=lut.numel())
@@ -200,8 +158,9 @@ def gcb_linear(x, codes, code_bits, sub_groups, super_scales, codebooks, bias=No
                               "codebooks": codebooks, "bias": bias})
     n, k, words, superblock = _gcb_shapes(op, codes, code_bits, sub_groups, super_scales, codebooks)
     check_x(op, x, k, n, bias)
-    return linear_launch(op, _gcb_linear_kernel, x, n, _gcb_weights(codes, sub_groups, super_scales, codebooks),
-                         (words,), dict(BITS=code_bits, SUPERBLOCK=superblock), bias, f"b{code_bits}_sb{superblock}",
+    return linear_launch(op, _group_linear_kernel, x, n, _gcb_weights(codes, sub_groups, super_scales, codebooks),
+                         (words,), dict(_gcb_consts(code_bits, superblock), STAGE=False), bias,
+                         f"b{code_bits}_sb{superblock}",
                          config, lambda dtype: gcb_dequantize(codes, code_bits, sub_groups, super_scales, codebooks,
                                                               dtype=dtype))
 
@@ -211,9 +170,8 @@ def lowbit_dequantize(codes, code_bits, scales, mins, lut, group_size, *, dtype=
     op = "lowbit_dequantize"
     check_device(op, "codes", codes, {"scales": scales, "mins": mins, "lut": lut})
     n, k, words = _lowbit_shapes(op, codes, code_bits, scales, mins, lut, group_size)
-    return dequant_launch(_lowbit_dequant_kernel, n, k, _lowbit_weights(codes, scales, mins, lut),
-                          dict(ROW_WORDS=words, BITS=code_bits, GROUP=group_size, HAS_MIN=mins is not None),
-                          codes.device, dtype)
+    return dequant_launch(_group_dequant_kernel, n, k, _lowbit_weights(codes, scales, mins, lut),
+                          dict(ROW_WORDS=words, **_lowbit_consts(code_bits, group_size, mins)), codes.device, dtype)
 
 
 def gcb_dequantize(codes, code_bits, sub_groups, super_scales, codebooks, *, dtype=torch.float32):
@@ -221,5 +179,5 @@ def gcb_dequantize(codes, code_bits, sub_groups, super_scales, codebooks, *, dty
     op = "gcb_dequantize"
     check_device(op, "codes", codes, {"sub_groups": sub_groups, "super_scales": super_scales, "codebooks": codebooks})
     n, k, words, superblock = _gcb_shapes(op, codes, code_bits, sub_groups, super_scales, codebooks)
-    return dequant_launch(_gcb_dequant_kernel, n, k, _gcb_weights(codes, sub_groups, super_scales, codebooks),
-                          dict(ROW_WORDS=words, BITS=code_bits, SUPERBLOCK=superblock), codes.device, dtype)
+    return dequant_launch(_group_dequant_kernel, n, k, _gcb_weights(codes, sub_groups, super_scales, codebooks),
+                          dict(ROW_WORDS=words, **_gcb_consts(code_bits, superblock)), codes.device, dtype)

@@ -134,6 +134,37 @@ def _splitk_reduce_kernel(ws_ptr, b_ptr, y_ptr, MN, N, HAS_BIAS: tl.constexpr, S
 
 
 @triton.jit
+def _group_linear_kernel(x_ptr, c_ptr, s_ptr, m_ptr, tbl_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, ROW_WORDS,
+                         DECODE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, HAS_MIN: tl.constexpr,
+                         GEMV: tl.constexpr, DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+                         STAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y = x @ W.T + bias for the group-scaled formats (lut4.py, lowbit.py): the format's decoder
+    DECODE(c, s, m, table, offs_n, k, N, K, ROW_WORDS, BITS, GROUP, HAS_MIN, STAGE) -> fp32 tile
+    [BLOCK_N, len(k)] (c: codes, s / m: per-GROUP params, table: the staged 2^BITS table or tbl_ptr)."""
+    pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(GEMV, BLOCK_M, BLOCK_N)
+    x_rows = offs_m[:, None].to(tl.int64) * K
+    k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
+    table = _stage_table(tbl_ptr, 1 << BITS, STAGE)  # once per program
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        w = DECODE(c_ptr, s_ptr, m_ptr, table, offs_n, k, N, K, ROW_WORDS, BITS, GROUP, HAS_MIN, STAGE)
+        acc = _mac(acc, x_ptr, x_rows, offs_m, M, k, K, w, GEMV, DOT_FP32)
+    _epilogue(acc, offs_m, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def _group_dequant_kernel(c_ptr, s_ptr, m_ptr, tbl_ptr, out_ptr, N, K, ROW_WORDS, DECODE: tl.constexpr,
+                          BITS: tl.constexpr, GROUP: tl.constexpr, HAS_MIN: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr):
+    """W [N, K] (in out's dtype) of a group-scaled format, one DECODE tile per program."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    w = DECODE(c_ptr, s_ptr, m_ptr, tbl_ptr, offs_n, k, N, K, ROW_WORDS, BITS, GROUP, HAS_MIN, False)
+    _store_tile(out_ptr, w, offs_n, k, K, N, K)
+
+
+@triton.jit
 def _store_tile(out_ptr, w, offs_n, k, k_lim, N, K):
     """Store a decoded [BLOCK_N, len(k)] tile into the [N, K] output (cast to its dtype)."""
     tl.store(out_ptr + offs_n[:, None].to(tl.int64) * K + k[None, :], w.to(out_ptr.dtype.element_ty),

@@ -51,6 +51,12 @@ class Layout(ABC):
                backend: str, out_features: int) -> Tensor:
         """y = x @ W.T + bias with the kernels of `backend` ("cpu" or "triton")."""
 
+    def op_call(self, fmt: Format, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor]) -> tuple[str, str, tuple]:
+        """(op, kernels, args) of the one fused op this layout's forward runs (x already rotated for
+        rotated formats): torch.ops.torch_lowbit.<op>(*args), whose CUDA impl is the same-named
+        function of triton_kernels/<kernels>.py (see run_op). Layouts with Triton kernels only."""
+        raise NotImplementedError(f"layout {self.name} has no Triton kernels")
+
 
 def run_op(op: str, kernels: str, args: tuple, backend: str, x: Tensor) -> Tensor:
     """torch.ops.torch_lowbit.<op>(*args) (its CPU / CUDA impl by device), or with backend "triton" on

@@ -60,11 +60,14 @@ class GcbRowMajor(Layout):
                 "super_scales": ((out_features, in_features // fmt.superblock), torch.float16),
                 "codebooks": (tuple(fmt.table().shape), torch.int8)}
 
+    def op_call(self, fmt: GroupCodebook, buffers: dict[str, Tensor], x: Tensor,
+                bias: Optional[Tensor]) -> tuple[str, str, tuple]:
+        return "gcb_linear", "lowbit", (x, buffers["codes"], fmt.bits, buffers["sub_groups"], buffers["super_scales"],
+                                        buffers["codebooks"], bias)
+
     def linear(self, fmt: GroupCodebook, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
                backend: str, out_features: int) -> Tensor:
-        args = (x, buffers["codes"], fmt.bits, buffers["sub_groups"], buffers["super_scales"], buffers["codebooks"],
-                bias)
-        return run_op("gcb_linear", "lowbit", args, backend, x)
+        return run_op(*self.op_call(fmt, buffers, x, bias), backend, x)
 
 
 class GcbI8Tiled(Layout):

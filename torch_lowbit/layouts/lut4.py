@@ -7,13 +7,12 @@ triton_kernels/lut4.py) read this and a 16-entry fp32 table of code values taken
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
 from ..formats.scalar import ScalarCodebookFormat
-from .base import Layout, register_layout, run_op
+from .base import register_layout
+from .scalar_rowmajor import ScalarRowMajor
 
 
 def pack_nibbles(codes: Tensor) -> Tensor:
@@ -29,41 +28,22 @@ def unpack_nibbles(packed: Tensor) -> Tensor:
     return torch.stack((b & 0x0F, b >> 4), dim=2).reshape(n, half * 2)
 
 
-class Lut4RowMajor(Layout):
+class Lut4RowMajor(ScalarRowMajor):
     name = "lut4_rowmajor"
     version = 1
+    codes_key, op, kernels = "qweight", "lut4_linear", "lut4"
 
     def supports(self, fmt) -> bool:
         return isinstance(fmt, ScalarCodebookFormat) and fmt.code_bits == 4 and fmt.group_size % 32 == 0
 
-    def pack(self, fmt: ScalarCodebookFormat, q: dict[str, Tensor]) -> dict[str, Tensor]:
-        out = {"qweight": pack_nibbles(q["codes"]), "scales": q["scales"].contiguous()}
-        if fmt.has_mins:
-            out["mins"] = q["mins"].contiguous()
-        return out
+    def pack_codes(self, fmt: ScalarCodebookFormat, codes: Tensor) -> Tensor:
+        return pack_nibbles(codes)
 
-    def unpack(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], out_features: int, in_features: int) -> dict[str, Tensor]:
-        q = {"codes": unpack_nibbles(buffers["qweight"]), "scales": buffers["scales"]}
-        if fmt.has_mins:
-            q["mins"] = buffers["mins"]
-        return q
+    def unpack_codes(self, fmt: ScalarCodebookFormat, packed: Tensor, in_features: int) -> Tensor:
+        return unpack_nibbles(packed)
 
-    def buffer_shapes(self, fmt: ScalarCodebookFormat, out_features: int, in_features: int):
-        groups = in_features // fmt.group_size
-        shapes = {"qweight": ((out_features, in_features // 2), torch.uint8),
-                  "scales": ((out_features, groups), torch.float16)}
-        if fmt.has_mins:
-            shapes["mins"] = ((out_features, groups), torch.float16)
-        return shapes
-
-    def runtime_buffers(self, fmt: ScalarCodebookFormat) -> dict[str, Tensor]:
-        return {"lut": fmt.code_values().float().contiguous()}
-
-    def linear(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], x: Tensor,
-               bias: Optional[Tensor], backend: str, out_features: int) -> Tensor:
-        args = (x, buffers["qweight"], buffers["scales"], buffers.get("mins"), buffers["lut"],
-                fmt.group_size, bias)
-        return run_op("lut4_linear", "lut4", args, backend, x)
+    def codes_shape(self, fmt: ScalarCodebookFormat, out_features: int, in_features: int) -> tuple:
+        return (out_features, in_features // 2), torch.uint8
 
 
 LUT4_ROWMAJOR = register_layout(Lut4RowMajor(), default_for="lut4")

@@ -176,8 +176,13 @@ class PalettePacked(Layout):
             xr = hadamard_transform(xr, buffers["signs"].float())
         else:
             xr = fmt.rotate_activations(xr, buffers.get("signs"))  # CUDA: the op's Triton impl
+        name, _, args = self.op_call(fmt, buffers, xr, bias)
+        return getattr(ops, name)(*args).to(x.dtype)
+
+    def op_call(self, fmt: GaussianFormat, buffers: dict[str, Tensor], x: Tensor,
+                bias: Optional[Tensor]) -> tuple[str, str, tuple]:
         name, args = self.kernel_call(fmt, buffers)
-        return getattr(ops, name)(xr, *args, buffers["row_scales"], bias).to(x.dtype)
+        return name, "palette", (x, *args, buffers["row_scales"], bias)
 
     def kernel_call(self, fmt: GaussianFormat, buffers: dict[str, Tensor]) -> tuple[str, list]:
         """(op, weight args between x' and row_scales) of the Triton path's one fused op: codebook_linear,

@@ -1,0 +1,172 @@
+"""Compile every Triton kernel for a real GPU target without a GPU:
+`TRITON_INTERPRET=0 python -m torch_lowbit.triton_kernels.compile_check [--arch 90]`.
+
+The interpreter runs the kernels' Python semantics and accepts code a GPU compile rejects (it let a
+non-constexpr global inside a jit function through); this check runs the real code generator and
+ptxas (bundled with triton) down to a cubin for sm_<arch>. It drives the real launchers on meta
+tensors, with every kernel attribute of the kernel modules swapped for a stand-in that compiles the
+launch instead of running it, and autotune.pick swapped for one that compiles configs of each
+launch's own autotune space instead of timing them: each format family x kernel kind by M
+(split-K GEMV, tl.dot with and without split-K, dequantize + cuBLAS) x STAGE x activation dtype,
+the split-K reduction, the dequantize kernels and the Hadamard transform (`--every`: every
+config of every space). It prints each distinct compile with its shared
+memory and fails if any exceeds the target's per-block limit.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}  # bytes per block (opt-in max)
+_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8",
+          torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64"}
+
+
+class _CompileOnly:
+    """Stands in for a JITFunction: `kernel[grid](*args, **kwargs)` compiles instead of launching."""
+
+    def __init__(self, fn, checker):
+        self.fn, self.checker = fn, checker
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.checker.compile(self.fn, args, kwargs)
+
+
+class Checker:
+    def __init__(self, arch: int):
+        from triton.backends.compiler import GPUTarget
+        self.target = GPUTarget("cuda", arch, 32)
+        self.limit = SHARED_LIMIT.get(arch, 99 * 1024)
+        self.done: dict[str, int] = {}  # compile key -> shared bytes
+
+    def compile(self, fn, args, kwargs):
+        import triton
+        from triton.compiler import ASTSource
+        bound = dict(zip(fn.arg_names, args), **kwargs)
+        options = {k: bound.pop(k) for k in ("num_warps", "num_stages") if k in bound}
+        signature, constexprs = {}, {}
+        for p in fn.params:
+            value = bound[p.name]
+            if p.is_constexpr:
+                signature[p.name], constexprs[p.name] = "constexpr", value
+            elif isinstance(value, torch.Tensor):
+                signature[p.name] = "*" + _TYPES[value.dtype]
+            elif isinstance(value, float):
+                signature[p.name] = "fp32"
+            else:
+                signature[p.name] = "i32"
+        key = f"{fn.__name__} {sorted((k, getattr(v, '__name__', v)) for k, v in constexprs.items())} " \
+              f"{sorted(signature.items())} {sorted(options.items())}"
+        if key not in self.done:
+            t0 = time.time()
+            kernel = triton.compile(ASTSource(fn, signature, constexprs=constexprs), target=self.target,
+                                    options=options)
+            self.done[key] = kernel.metadata.shared
+            consts = ", ".join(f"{k}={getattr(v, '__name__', v)}" for k, v in constexprs.items())
+            print(f"{fn.__name__}({consts}) {options}: shared {kernel.metadata.shared} B, {time.time() - t0:.1f} s",
+                  flush=True)
+
+
+def _modules():
+    from . import hadamard, lowbit, lut4, matmul, palette
+    return (matmul, lut4, lowbit, palette, hadamard)
+
+
+def _install(checker: Checker) -> None:
+    from triton.runtime.jit import JITFunction
+    for module in _modules():
+        for name, value in list(vars(module).items()):
+            if isinstance(value, JITFunction) and name.endswith("_kernel"):
+                setattr(module, name, _CompileOnly(value, checker))
+
+
+def _module(fmt_name: str, n: int, k: int):
+    """A meta-device QuantLinear in the format's CUDA layout (shapes and dtypes only)."""
+    from torch_lowbit.formats import get_format
+    from torch_lowbit.layouts import default_layout
+    from torch_lowbit.nn import QuantLinear
+    fmt = get_format(fmt_name)
+    return QuantLinear.empty(k, n, fmt, bias=True, layout=default_layout(fmt, "cuda"), device="meta").to("meta")
+
+
+# (format, K): every kernel family; int4_g128 has mins, int3 straddles words, vq5's table is not
+# staged, tcq2.25 is half-TCQ.
+FORMATS = (("q4_0", 4096), ("int4_g128", 4096), ("int3_g64", 4096), ("int2_g64", 4096), ("int1_g64", 4096),
+           ("gcb2", 4096), ("gcb3", 4096), ("nuq3", 4096), ("vq2", 4096), ("vq5", 4096), ("tcq2", 4096),
+           ("tcq2.25", 4096))
+
+
+# The test suite's subset (tests/test_triton_kernels.py): every kernel and decoder once — q4_0 (staged
+# table, all activation dtypes), int3 (mins, straddling codes), gcb3 (unstaged table), vq2 (codebook
+# kernel, pairs), half-TCQ.
+QUICK = (("q4_0", 4096), ("int3_g64", 4096), ("gcb3", 4096), ("vq2", 4096), ("tcq2.25", 4096))
+
+
+def _variants(candidates, default, every: bool) -> list:
+    """The configs to compile for one launch: the whole autotune space with `every`, else the default,
+    its other STAGE value, one split-K config and the dequantize route where the space has them."""
+    if every:
+        return [default] + [c for c in candidates if c != default]
+    out = [default]
+    out += [c for c in candidates if c != default and {k: v for k, v in c.items() if k != "STAGE"}
+            == {k: v for k, v in default.items() if k != "STAGE"}]
+    out += [c for c in candidates if c.get("SPLIT_K", 1) > 1][:1]
+    out += [c for c in candidates if c.get("ROUTE")]
+    return out
+
+
+def run(arch: int = 90, formats=FORMATS, ms=(1, 16, 512), dtypes=(torch.float16,), every: bool = False) -> dict:
+    """Compile the kernel launches of `formats` at these M and activation dtypes (fp32 and bf16 too on
+    the first format), each launch with _variants of its autotune space; returns {compile key: shared
+    bytes}."""
+    import importlib
+
+    from . import autotune
+    if autotune.INTERPRET:
+        raise RuntimeError("compile_check needs TRITON_INTERPRET unset (the interpreter replaces @triton.jit)")
+    checker = Checker(arch)
+    _install(checker)
+
+    def pick(kernel, key, candidates, default, run_config, device):
+        for cfg in _variants(candidates, default, every):
+            run_config(cfg)
+        return default
+
+    autotune.pick = pick  # the launchers' own config spaces, compiled instead of timed
+    n = 4096
+    for i, (fmt_name, k) in enumerate(formats):
+        q = _module(fmt_name, n, k)
+        for dtype in dtypes + ((torch.float32, torch.bfloat16) if i == 0 else ()):
+            for m in ms:
+                x = torch.empty(m, k, device="meta", dtype=dtype)
+                op, kernels, args = q.layout.op_call(q.fmt, q._buffers, x, q.bias)
+                getattr(importlib.import_module(f"torch_lowbit.triton_kernels.{kernels}"), op)(*args)
+    from .hadamard import hadamard_transform
+    for n_rot, dtype in ((4096, torch.float16), (4096, torch.bfloat16), (14336, torch.float16), (576, torch.float16)):
+        for m in (1, 64):  # a power of two, and K = 7 or 9 blocks of a base order
+            hadamard_transform(torch.empty(m, n_rot, device="meta", dtype=dtype),
+                               torch.empty(n_rot, device="meta", dtype=torch.float32))
+    too_big = {key: b for key, b in checker.done.items() if b > checker.limit}
+    if too_big:
+        raise RuntimeError(f"kernels over sm_{arch}'s {checker.limit} B of shared memory per block: {too_big}")
+    return checker.done
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10 (90: H100/H200)")
+    parser.add_argument("--every", action="store_true", help="every config of the autotune spaces (slow)")
+    args = parser.parse_args(argv)
+    done = run(args.arch, every=args.every)
+    print(f"{len(done)} kernels compiled for sm_{args.arch}, max shared {max(done.values())} B")
+    return 0
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("compile_check: unset TRITON_INTERPRET (the interpreter replaces @triton.jit)")
+    sys.exit(main())
