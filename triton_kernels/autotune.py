@@ -24,8 +24,9 @@ import torch
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 CACHE_FILE = "triton_autotune.json"
-# Bumped when the config fields change (2: STAGE), so configs tuned by an older version are not read.
-CONFIG_VERSION = 2
+# Bumped when the config fields or the kernels behind them change (2: STAGE; 3: lut4's own GEMV kernel), so
+# configs tuned by an older version are not read.
+CONFIG_VERSION = 3
 
 Config = dict  # launch kwargs: BLOCK_* / SPLIT_K constexprs plus num_warps, num_stages
 

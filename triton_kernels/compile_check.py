@@ -16,14 +16,68 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}  # bytes per block (opt-in max)
 _TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8",
           torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64"}
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one compiled kernel uses, read off its cubin with the cuobjdump bundled with triton.
+    stack: bytes of stack frame per thread (Triton kernels have none unless ptxas spills registers).
+    loop: SASS instructions of the longest loop body (the K loop of a matmul kernel); per_weight:
+    that over the weights one thread decodes per iteration (BLOCK_N * BLOCK_K / threads) — the
+    static cost model of a memory-bound decode kernel (an H100 issues ~5 thread-instructions per
+    q4_0 weight streamed at HBM speed)."""
+    shared: int
+    regs: int
+    stack: int
+    loop: int
+    per_weight: Optional[float]
+
+    def __str__(self):
+        cost = f", loop {self.loop} instr" + (f" = {self.per_weight:.1f}/weight" if self.per_weight else "")
+        return f"shared {self.shared} B, {self.regs} regs, stack {self.stack} B{cost}"
+
+
+def _cuobjdump(cubin: bytes, flag: str) -> str:
+    import triton
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, flag, f.name], check=True, capture_output=True, text=True).stdout
+
+
+def longest_loop(sass: str) -> int:
+    """Instructions in the longest loop of a SASS listing: a branch back to an earlier address."""
+    longest = 0
+    for addr, target in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?BRA\s+(?:`?\(?)?0x([0-9a-f]+)", sass):
+        addr, target = int(addr, 16), int(target, 16)
+        if target < addr:
+            longest = max(longest, (addr - target) // 16 + 1)
+    return longest
+
+
+def resources(kernel, constexprs: dict) -> Resources:
+    usage = _cuobjdump(kernel.asm["cubin"], "-res-usage")
+    regs, stack = (int(v) for v in re.search(r"REG:(\d+) STACK:(\d+)", usage).groups())
+    loop = longest_loop(_cuobjdump(kernel.asm["cubin"], "-sass"))
+    per_weight = None
+    if "BLOCK_N" in constexprs and "BLOCK_K" in constexprs and loop:
+        per_thread = constexprs["BLOCK_N"] * constexprs["BLOCK_K"] / (32 * kernel.metadata.num_warps)
+        per_weight = loop / per_thread
+    return Resources(kernel.metadata.shared, regs, stack, loop, per_weight)
 
 
 class _CompileOnly:
@@ -41,7 +95,7 @@ class Checker:
         from triton.backends.compiler import GPUTarget
         self.target = GPUTarget("cuda", arch, 32)
         self.limit = SHARED_LIMIT.get(arch, 99 * 1024)
-        self.done: dict[str, int] = {}  # compile key -> shared bytes
+        self.done: dict[str, Resources] = {}  # compile key -> what the compile uses
 
     def compile(self, fn, args, kwargs):
         import triton
@@ -65,10 +119,10 @@ class Checker:
             t0 = time.time()
             kernel = triton.compile(ASTSource(fn, signature, constexprs=constexprs), target=self.target,
                                     options=options)
-            self.done[key] = kernel.metadata.shared
+            res = resources(kernel, constexprs)
+            self.done[key] = res
             consts = ", ".join(f"{k}={getattr(v, '__name__', v)}" for k, v in constexprs.items())
-            print(f"{fn.__name__}({consts}) {options}: shared {kernel.metadata.shared} B, {time.time() - t0:.1f} s",
-                  flush=True)
+            print(f"{fn.__name__}({consts}) {options}: {res}, {time.time() - t0:.1f} s", flush=True)
 
 
 def _modules():
@@ -93,9 +147,9 @@ def _module(fmt_name: str, n: int, k: int):
     return QuantLinear.empty(k, n, fmt, bias=True, layout=default_layout(fmt, "cuda"), device="meta").to("meta")
 
 
-# (format, K): every kernel family; int4_g128 has mins, int3 straddles words, vq5's table is not
-# staged, tcq2.25 is half-TCQ.
-FORMATS = (("q4_0", 4096), ("int4_g128", 4096), ("int3_g64", 4096), ("int2_g64", 4096), ("int1_g64", 4096),
+# (format, K): every kernel family; int4_g128 has mins, iq4_nl's table is not affine, int3 straddles
+# words, vq5's table is not staged, tcq2.25 is half-TCQ.
+FORMATS = (("q4_0", 4096), ("int4_g128", 4096), ("iq4_nl", 4096), ("int3_g64", 4096), ("int2_g64", 4096), ("int1_g64", 4096),
            ("gcb2", 4096), ("gcb3", 4096), ("nuq3", 4096), ("vq2", 4096), ("vq5", 4096), ("tcq2", 4096),
            ("tcq2.25", 4096))
 
@@ -138,19 +192,25 @@ def run(arch: int = 90, formats=FORMATS, ms=(1, 16, 512), dtypes=(torch.float16,
 
     autotune.pick = pick  # the launchers' own config spaces, compiled instead of timed
     n = 4096
+    from . import lut4
+    table_form = lut4.table_form
     for i, (fmt_name, k) in enumerate(formats):
         q = _module(fmt_name, n, k)
+        # the module's table is on the meta device: take its form from the format's CPU values
+        if hasattr(q.fmt, "code_values"):
+            lut4.table_form = lambda _lut, values=q.fmt.code_values().float(): table_form(values)
         for dtype in dtypes + ((torch.float32, torch.bfloat16) if i == 0 else ()):
             for m in ms:
                 x = torch.empty(m, k, device="meta", dtype=dtype)
                 op, kernels, args = q.layout.op_call(q.fmt, q._buffers, x, q.bias)
                 getattr(importlib.import_module(f"torch_lowbit.triton_kernels.{kernels}"), op)(*args)
+    lut4.table_form = table_form
     from .hadamard import hadamard_transform
     for n_rot, dtype in ((4096, torch.float16), (4096, torch.bfloat16), (14336, torch.float16), (576, torch.float16)):
         for m in (1, 64):  # a power of two, and K = 7 or 9 blocks of a base order
             hadamard_transform(torch.empty(m, n_rot, device="meta", dtype=dtype),
                                torch.empty(n_rot, device="meta", dtype=torch.float32))
-    too_big = {key: b for key, b in checker.done.items() if b > checker.limit}
+    too_big = {key: r.shared for key, r in checker.done.items() if r.shared > checker.limit}
     if too_big:
         raise RuntimeError(f"kernels over sm_{arch}'s {checker.limit} B of shared memory per block: {too_big}")
     return checker.done
@@ -162,7 +222,7 @@ def main(argv=None) -> int:
     parser.add_argument("--every", action="store_true", help="every config of the autotune spaces (slow)")
     args = parser.parse_args(argv)
     done = run(args.arch, every=args.every)
-    print(f"{len(done)} kernels compiled for sm_{args.arch}, max shared {max(done.values())} B")
+    print(f"{len(done)} kernels compiled for sm_{args.arch}, max shared {max(r.shared for r in done.values())} B")
     return 0
 
 

@@ -9,12 +9,15 @@ are matmul.py's.
 """
 from __future__ import annotations
 
+import weakref
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
-from .matmul import _group_dequant_kernel, _group_linear_kernel, _lookup, check_device, check_x, dequant_launch, \
-    linear_launch
+from .matmul import _epilogue, _group_dequant_kernel, _group_linear_kernel, _k_slice, _lookup, _stage_table, _tiles, \
+    check_device, check_x, dequant_launch, kernel_kind, linear_launch
 
 
 @triton.jit
@@ -40,6 +43,78 @@ def _decode_tile(qw_ptr, s_ptr, mn_ptr, lut, offs_n, k, N, K, ROW_WORDS, BITS: t
     packed = tl.load(qw_ptr + rows * (K // 2) + byte[None, :], mask=mask, other=0, eviction_policy="evict_first")
     codes = (packed.to(tl.int32) >> shift[None, :]) & 0xF
     return _apply_groups(_lookup(lut, codes, 16, STAGE), s_ptr, mn_ptr, offs_n, k, N, K, GROUP, HAS_MIN)
+
+
+@triton.jit
+def _affine_pair(words, j: tl.constexpr):
+    """Byte j of each int32 word as two fp32 values, no int->float conversion: the byte's high nibble
+    c_hi as 1 + c_hi / 16 and its low nibble c_lo as 1 + c_lo / 256 — one shift puts the high
+    nibble in mantissa bits 19..22 and the low one in 15..18, a mask + the exponent of 1.0 makes the
+    floats. (Mantissa bits >= 15 keep the codes' products with x exact to ~2^-16 of |x|.)"""
+    if j < 2:
+        v = words << (15 - 8 * j)
+    else:
+        v = words >> (8 * j - 15)
+    f_hi = ((v & 0x00780000) | 0x3F800000).to(tl.float32, bitcast=True)
+    f_lo = ((v & 0x00078000) | 0x3F800000).to(tl.float32, bitcast=True)
+    return f_lo, f_hi
+
+
+@triton.jit
+def _lut4_gemv_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, GROUP: tl.constexpr,
+                      HAS_MIN: tl.constexpr, AFFINE: tl.constexpr, LUT_A: tl.constexpr, LUT_B: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, STAGE: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Split-K CUDA-core GEMV (M <= matmul.GEMV_MAX_M) over the lut4_rowmajor bytes read as int32 words
+    (8 codes each: word w of a 32-code run holds bytes 4w .. 4w+3, byte j the codes of columns
+    4w + j (low nibble) and 4w + j + 16 (high)). Per word and row it forms t = sum x * value in fp32
+    FMAs and applies the group scale (and min) once per word, not per weight; the cross-thread
+    reduction runs once after the K loop. Values: AFFINE tables (lut[c] = LUT_A c + LUT_B: q4_0,
+    int4_g*; fp16/bf16 activations) come from _affine_pair's bit trick, sum x c = t - sum x (x
+    pre-scaled by 256 / 16); other tables (iq4_nl, and any under fp32 activations) are looked up
+    (staged in registers with STAGE)."""
+    pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(True, BLOCK_M, BLOCK_N)
+    k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
+    WORDS: tl.constexpr = BLOCK_K // 8
+    wl = tl.arange(0, WORDS)
+    col0 = (wl // 4) * 32 + (wl % 4) * 4  # column of each word's byte 0, low nibble
+    n_ok = (offs_n < N)[:, None]
+    m_ok = (offs_m < M)[:, None]
+    word_rows = offs_n[:, None].to(tl.int64) * (K // 8)
+    group_rows = offs_n[:, None].to(tl.int64) * (K // GROUP)
+    x_rows = offs_m[:, None].to(tl.int64) * K
+    table = _stage_table(lut_ptr, 16, STAGE)
+    acc = tl.zeros((BLOCK_M, BLOCK_N, WORDS), dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        w_ok = ((k0 + 8 * wl) < K)[None, :]
+        words = tl.load(qw_ptr + word_rows + (k0 // 8 + wl)[None, :], mask=n_ok & w_ok, other=0,
+                        eviction_policy="evict_first")
+        t = tl.zeros((BLOCK_M, BLOCK_N, WORDS), dtype=tl.float32)
+        x_sum = tl.zeros((BLOCK_M, WORDS), dtype=tl.float32)  # sum of x over each word's 8 columns
+        x_pre = tl.zeros((BLOCK_M, WORDS), dtype=tl.float32)  # the same of the pre-scaled x (AFFINE)
+        for j in tl.static_range(4):
+            x_col = x_ptr + x_rows + (k0 + col0 + j)[None, :]
+            x_lo = tl.load(x_col, mask=m_ok & w_ok, other=0.0).to(tl.float32)
+            x_hi = tl.load(x_col + 16, mask=m_ok & w_ok, other=0.0).to(tl.float32)
+            x_sum += x_lo + x_hi
+            if AFFINE:
+                f_lo, f_hi = _affine_pair(words, j)
+                x_lo = x_lo * 256.0
+                x_hi = x_hi * 16.0
+                x_pre += x_lo + x_hi
+            else:
+                byte = words >> (8 * j)
+                f_lo = _lookup(table, byte & 0xF, 16, STAGE)
+                f_hi = _lookup(table, (byte >> 4) & 0xF, 16, STAGE)
+            t += f_lo[None, :, :] * x_lo[:, None, :]
+            t += f_hi[None, :, :] * x_hi[:, None, :]
+        if AFFINE:  # sum x lut[c] = A (t - x_pre) + B x_sum
+            t = LUT_A * t + (LUT_B * x_sum - LUT_A * x_pre)[:, None, :]
+        g_off = group_rows + ((k0 + 32 * (wl // 4)) // GROUP)[None, :]
+        acc += t * tl.load(s_ptr + g_off, mask=n_ok & w_ok, other=0.0).to(tl.float32)[None, :, :]
+        if HAS_MIN:
+            acc += x_sum[:, None, :] * tl.load(mn_ptr + g_off, mask=n_ok & w_ok, other=0.0).to(tl.float32)[None, :, :]
+    _epilogue(tl.sum(acc, axis=2), offs_m, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
 
 
 def _check_args(op, ref_name, ref, qweight, scales, mins, lut, group_size):
@@ -72,6 +147,26 @@ def _consts(group_size, mins):
     return dict(DECODE=_decode_tile, BITS=4, GROUP=group_size, HAS_MIN=mins is not None)
 
 
+_affine_tables: dict = {}  # id(lut) -> (weakref to it, its _version, table_form)
+
+
+def table_form(lut) -> Optional[tuple]:
+    """(A, B) when lut[c] == A c + B for every code (q4_0: (1, -8), int4_g*: (1, 0)), else None
+    (iq4_nl). Read from the tensor once (one device sync on its first call), then remembered per
+    tensor and version."""
+    hit = _affine_tables.get(id(lut))
+    if hit is not None and hit[0]() is lut and hit[1] == lut._version:
+        return hit[2]
+    values = lut.detach().double().cpu().tolist()
+    a, b = values[1] - values[0], values[0]
+    form = (float(a), float(b)) if all(v == a * c + b for c, v in enumerate(values)) else None
+    if len(_affine_tables) > 4096:  # dead tensors' entries
+        for key in [key for key, (ref, _, _) in _affine_tables.items() if ref() is None]:
+            del _affine_tables[key]
+    _affine_tables[id(lut)] = (weakref.ref(lut), lut._version, form)
+    return form
+
+
 def lut4_linear(x, qweight, scales, mins, lut, group_size, bias=None, *, config=None):
     """y = x @ W.T + bias in x's dtype (fp32 accumulation), any leading dims of x (the op
     torch_lowbit::lut4_linear). config: force a launch config (tests, benchmarks)."""
@@ -79,10 +174,20 @@ def lut4_linear(x, qweight, scales, mins, lut, group_size, bias=None, *, config=
     n, k = _check_args(op, "x", x, qweight, scales, mins, lut, group_size)
     check_device(op, "x", x, {"bias": bias})
     check_x(op, x, k, n, bias)
-    return linear_launch(op, _group_linear_kernel, x, n, _weights(qweight, scales, mins, lut), (0,),
-                         _consts(group_size, mins), bias, f"g{group_size}", config,
+    weights = _weights(qweight, scales, mins, lut)
+    gemv = None
+    if kernel_kind(x.numel() // k if k else 0) == "gemv":
+        # The bit trick's sums are exact to ~1e-5 relative: far below an fp16/bf16 output's rounding,
+        # not an fp32 one's, so fp32 activations take exact table lookups.
+        form = table_form(lut) if x.dtype != torch.float32 else None
+        words = weights[0].view(torch.int32)  # 8 codes per word (K % 32 == 0)
+        gemv = (_lut4_gemv_kernel, (words,) + weights[1:],
+                dict(GROUP=group_size, HAS_MIN=mins is not None, AFFINE=form is not None,
+                     LUT_A=form[0] if form else 1.0, LUT_B=form[1] if form else 0.0))
+    return linear_launch(op, _group_linear_kernel, x, n, weights, (0,), _consts(group_size, mins), bias,
+                         f"g{group_size}", config,
                          lambda dtype: lut4_dequantize(qweight, scales, mins, lut, group_size, dtype=dtype),
-                         table_values=16)
+                         table_values=16, gemv=gemv)
 
 
 def lut4_dequantize(qweight, scales, mins, lut, group_size, *, dtype=torch.float32):

@@ -94,11 +94,32 @@ def _k_slice(pid_k, K, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _acc_init(GEMV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The fp32 accumulator: [BLOCK_M, BLOCK_N] for tl.dot; [BLOCK_M, BLOCK_N, BLOCK_K] for the GEMV,
+    whose products are summed over K once after the loop (_acc_total) — a per-tile sum would cost a
+    cross-thread reduction (shuffles, barriers) every iteration."""
+    if GEMV:
+        return tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    else:
+        return tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+
+@triton.jit
+def _acc_total(acc, GEMV: tl.constexpr):
+    """[BLOCK_M, BLOCK_N] sums of an _acc_init accumulator."""
+    if GEMV:
+        return tl.sum(acc, axis=2)
+    else:
+        return acc
+
+
+@triton.jit
 def _mac(acc, x_ptr, x_rows, offs_m, M, k, k_lim, w, GEMV: tl.constexpr, DOT_FP32: tl.constexpr):
-    """acc += x[:, k] @ w.T, columns >= k_lim masked out of x (so w there never counts)."""
+    """acc += x[:, k] @ w.T (GEMV: the unsummed products), columns >= k_lim masked out of x (so w
+    there never counts)."""
     x = tl.load(x_ptr + x_rows + k[None, :], mask=(offs_m[:, None] < M) & (k[None, :] < k_lim), other=0.0)
     if GEMV:  # broadcast FMAs in fp32 on the CUDA cores (and the interpreter mis-reads bf16 math)
-        acc += tl.sum(x.to(tl.float32)[:, None, :] * w[None, :, :], axis=2)
+        acc += x.to(tl.float32)[:, None, :] * w[None, :, :]
     elif DOT_FP32:  # fp32 activations (exact products), or bf16 under the interpreter
         acc += tl.dot(x.to(tl.float32), tl.trans(w), input_precision="ieee")
     else:  # fp16/bf16 tensor cores, fp32 accumulation
@@ -145,12 +166,12 @@ def _group_linear_kernel(x_ptr, c_ptr, s_ptr, m_ptr, tbl_ptr, b_ptr, y_ptr, ws_p
     x_rows = offs_m[:, None].to(tl.int64) * K
     k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
     table = _stage_table(tbl_ptr, 1 << BITS, STAGE)  # once per program
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = _acc_init(GEMV, BLOCK_M, BLOCK_N, BLOCK_K)
     for k0 in range(k_begin, k_end, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         w = DECODE(c_ptr, s_ptr, m_ptr, table, offs_n, k, N, K, ROW_WORDS, BITS, GROUP, HAS_MIN, STAGE)
         acc = _mac(acc, x_ptr, x_rows, offs_m, M, k, K, w, GEMV, DOT_FP32)
-    _epilogue(acc, offs_m, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
+    _epilogue(_acc_total(acc, GEMV), offs_m, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
 
 
 @triton.jit
@@ -174,7 +195,7 @@ def _store_tile(out_ptr, w, offs_n, k, k_lim, N, K):
 # -- launch configs --------------------------------------------------------------------------------
 # GEMV: BLOCK_N x BLOCK_K weight tile times BLOCK_M (<= 4) rows lives in registers as a 3-D product:
 # BLOCK_N * BLOCK_K / threads <= 32 values per row and thread.
-_GEMV_TILES = ((16, 256, 4), (32, 128, 4), (64, 64, 4), (32, 256, 8), (64, 128, 8))
+_GEMV_TILES = ((16, 256, 4), (32, 128, 4), (32, 256, 4), (64, 64, 4), (32, 256, 8), (64, 128, 8))
 _DOT_TILES = ((16, 64, 128, 4), (16, 128, 64, 4), (32, 64, 64, 4), (32, 128, 64, 4), (64, 64, 64, 4),
               (64, 128, 64, 4), (128, 64, 64, 4), (128, 128, 64, 8), (128, 256, 64, 8))
 _SPLITS = (1, 2, 4, 8)
@@ -255,11 +276,14 @@ def check_x(op, x, k, n, bias):
 
 # -- launcher --------------------------------------------------------------------------------------
 def linear_launch(op: str, kernel, x, n: int, weights: tuple, sizes: tuple, consts: dict, bias, key: str, config,
-                  dequantize: Callable[[torch.dtype], torch.Tensor], table_values: Optional[int] = None):
+                  dequantize: Callable[[torch.dtype], torch.Tensor], table_values: Optional[int] = None,
+                  gemv: Optional[tuple] = None):
     """y = x @ W.T + bias in x's dtype, any leading dims of x, through
     kernel(x, *weights, bias, y, ws, M, N, K, *sizes, GEMV, DOT_FP32, HAS_BIAS, SPLIT_K, **consts,
     [STAGE,] BLOCK_*) — the kind chosen by M, the config by autotune.pick under `op` and `key` — or,
     for the config DEQUANT_ROUTE, dequantize(x.dtype) -> W [N, K] and cuBLAS.
+    gemv: (kernel, weights, consts) of a format's own GEMV kernel for M <= GEMV_MAX_M, called as
+    kernel(x, *weights, bias, y, ws, M, N, K, HAS_BIAS, SPLIT_K, **consts, [STAGE,] BLOCK_*).
 
     config: force a launch config (tests, benchmarks); default: autotune.pick (the fixed default
     without a GPU timer, the tuned one on CUDA). table_values: size of a table the kernel may stage
@@ -272,7 +296,8 @@ def linear_launch(op: str, kernel, x, n: int, weights: tuple, sizes: tuple, cons
     y = torch.empty((m, n), device=x.device, dtype=out_dtype)
     if m == 0:
         return y.to(x.dtype).reshape(*x.shape[:-1], n)
-    gemv = kernel_kind(m) == "gemv"
+    is_gemv = kernel_kind(m) == "gemv"
+    gemv_kernel = gemv if is_gemv else None
     b = bias.contiguous() if bias is not None else x2  # any pointer: HAS_BIAS is off
 
     def run(cfg):
@@ -292,14 +317,19 @@ def linear_launch(op: str, kernel, x, n: int, weights: tuple, sizes: tuple, cons
         split = cfg.pop("SPLIT_K")
         # fp32 partials of each K slice (every element written: no zero-fill needed)
         ws = torch.empty((split, m, n), device=x.device, dtype=torch.float32) if split > 1 else y
-        if gemv:
+        if is_gemv:
             grid = (triton.cdiv(n, cfg["BLOCK_N"]), split)
             cfg["BLOCK_M"] = triton.next_power_of_2(m)
         else:
             grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), split)
         dot_fp32 = x2.dtype == torch.float32 or (INTERPRET and x2.dtype == torch.bfloat16)
-        kernel[grid](x2, *weights, b, y, ws, m, n, k, *sizes, GEMV=gemv, DOT_FP32=dot_fp32,
-                     HAS_BIAS=bias is not None and split == 1, SPLIT_K=split, **consts, **cfg)
+        has_bias = bias is not None and split == 1
+        if gemv_kernel is not None:
+            gemv_kernel[0][grid](x2, *gemv_kernel[1], b, y, ws, m, n, k, HAS_BIAS=has_bias, SPLIT_K=split,
+                                 **gemv_kernel[2], **cfg)
+        else:
+            kernel[grid](x2, *weights, b, y, ws, m, n, k, *sizes, GEMV=is_gemv, DOT_FP32=dot_fp32, HAS_BIAS=has_bias,
+                         SPLIT_K=split, **consts, **cfg)
         if split > 1:
             block = 1024
             _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](ws, b, y, m * n, n, HAS_BIAS=bias is not None,
@@ -308,7 +338,7 @@ def linear_launch(op: str, kernel, x, n: int, weights: tuple, sizes: tuple, cons
     if config is None:
         cands, default = config_space(m, n, k, table_values)
         full_key = f"m{autotune.m_bucket(m)}_n{n}_k{k}_{key}_{str(x.dtype).removeprefix('torch.')}"
-        config = autotune.pick(f"{op}_{'gemv' if gemv else 'dot'}", full_key, cands, default, run, x.device)
+        config = autotune.pick(f"{op}_{'gemv' if is_gemv else 'dot'}", full_key, cands, default, run, x.device)
     run(config)
     return y.to(x.dtype).reshape(*x.shape[:-1], n)
 

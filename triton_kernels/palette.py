@@ -29,8 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .matmul import (_epilogue, _k_slice, _lookup, _mac, _stage_table, _store_tile, _tiles, _window, check_device,
-                     check_x, dequant_launch, linear_launch)
+from .matmul import (_acc_init, _acc_total, _epilogue, _k_slice, _lookup, _mac, _stage_table, _store_tile, _tiles,
+                     _window, check_device, check_x, dequant_launch, linear_launch)
 
 STREAMS = 16  # bit streams per codebook row (palette.h kCodeStreams)
 TILE = 16  # TCQ tiles are 16 x 16 (palette.h kTcqTile)
@@ -109,11 +109,12 @@ def _codebook_linear_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_p
     x_rows = offs_m[:, None].to(tl.int64) * K
     k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
     table = _stage_table(tbl_ptr, D << BITS, STAGE)  # once per program
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = _acc_init(GEMV, BLOCK_M, BLOCK_N, BLOCK_K)
     for k0 in range(k_begin, k_end, BLOCK_K):
         w = _codebook_tile(words_ptr, table, offs_n, k0, N, K, ROW_WORDS, BITS, D, BLOCK_K, STAGE)
         acc = _mac(acc, x_ptr, x_rows, offs_m, M, k0 + tl.arange(0, BLOCK_K), K, w, GEMV, DOT_FP32)
-    _scaled_epilogue(acc, offs_m, offs_n, pid_k, M, N, s_ptr, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
+    _scaled_epilogue(_acc_total(acc, GEMV), offs_m, offs_n, pid_k, M, N, s_ptr, b_ptr, y_ptr, ws_ptr, HAS_BIAS,
+                     SPLIT_K)
 
 
 @triton.jit
@@ -125,7 +126,7 @@ def _tcq_linear_kernel(x_ptr, c_ptr, t_ptr, c2_ptr, t2_ptr, s_ptr, b_ptr, y_ptr,
     pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(GEMV, BLOCK_M, BLOCK_N)
     x_rows = offs_m[:, None].to(tl.int64) * K
     k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = _acc_init(GEMV, BLOCK_M, BLOCK_N, BLOCK_K)
     lo_end = tl.minimum(k_end, KH)
     for k0 in range(k_begin, lo_end, BLOCK_K):
         w = _tcq_tile(c_ptr, t_ptr, offs_n, k0, lo_end, N, KH, S, Q, BLOCK_K)
@@ -134,7 +135,8 @@ def _tcq_linear_kernel(x_ptr, c_ptr, t_ptr, c2_ptr, t2_ptr, s_ptr, b_ptr, y_ptr,
         for k0 in range(tl.maximum(k_begin, KH), k_end, BLOCK_K):
             w = _tcq_tile(c2_ptr, t2_ptr, offs_n, k0 - KH, k_end - KH, N, K - KH, S2, Q2, BLOCK_K)
             acc = _mac(acc, x_ptr, x_rows, offs_m, M, k0 + tl.arange(0, BLOCK_K), k_end, w, GEMV, DOT_FP32)
-    _scaled_epilogue(acc, offs_m, offs_n, pid_k, M, N, s_ptr, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
+    _scaled_epilogue(_acc_total(acc, GEMV), offs_m, offs_n, pid_k, M, N, s_ptr, b_ptr, y_ptr, ws_ptr, HAS_BIAS,
+                     SPLIT_K)
 
 
 @triton.jit
