@@ -162,6 +162,13 @@ def test_lut4_gemv_kernel_every_path(fmt):
                 _check(q, x, _run(q, x, cfg))
 
 
+def test_cpu_only_layout_names_the_cuda_layout_for_triton():
+    """A CPU-only layout has no fused Triton op: op_call says which layout to repack into."""
+    q = tl.QuantLinear.from_linear(torch.nn.Linear(64, 8), "int4_g32", layout="lut4_i8_n16")
+    with pytest.raises(ValueError, match='layout="lut4_rowmajor"'):
+        q.layout.op_call(q.fmt, q._buffers, torch.randn(1, 64), None)
+
+
 def test_table_form_detects_affine_tables():
     lut4 = _kernels()
     assert lut4.table_form(tl.get_format("q4_0").code_values().float()) == (1.0, -8.0)

@@ -54,8 +54,11 @@ class Layout(ABC):
     def op_call(self, fmt: Format, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor]) -> tuple[str, str, tuple]:
         """(op, kernels, args) of the one fused op this layout's forward runs (x already rotated for
         rotated formats): torch.ops.torch_lowbit.<op>(*args), whose CUDA impl is the same-named
-        function of triton_kernels/<kernels>.py (see run_op). Layouts with Triton kernels only."""
-        raise NotImplementedError(f"layout {self.name} has no Triton kernels")
+        function of triton_kernels/<kernels>.py (see run_op). The CPU-only layouts (the int8-tiled
+        *_i8_n16 ones, palette_packed, palette_dense's dense fallback) run no such op: a clear error
+        naming the format's CUDA layout to repack into."""
+        raise ValueError(f"layout {self.name} runs no fused Triton op; repack the module with "
+                         f"layout=\"{default_layout(fmt, 'cuda').name}\" (the CUDA default for {fmt.name})")
 
 
 def run_op(op: str, kernels: str, args: tuple, backend: str, x: Tensor) -> Tensor:
