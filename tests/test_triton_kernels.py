@@ -146,7 +146,7 @@ def test_launcher_rejects_bad_input(monkeypatch):
 @pytest.mark.parametrize("fmt", ["q4_0", "int4_g64", "iq4_nl"])
 def test_lut4_gemv_kernel_every_path(fmt):
     """lut4's own GEMV kernel: the bit-trick values (affine tables, fp16/bf16 activations) and the
-    table lookups (iq4_nl, fp32 activations), staged or gathered, M = 1..4 rows, K ragged against
+    pair-table lookups (iq4_nl, fp32 activations), M = 1..4 rows, K ragged against
     BLOCK_K (K = 96 / 352: 3 / 11 runs of 32; 192 / 448 for group 64), split-K slices, odd N, with
     and without bias."""
     lut4 = _kernels()
@@ -395,6 +395,51 @@ def test_palette_kernels_match_reference_decoder(fmt, n, k, m):
         _check_palette(x, w, bias, y)
 
 
+# The GEMV kernels' decoders by code width: nuq pairs of 2 / 4-bit codes (fields within a word), vq
+# 3- and 6-bit codes (units of 3 words, straddling fields); TCQ windows from word-aligned rows (S = 4,
+# 8) and byte-shifted ones (S = 6, 7), half-TCQ mixing both. K ragged against the K step.
+_GEMV_CASES = [("nuq2", 37, 531), ("nuq4", 37, 531), ("vq1.5", 29, 1062), ("vq3", 29, 1062), ("tcq2", 48, 272),
+               ("tcq4", 48, 272), ("tcq3", 48, 272), ("tcq3.5", 48, 272), ("tcq2.25", 48, 288)]
+
+
+@pytest.mark.parametrize("fmt,n,k", _GEMV_CASES, ids=lambda v: str(v))
+def test_palette_gemv_kernels_every_path(fmt, n, k):
+    """The codebook / TCQ kernels' GEMV kind (M <= 4) at M = 1..4, every activation dtype, with and without
+    bias, K steps from one unit (BLOCK_K rounded up to it) to several, split-K with empty slices."""
+    pal = _palette()
+    gen = _gen()
+    f, b, w = _palette_weights(fmt, n, k, gen)
+    name = "_tcq_linear_kernel" if fmt.startswith("tcq") else "_codebook_linear_kernel"
+    counter = _CountLaunches(getattr(pal, name))
+    configs = (dict(BLOCK_N=16, BLOCK_K=16, SPLIT_K=3, num_warps=4, num_stages=2),
+               dict(BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=2),
+               dict(BLOCK_N=32, BLOCK_K=512, SPLIT_K=2, num_warps=8, num_stages=2))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pal, name, counter)
+        for m, dtype, cfg in zip((1, 4, 3, 2), DTYPES + (torch.float16,), configs + (None,)):
+            bias = torch.randn(n, generator=gen) if m % 2 else None
+            x = (torch.randn(m, k, generator=gen) * 2).to(dtype)
+            y, _ = _palette_linear(f, b, x, bias, cfg)
+            _check_palette(x, w, bias, y)
+    assert len(counter.grids) == 4
+
+
+def test_codebook_gemv_reads_wide_scalar_codes():
+    """nuq-style codes wider than the pair tables take (5 bits, d = 1): one fp32 lookup per code."""
+    from torch_lowbit.layouts.palette_packed import pack_streams
+    gen = _gen()
+    n, k, bits = 23, 700, 5
+    codes = torch.randint(0, 2 ** bits, (n, k), generator=gen)
+    table = torch.randn(2 ** bits, 1, generator=gen)
+    scales = torch.rand(n, generator=gen).add(0.5).half()
+    w = table[codes, 0] * scales.float()[:, None]
+    for m, dtype in ((1, torch.float32), (4, torch.bfloat16)):
+        x = torch.randn(m, k, generator=gen).to(dtype)
+        y = _palette().codebook_linear(x, pack_streams(codes, bits), bits, table, scales,
+                                       config=dict(BLOCK_N=32, BLOCK_K=512, SPLIT_K=2, num_warps=4, num_stages=2))
+        _check_palette(x, w, None, y)
+
+
 @pytest.mark.parametrize("fmt,n,k", _PALETTE_CASES, ids=lambda v: str(v))
 def test_palette_dequantize_kernels_are_exact(fmt, n, k):
     """Decode and scale in fp32 as the reference decoder does: bit-exact, also vs the C++ ops."""
@@ -431,10 +476,11 @@ def test_palette_forced_configs_split_k(fmt, n, k, m, config):
 
 
 @pytest.mark.parametrize("fmt", ["q4_0", "int4_g64", "iq4_nl", "nuq2", "nuq4", "vq1.5", "vq2"])
-@pytest.mark.parametrize("m,config", [(1, GEMV_CONFIGS[1]), (3, GEMV_CONFIGS[0]), (17, DOT_CONFIGS[0])])
+@pytest.mark.parametrize("m,config", [(17, DOT_CONFIGS[0]), (33, DOT_CONFIGS[1])])
 def test_staged_codebook_matches_global_gathers(fmt, m, config):
     """Tables of <= STAGE_MAX_VALUES values may be staged in registers (tl.gather) or gathered from
-    memory: the same values in the same order, so bit-identical outputs, both on the reference."""
+    memory in the tl.dot kernels: the same values in the same order, so bit-identical outputs, both
+    on the reference. (These formats' GEMV kernels stage nothing: pair tables in L1.)"""
     gen = _gen()
     k, n = 320, 45
     if fmt.startswith(("nuq", "vq")):
@@ -478,7 +524,7 @@ def test_half_tcq_is_one_launch(monkeypatch):
                                                       num_stages=3))
         assert name == "tcq_half_linear"
         _check_palette(x, w, None, y)
-    assert len(counter.grids) == 2
+    assert [len(grid) for grid in counter.grids] == [2, 3]  # one launch per call: GEMV, then tl.dot
 
 
 @pytest.mark.parametrize("fmt", ["nuq3", "vq2", "tcq2", "tcq2.25"])
@@ -727,12 +773,33 @@ def test_cuda_lowbit_kernels_match_reference_at_real_sizes(fmt, m):
 def test_config_space_offers_the_dequant_route_from_dequant_min_m():
     mm = _matmul()
     route = mm.DEQUANT_ROUTE
-    cands, default = mm.config_space(mm.DEQUANT_MIN_M, 4096, 4096, 16)
+    staged, plain = mm.KernelLaunch(None, (), {}, table_values=16), mm.KernelLaunch(None, (), {})
+    cands, default = mm.config_space(mm.DEQUANT_MIN_M, 4096, 4096, staged)
     assert route in cands and default.get("ROUTE") is None and default["STAGE"] is True
     assert all("STAGE" in c for c in cands if c != route)
-    assert route not in mm.config_space(mm.DEQUANT_MIN_M - 1, 4096, 4096, 16)[0]
-    assert route not in mm.config_space(1, 4096, 4096, None)[0]  # GEMV: never
-    assert all("STAGE" not in c for c in mm.config_space(512, 4096, 4096, None)[0])  # TCQ: no table to stage
+    assert route not in mm.config_space(mm.DEQUANT_MIN_M - 1, 4096, 4096, staged)[0]
+    assert route not in mm.config_space(1, 4096, 4096, plain)[0]  # GEMV: never
+    assert all("STAGE" not in c for c in mm.config_space(512, 4096, 4096, plain)[0])  # no table to stage
+
+
+def test_kernel_launch_tiles_round_block_k_to_its_unit():
+    """A kernel kind's own tiles; BLOCK_K rounds up to the columns of one K step (nuq3: 512), tiles
+    that then coincide are tried once, dot tiles may name their pipeline stages."""
+    mm = _matmul()
+    gemv = mm.KernelLaunch(None, (), {}, tiles=((32, 256, 4), (32, 512, 4), (64, 1024, 8)), default=(64, 256, 4),
+                           k_unit=512)
+    cands, default = mm.config_space(1, 4096, 4096, gemv)
+    assert default == dict(BLOCK_N=64, BLOCK_K=512, SPLIT_K=4, num_warps=4, num_stages=2)
+    assert sorted({(c["BLOCK_N"], c["BLOCK_K"]) for c in cands}) == [(32, 512), (64, 1024)]
+    assert len(cands) == len({tuple(sorted(c.items())) for c in cands})
+    assert all("STAGE" not in c for c in cands)
+    assert all(c["SPLIT_K"] == 1 or c["BLOCK_K"] * c["SPLIT_K"] <= 4096 for c in cands)
+    dot = mm.KernelLaunch(None, (), {}, tiles=((16, 64, 256, 4, 2), (64, 64, 256, 4)), default=(64, 256, 4, 1),
+                          k_unit=512)
+    cands, default = mm.config_space(17, 4096, 4096, dot)
+    assert default == dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=512, SPLIT_K=1, num_warps=4, num_stages=1)
+    assert {(c["BLOCK_M"], c["num_stages"]) for c in cands} == {(16, 2)}  # BLOCK_M 64 > M's bucket
+    assert all("STAGE" in c for c in mm.config_space(1, 4096, 4096, mm.KernelLaunch(None, (), {}, table_values=16))[0])
 
 
 @pytest.mark.parametrize("fmt", ["int4_g64", "nuq3", "tcq2.25", "int3_g64", "gcb2_sb64"])
@@ -774,8 +841,9 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     reassigned constexpr in the Hadamard butterflies both passed it): compile_check runs the real
     launchers with the code generator and ptxas down to sm_90 cubins, outside the interpreter, and
     reads each cubin's registers, stack (spills) and K-loop length. The GEMV kernels (the batch-1
-    decode path) must not spill, and lut4's bit-trick GEMV must stay near the instruction budget of
-    streaming q4_0 at HBM speed (the generic decode-then-FMA kernel it replaced took 47 / weight)."""
+    decode path) must not spill, and the formats' own GEMV kernels must stay near the instruction
+    budget of streaming their weights at HBM speed (~5 per weight; the generic decode-then-FMA kernel
+    they replaced took 47 for q4_0, 23 for vq2, 43 for tcq2)."""
     import json
     import subprocess
     import sys
@@ -790,11 +858,18 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     assert r.returncode == 0, r.stderr[-3000:]
     done = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(done) >= 40 and max(v[0] for v in done.values()) <= 227 * 1024
+    own_gemv = ("_lut4_gemv_kernel",)
     for kernel in ("_group_linear_kernel", "_group_dequant_kernel", "_codebook_linear_kernel", "_tcq_linear_kernel",
-                   "_splitk_reduce_kernel", "_hadamard_kernel", "_lut4_gemv_kernel"):
+                   "_splitk_reduce_kernel", "_hadamard_kernel") + own_gemv:
         assert any(key.startswith(kernel + " ") for key in done), kernel
-    gemv = {key: v for key, v in done.items() if "('GEMV', True)" in key or key.startswith("_lut4_gemv_kernel ")}
-    assert len(gemv) >= 8
+    gemv = {key: v for key, v in done.items() if "('GEMV', True)" in key or key.startswith(own_gemv)}
+    assert len(gemv) >= 12
     assert all(v[2] == 0 for v in gemv.values()), {key: v for key, v in gemv.items() if v[2]}
     affine = [v[3] for key, v in gemv.items() if "('AFFINE', True)" in key]
     assert affine and max(affine) < 12, affine
+    # the word-wise codebook and TCQ decoders, both kinds; the per-element ones they replaced took 23 /
+    # 15 (vq2 GEMV / tl.dot at M = 16) and 43 / 19 (tcq2) per weight
+    words = {key: v for key, v in done.items() if key.startswith(("_tcq_linear_kernel ", "_codebook_linear_kernel "))
+             and ("('GEMV', True)" in key or "('BLOCK_M', 16)" in key)}
+    assert len(words) >= 6 and all(v[2] == 0 for v in words.values()), words
+    assert max(v[3] for v in words.values()) < 8, words

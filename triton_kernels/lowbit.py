@@ -23,7 +23,7 @@ from torch_lowbit.formats.gcb import SUBGROUP  # weights per gcb sub-group byte
 
 from .lut4 import _apply_groups
 from .matmul import (_group_dequant_kernel, _group_linear_kernel, _lookup, _window, check_device, check_x,
-                     dequant_launch, linear_launch)
+                     dequant_launch, linear_launch, KernelLaunch, both_kinds)
 
 _SUBGROUP = tl.constexpr(SUBGROUP)  # jit code reads only constexpr globals (the interpreter does not check)
 
@@ -144,11 +144,11 @@ def lowbit_linear(x, codes, code_bits, scales, mins, lut, group_size, bias=None,
     n, k, words = _lowbit_shapes(op, codes, code_bits, scales, mins, lut, group_size)
     check_x(op, x, k, n, bias)
     has_min = mins is not None
-    return linear_launch(op, _group_linear_kernel, x, n, _lowbit_weights(codes, scales, mins, lut), (words,),
-                         _lowbit_consts(code_bits, group_size, mins), bias,
-                         f"b{code_bits}_g{group_size}_{'min' if has_min else 'sym'}", config,
-                         lambda dtype: lowbit_dequantize(codes, code_bits, scales, mins, lut, group_size, dtype=dtype),
-                         table_values=lut.numel())
+    launch = KernelLaunch(_group_linear_kernel, _lowbit_weights(codes, scales, mins, lut),
+                          _lowbit_consts(code_bits, group_size, mins), (words,), table_values=lut.numel())
+    return linear_launch(op, x, n, both_kinds(launch), bias, f"b{code_bits}_g{group_size}_{'min' if has_min else 'sym'}",
+                         config,
+                         lambda dtype: lowbit_dequantize(codes, code_bits, scales, mins, lut, group_size, dtype=dtype))
 
 
 def gcb_linear(x, codes, code_bits, sub_groups, super_scales, codebooks, bias=None, *, config=None):
@@ -158,11 +158,10 @@ def gcb_linear(x, codes, code_bits, sub_groups, super_scales, codebooks, bias=No
                               "codebooks": codebooks, "bias": bias})
     n, k, words, superblock = _gcb_shapes(op, codes, code_bits, sub_groups, super_scales, codebooks)
     check_x(op, x, k, n, bias)
-    return linear_launch(op, _group_linear_kernel, x, n, _gcb_weights(codes, sub_groups, super_scales, codebooks),
-                         (words,), dict(_gcb_consts(code_bits, superblock), STAGE=False), bias,
-                         f"b{code_bits}_sb{superblock}",
-                         config, lambda dtype: gcb_dequantize(codes, code_bits, sub_groups, super_scales, codebooks,
-                                                              dtype=dtype))
+    launch = KernelLaunch(_group_linear_kernel, _gcb_weights(codes, sub_groups, super_scales, codebooks),
+                          dict(_gcb_consts(code_bits, superblock), STAGE=False), (words,))
+    return linear_launch(op, x, n, both_kinds(launch), bias, f"b{code_bits}_sb{superblock}", config,
+                         lambda dtype: gcb_dequantize(codes, code_bits, sub_groups, super_scales, codebooks, dtype=dtype))
 
 
 def lowbit_dequantize(codes, code_bits, scales, mins, lut, group_size, *, dtype=torch.float32):

@@ -9,15 +9,14 @@ are matmul.py's.
 """
 from __future__ import annotations
 
-import weakref
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from .matmul import _epilogue, _group_dequant_kernel, _group_linear_kernel, _k_slice, _lookup, _stage_table, _tiles, \
-    check_device, check_x, dequant_launch, kernel_kind, linear_launch
+from .matmul import KernelLaunch, _epilogue, _group_dequant_kernel, _group_linear_kernel, _k_slice, _lookup, _tiles, \
+    check_device, check_x, dequant_launch, derived, kernel_kind, linear_launch, pair_table
 
 
 @triton.jit
@@ -63,16 +62,17 @@ def _affine_pair(words, j: tl.constexpr):
 @triton.jit
 def _lut4_gemv_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, GROUP: tl.constexpr,
                       HAS_MIN: tl.constexpr, AFFINE: tl.constexpr, LUT_A: tl.constexpr, LUT_B: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, STAGE: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
     """Split-K CUDA-core GEMV (M <= matmul.GEMV_MAX_M) over the lut4_rowmajor bytes read as int32 words
     (8 codes each: word w of a 32-code run holds bytes 4w .. 4w+3, byte j the codes of columns
     4w + j (low nibble) and 4w + j + 16 (high)). Per word and row it forms t = sum x * value in fp32
     FMAs and applies the group scale (and min) once per word, not per weight; the cross-thread
     reduction runs once after the K loop. Values: AFFINE tables (lut[c] = LUT_A c + LUT_B: q4_0,
     int4_g*; fp16/bf16 activations) come from _affine_pair's bit trick, sum x c = t - sum x (x
-    pre-scaled by 256 / 16); other tables (iq4_nl, and any under fp32 activations) are looked up
-    (staged in registers with STAGE)."""
+    pre-scaled by 256 / 16); other tables (iq4_nl, and any under fp32 activations) are looked up a
+    byte at a time in lut_ptr, the table's pair table (matmul.pair_table: entry hi * 16 + lo holds
+    lut[hi], lut[lo]): one 8-byte L1 load per two weights."""
     pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(True, BLOCK_M, BLOCK_N)
     k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
     WORDS: tl.constexpr = BLOCK_K // 8
@@ -83,7 +83,6 @@ def _lut4_gemv_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_pt
     word_rows = offs_n[:, None].to(tl.int64) * (K // 8)
     group_rows = offs_n[:, None].to(tl.int64) * (K // GROUP)
     x_rows = offs_m[:, None].to(tl.int64) * K
-    table = _stage_table(lut_ptr, 16, STAGE)
     acc = tl.zeros((BLOCK_M, BLOCK_N, WORDS), dtype=tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
         w_ok = ((k0 + 8 * wl) < K)[None, :]
@@ -103,9 +102,9 @@ def _lut4_gemv_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_pt
                 x_hi = x_hi * 16.0
                 x_pre += x_lo + x_hi
             else:
-                byte = words >> (8 * j)
-                f_lo = _lookup(table, byte & 0xF, 16, STAGE)
-                f_hi = _lookup(table, (byte >> 4) & 0xF, 16, STAGE)
+                entry = tl.load(lut_ptr + ((words >> (8 * j)) & 0xFF), eviction_policy="evict_last")
+                f_hi = entry.to(tl.int32).to(tl.float32, bitcast=True)
+                f_lo = (entry >> 32).to(tl.int32).to(tl.float32, bitcast=True)
             t += f_lo[None, :, :] * x_lo[:, None, :]
             t += f_hi[None, :, :] * x_hi[:, None, :]
         if AFFINE:  # sum x lut[c] = A (t - x_pre) + B x_sum
@@ -147,24 +146,17 @@ def _consts(group_size, mins):
     return dict(DECODE=_decode_tile, BITS=4, GROUP=group_size, HAS_MIN=mins is not None)
 
 
-_affine_tables: dict = {}  # id(lut) -> (weakref to it, its _version, table_form)
+def _affine_form(lut) -> Optional[tuple]:
+    values = lut.detach().double().cpu().tolist()
+    a, b = values[1] - values[0], values[0]
+    return (float(a), float(b)) if all(v == a * c + b for c, v in enumerate(values)) else None
 
 
 def table_form(lut) -> Optional[tuple]:
     """(A, B) when lut[c] == A c + B for every code (q4_0: (1, -8), int4_g*: (1, 0)), else None
     (iq4_nl). Read from the tensor once (one device sync on its first call), then remembered per
     tensor and version."""
-    hit = _affine_tables.get(id(lut))
-    if hit is not None and hit[0]() is lut and hit[1] == lut._version:
-        return hit[2]
-    values = lut.detach().double().cpu().tolist()
-    a, b = values[1] - values[0], values[0]
-    form = (float(a), float(b)) if all(v == a * c + b for c, v in enumerate(values)) else None
-    if len(_affine_tables) > 4096:  # dead tensors' entries
-        for key in [key for key, (ref, _, _) in _affine_tables.items() if ref() is None]:
-            del _affine_tables[key]
-    _affine_tables[id(lut)] = (weakref.ref(lut), lut._version, form)
-    return form
+    return derived(lut, "affine_form", _affine_form)
 
 
 def lut4_linear(x, qweight, scales, mins, lut, group_size, bias=None, *, config=None):
@@ -175,19 +167,19 @@ def lut4_linear(x, qweight, scales, mins, lut, group_size, bias=None, *, config=
     check_device(op, "x", x, {"bias": bias})
     check_x(op, x, k, n, bias)
     weights = _weights(qweight, scales, mins, lut)
-    gemv = None
+    launches = {"dot": KernelLaunch(_group_linear_kernel, weights, _consts(group_size, mins), (0,), table_values=16)}
     if kernel_kind(x.numel() // k if k else 0) == "gemv":
         # The bit trick's sums are exact to ~1e-5 relative: far below an fp16/bf16 output's rounding,
         # not an fp32 one's, so fp32 activations take exact table lookups.
         form = table_form(lut) if x.dtype != torch.float32 else None
         words = weights[0].view(torch.int32)  # 8 codes per word (K % 32 == 0)
-        gemv = (_lut4_gemv_kernel, (words,) + weights[1:],
-                dict(GROUP=group_size, HAS_MIN=mins is not None, AFFINE=form is not None,
-                     LUT_A=form[0] if form else 1.0, LUT_B=form[1] if form else 0.0))
-    return linear_launch(op, _group_linear_kernel, x, n, weights, (0,), _consts(group_size, mins), bias,
-                         f"g{group_size}", config,
-                         lambda dtype: lut4_dequantize(qweight, scales, mins, lut, group_size, dtype=dtype),
-                         table_values=16, gemv=gemv)
+        pairs = derived(weights[3], "pair_table", pair_table)
+        launches["gemv"] = KernelLaunch(_lut4_gemv_kernel, (words,) + weights[1:3] + (pairs,),
+                                        dict(GROUP=group_size, HAS_MIN=mins is not None, AFFINE=form is not None,
+                                             LUT_A=form[0] if form else 1.0, LUT_B=form[1] if form else 0.0),
+                                        kind_flags=False)
+    return linear_launch(op, x, n, launches, bias, f"g{group_size}", config,
+                         lambda dtype: lut4_dequantize(qweight, scales, mins, lut, group_size, dtype=dtype))
 
 
 def lut4_dequantize(qweight, scales, mins, lut, group_size, *, dtype=torch.float32):

@@ -29,6 +29,8 @@ STAGE is an autotuned config field.
 """
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -118,6 +120,13 @@ def _mac(acc, x_ptr, x_rows, offs_m, M, k, k_lim, w, GEMV: tl.constexpr, DOT_FP3
     """acc += x[:, k] @ w.T (GEMV: the unsummed products), columns >= k_lim masked out of x (so w
     there never counts)."""
     x = tl.load(x_ptr + x_rows + k[None, :], mask=(offs_m[:, None] < M) & (k[None, :] < k_lim), other=0.0)
+    return _fma_or_dot(acc, x, w, GEMV, DOT_FP32)
+
+
+@triton.jit
+def _fma_or_dot(acc, x, w, GEMV: tl.constexpr, DOT_FP32: tl.constexpr):
+    """acc += x @ w.T for x [BLOCK_M, k] in its dtype and fp32 w [BLOCK_N, k] (GEMV: the unsummed
+    products [BLOCK_M, BLOCK_N, k], see _acc_init)."""
     if GEMV:  # broadcast FMAs in fp32 on the CUDA cores (and the interpreter mis-reads bf16 math)
         acc += x.to(tl.float32)[:, None, :] * w[None, :, :]
     elif DOT_FP32:  # fp32 activations (exact products), or bf16 under the interpreter
@@ -207,26 +216,66 @@ def kernel_kind(m: int) -> str:
     return "gemv" if m <= GEMV_MAX_M else "dot"
 
 
-def gemv_candidates(m, n, k):
-    return [dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=2)
-            for bn, bk, w in _GEMV_TILES for sk in _SPLITS if sk * bk <= k]
+@dataclass(frozen=True)
+class KernelLaunch:
+    """How one kernel kind (kernel_kind(M): "gemv" / "dot") of a format is launched:
+    kernel(x, *weights, bias, y, ws, M, N, K, *sizes, HAS_BIAS, SPLIT_K, [GEMV, DOT_FP32,] **consts,
+    [STAGE,] BLOCK_M, BLOCK_N, BLOCK_K) — kind_flags: it takes GEMV and DOT_FP32 (kernels serving both
+    kinds); table_values: the size of a table it may stage (its STAGE constexpr), None: no STAGE.
+    tiles: its autotune space, None: the generic one of the kind — gemv (BLOCK_N, BLOCK_K, num_warps),
+    dot (BLOCK_M, BLOCK_N, BLOCK_K, num_warps[, num_stages]); default: its untimed tile — gemv
+    (BLOCK_N, BLOCK_K, num_warps), dot (BLOCK_N, BLOCK_K, num_warps, num_stages), BLOCK_M by M;
+    k_unit: the columns one step of its K loop covers (BLOCK_K rounds up to a multiple)."""
+    kernel: object
+    weights: tuple
+    consts: dict
+    sizes: tuple = ()
+    table_values: Optional[int] = None
+    kind_flags: bool = True
+    tiles: Optional[tuple] = None
+    default: Optional[tuple] = None
+    k_unit: int = 1
 
 
-def gemv_default(m, n, k):
+def _round_k(bk: int, k_unit: int) -> int:
+    return triton.cdiv(bk, k_unit) * k_unit
+
+
+def _unique(configs: list) -> list:
+    return list({tuple(sorted(c.items())): c for c in configs}.values())  # k_unit may merge tiles
+
+
+def gemv_candidates(m, n, k, tiles=None, k_unit=1):
+    out = []
+    for bn, bk, w in tiles or _GEMV_TILES:
+        bk = _round_k(bk, k_unit)
+        out += [dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=2)
+                for sk in _SPLITS if sk == 1 or sk * bk <= k]
+    return _unique(out)
+
+
+def gemv_default(m, n, k, tile=None, k_unit=1):
     # A few K slices even on small shapes, so the interpreter tests exercise the split-K reduction.
-    return dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=max(1, min(4, triton.cdiv(k, 64))), num_warps=4, num_stages=2)
+    bn, bk, w = tile or (32, 64, 4)
+    bk = _round_k(bk, k_unit)
+    return dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=max(1, min(4, triton.cdiv(k, bk))), num_warps=w, num_stages=2)
 
 
-def dot_candidates(m, n, k):
+def dot_candidates(m, n, k, tiles=None, k_unit=1):
     # Split K only while the M x N tiles alone are too few to fill a GPU (M <= 64).
-    return [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=3)
-            for bm, bn, bk, w in _DOT_TILES if bm <= max(16, autotune.m_bucket(m))
-            for sk in (_SPLITS[:3] if m <= 64 else (1,)) if sk * bk <= k]
+    out = []
+    for bm, bn, bk, w, *stages in tiles or _DOT_TILES:
+        bk = _round_k(bk, k_unit)
+        if bm <= max(16, autotune.m_bucket(m)):
+            out += [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_stages=(stages or [3])[0])
+                    for sk in (_SPLITS[:3] if m <= 64 else (1,)) if sk == 1 or sk * bk <= k]
+    return _unique(out)
 
 
-def dot_default(m, n, k):
+def dot_default(m, n, k, tile=None, k_unit=1):
     bm = 16 if m <= 16 else 32 if m <= 32 else 64  # GPU-valid tl.dot tiles (M, N, K >= 16)
-    return dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64, SPLIT_K=1, num_warps=4, num_stages=3)
+    bn, bk, w, stages = tile or (64, 64, 4, 3)
+    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=_round_k(bk, k_unit), SPLIT_K=1, num_warps=w, num_stages=stages)
 
 
 def stage_table(size: int) -> bool:
@@ -240,17 +289,44 @@ def with_stage(candidates, size: int) -> list:
     return [dict(c, STAGE=s) for c in candidates for s in choices]
 
 
-def config_space(m, n, k, table_values: Optional[int]) -> tuple[list, dict]:
+def config_space(m, n, k, launch: KernelLaunch) -> tuple[list, dict]:
     """(candidates, untimed default) for a call with M = m: the kind's tiles (x STAGE choices), and
     from DEQUANT_MIN_M the dequantize + cuBLAS route."""
     gemv = kernel_kind(m) == "gemv"
-    cands = gemv_candidates(m, n, k) if gemv else dot_candidates(m, n, k)
-    default = gemv_default(m, n, k) if gemv else dot_default(m, n, k)
-    if table_values is not None:
-        cands, default = with_stage(cands, table_values), dict(default, STAGE=stage_table(table_values))
+    space = (gemv_candidates, gemv_default) if gemv else (dot_candidates, dot_default)
+    cands = space[0](m, n, k, launch.tiles, launch.k_unit)
+    default = space[1](m, n, k, launch.default, launch.k_unit)
+    if launch.table_values is not None:
+        cands, default = with_stage(cands, launch.table_values), dict(default, STAGE=stage_table(launch.table_values))
     if not gemv and m >= DEQUANT_MIN_M:
         cands = cands + [dict(DEQUANT_ROUTE)]
     return cands, default
+
+
+# -- tables derived from a format's tensors -------------------------------------------------------
+_derived: dict = {}  # (id(tensor), name) -> (weakref to it, its _version, derived value)
+
+
+def derived(t: torch.Tensor, name: str, make: Callable[[torch.Tensor], object]):
+    """make(t), computed once per tensor and version (a kernel's view of a format table: its affine
+    form, a pair table), so a decode step launches no table-building work after the first."""
+    hit = _derived.get((id(t), name))
+    if hit is not None and hit[0]() is t and hit[1] == t._version:
+        return hit[2]
+    value = make(t)
+    if len(_derived) > 4096:  # dead tensors' entries
+        for key in [key for key, (ref, _, _) in _derived.items() if ref() is None]:
+            del _derived[key]
+    _derived[(id(t), name)] = (weakref.ref(t), t._version, value)
+    return value
+
+
+def pair_table(table: torch.Tensor) -> torch.Tensor:
+    """int64 [v^2] of a table's v values: entry a * v + c holds the fp32 values table[a] (low word)
+    and table[c] (high word), so a GEMV looks up two codes' weights with one 8-byte load."""
+    t = table.reshape(-1).float()
+    pairs = torch.stack([t[:, None].expand(-1, t.numel()), t[None, :].expand(t.numel(), -1)], -1)
+    return pairs.reshape(-1, 2).contiguous().view(torch.int64)
 
 
 # -- checks ----------------------------------------------------------------------------------------
@@ -275,19 +351,19 @@ def check_x(op, x, k, n, bias):
 
 
 # -- launcher --------------------------------------------------------------------------------------
-def linear_launch(op: str, kernel, x, n: int, weights: tuple, sizes: tuple, consts: dict, bias, key: str, config,
-                  dequantize: Callable[[torch.dtype], torch.Tensor], table_values: Optional[int] = None,
-                  gemv: Optional[tuple] = None):
-    """y = x @ W.T + bias in x's dtype, any leading dims of x, through
-    kernel(x, *weights, bias, y, ws, M, N, K, *sizes, GEMV, DOT_FP32, HAS_BIAS, SPLIT_K, **consts,
-    [STAGE,] BLOCK_*) — the kind chosen by M, the config by autotune.pick under `op` and `key` — or,
-    for the config DEQUANT_ROUTE, dequantize(x.dtype) -> W [N, K] and cuBLAS.
-    gemv: (kernel, weights, consts) of a format's own GEMV kernel for M <= GEMV_MAX_M, called as
-    kernel(x, *weights, bias, y, ws, M, N, K, HAS_BIAS, SPLIT_K, **consts, [STAGE,] BLOCK_*).
+def both_kinds(launch: KernelLaunch) -> dict:
+    """One kernel (with the generic tile spaces) for both kinds."""
+    return {"gemv": launch, "dot": launch}
 
-    config: force a launch config (tests, benchmarks); default: autotune.pick (the fixed default
-    without a GPU timer, the tuned one on CUDA). table_values: size of a table the kernel may stage
-    (its STAGE constexpr); None: the kernel has no STAGE."""
+
+def linear_launch(op: str, x, n: int, launches: dict, bias, key: str, config,
+                  dequantize: Callable[[torch.dtype], torch.Tensor]):
+    """y = x @ W.T + bias in x's dtype, any leading dims of x, through launches[kernel_kind(M)] (a
+    KernelLaunch), its config from autotune.pick under `op` and `key` — or, for the config
+    DEQUANT_ROUTE, dequantize(x.dtype) -> W [N, K] and cuBLAS.
+    config: force a launch config (tests, benchmarks; BLOCK_K rounds up to the kernel's k_unit, a
+    STAGE it has no table for is dropped); default: autotune.pick (the fixed default without a GPU
+    timer, the tuned one on CUDA)."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0]
@@ -296,8 +372,8 @@ def linear_launch(op: str, kernel, x, n: int, weights: tuple, sizes: tuple, cons
     y = torch.empty((m, n), device=x.device, dtype=out_dtype)
     if m == 0:
         return y.to(x.dtype).reshape(*x.shape[:-1], n)
-    is_gemv = kernel_kind(m) == "gemv"
-    gemv_kernel = gemv if is_gemv else None
+    kind = kernel_kind(m)
+    launch = launches[kind]
     b = bias.contiguous() if bias is not None else x2  # any pointer: HAS_BIAS is off
 
     def run(cfg):
@@ -312,33 +388,33 @@ def linear_launch(op: str, kernel, x, n: int, weights: tuple, sizes: tuple, cons
             if target is not y:
                 y.copy_(target)
             return
-        if table_values is not None:
-            cfg.setdefault("STAGE", stage_table(table_values))  # forced configs may leave it out
+        if launch.table_values is not None:
+            cfg.setdefault("STAGE", stage_table(launch.table_values))  # forced configs may leave it out
+        else:
+            cfg.pop("STAGE", None)
+        cfg["BLOCK_K"] = _round_k(cfg["BLOCK_K"], launch.k_unit)
         split = cfg.pop("SPLIT_K")
         # fp32 partials of each K slice (every element written: no zero-fill needed)
         ws = torch.empty((split, m, n), device=x.device, dtype=torch.float32) if split > 1 else y
-        if is_gemv:
+        if kind == "gemv":
             grid = (triton.cdiv(n, cfg["BLOCK_N"]), split)
             cfg["BLOCK_M"] = triton.next_power_of_2(m)
         else:
             grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), split)
-        dot_fp32 = x2.dtype == torch.float32 or (INTERPRET and x2.dtype == torch.bfloat16)
-        has_bias = bias is not None and split == 1
-        if gemv_kernel is not None:
-            gemv_kernel[0][grid](x2, *gemv_kernel[1], b, y, ws, m, n, k, HAS_BIAS=has_bias, SPLIT_K=split,
-                                 **gemv_kernel[2], **cfg)
-        else:
-            kernel[grid](x2, *weights, b, y, ws, m, n, k, *sizes, GEMV=is_gemv, DOT_FP32=dot_fp32, HAS_BIAS=has_bias,
-                         SPLIT_K=split, **consts, **cfg)
+        if launch.kind_flags:
+            cfg["GEMV"] = kind == "gemv"
+            cfg["DOT_FP32"] = x2.dtype == torch.float32 or (INTERPRET and x2.dtype == torch.bfloat16)
+        launch.kernel[grid](x2, *launch.weights, b, y, ws, m, n, k, *launch.sizes, HAS_BIAS=bias is not None and split == 1,
+                            SPLIT_K=split, **launch.consts, **cfg)
         if split > 1:
             block = 1024
             _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](ws, b, y, m * n, n, HAS_BIAS=bias is not None,
                                                                 SPLIT_K=split, BLOCK=block)
 
     if config is None:
-        cands, default = config_space(m, n, k, table_values)
+        cands, default = config_space(m, n, k, launch)
         full_key = f"m{autotune.m_bucket(m)}_n{n}_k{k}_{key}_{str(x.dtype).removeprefix('torch.')}"
-        config = autotune.pick(f"{op}_{'gemv' if is_gemv else 'dot'}", full_key, cands, default, run, x.device)
+        config = autotune.pick(f"{op}_{kind}", full_key, cands, default, run, x.device)
     run(config)
     return y.to(x.dtype).reshape(*x.shape[:-1], n)
 

@@ -17,23 +17,45 @@ The row scale multiplies each output once in the epilogue (sum_k s w x = s sum_k
 weight: cheaper, and on the tensor cores the decoded tile is cast to x's dtype unscaled (nuq's
 int8-grid levels are exact in fp16 and bf16).
 
-Codebook tables of at most matmul.STAGE_MAX_VALUES values (nuq1..4, vq1.5, vq2) are staged on chip
-once per program and looked up with `tl.gather` (VQ-LLM's codebook cache); larger ones (vq2.5+ up
-to 1024 x 2, the TCQ tables) are gathered from global memory with an evict_last hint while the
-streamed codes are loaded evict_first, so L1 keeps the table rather than the codes (matmul.py,
-"codebook staging").
+Decoding reads whole words, never a per-code address (the cost model of compile_check: per weight a
+thread issues ~5 instructions where the per-element decoders took 20-45):
+- codebook: _codebook_linear_kernel, both kinds (the GEMV's FMAs or one tl.dot per lookup field).
+  A unit is the G words of one stream holding a whole number of codes, so every code's bits sit at
+  compile-time shifts. Tables are read from global memory (L1-resident, evict_last, while the
+  streamed codes go evict_first) as 8-byte entries of two fp32 values: vq pairs, or for nuq codes
+  of <= PAIR_MAX_BITS two consecutive codes of a stream through a pair table (matmul.pair_table).
+  (Staging the tables in registers and tl.gather-ing lowers to ~10 shuffles per lookup: slower.)
+- TCQ: _tcq_linear_kernel, both kinds: a thread decodes a row's 8 steps of a 16 x 16 tile from its
+  sequence words, shifted once per row to a byte-aligned start; each step is a pair of columns of
+  the signed table (one 8-byte load). The dequantize kernels keep the per-element decoders.
 """
 from __future__ import annotations
+
+import math
+from dataclasses import replace
 
 import torch
 import triton
 import triton.language as tl
 
-from .matmul import (_acc_init, _acc_total, _epilogue, _k_slice, _lookup, _mac, _stage_table, _store_tile, _tiles,
-                     _window, check_device, check_x, dequant_launch, linear_launch)
+from .matmul import (KernelLaunch, _acc_init, _acc_total, _epilogue, _fma_or_dot, _k_slice, _lookup, _store_tile,
+                     _tiles, _window, check_device, check_x, dequant_launch, derived, linear_launch,
+                     pair_table)
 
 STREAMS = 16  # bit streams per codebook row (palette.h kCodeStreams)
 TILE = 16  # TCQ tiles are 16 x 16 (palette.h kTcqTile)
+PAIR_MAX_BITS = 4  # nuq codes up to this wide are looked up two at a time (a 2^(2 b)-entry pair table)
+
+# The GEMV kernels' (BLOCK_N, BLOCK_K, num_warps) spaces. Their cost model (compile_check): the x
+# values a thread loads are shared by the rows it holds (BLOCK_N * BLOCK_K / threads / K step per
+# unit), so the tiles are taller than the generic kernels'; codebook BLOCK_K rounds up to whole units.
+_CODEBOOK_GEMV_TILES = ((32, 256, 4), (64, 256, 4), (32, 512, 4), (64, 512, 8), (128, 256, 8))
+# Both families' tl.dot spaces, (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): one tl.dot per
+# lookup field / TCQ step, over 16 units / TCQ tiles (BLOCK_K >= 256 for TCQ); pipelining the code
+# words (2 stages) holds BLOCK_N x BLOCK_K codes in shared memory, so wide tiles take 1.
+_PALETTE_DOT_TILES = ((16, 64, 256, 4, 2), (16, 128, 256, 4, 1), (32, 64, 256, 4, 2), (64, 64, 256, 4, 1),
+                       (64, 128, 256, 8, 1), (128, 128, 256, 8, 1))
+_TCQ_GEMV_TILES = ((64, 128, 4), (128, 64, 4), (128, 128, 4), (256, 64, 4), (128, 128, 8), (64, 256, 4))
 
 
 # -- decoders (palette.h, vectorized) -------------------------------------------------------------
@@ -92,6 +114,189 @@ def _tcq_tile(codes_ptr, tbl_ptr, offs_n, k0, k_lim, N, KP, S: tl.constexpr, Q: 
 
 
 @triton.jit
+def _pick(a0, a1, a2, a3, q: tl.constexpr):
+    """The q-th of four values (q a compile-time index)."""
+    if q == 0:
+        return a0
+    elif q == 1:
+        return a1
+    elif q == 2:
+        return a2
+    else:
+        return a3
+
+
+@triton.jit
+def _bits_at(cur, nxt, OFF: tl.constexpr, F: tl.constexpr):
+    """The F-bit field at bit OFF (compile-time, MSB first) of the word pair cur, nxt (uint32)."""
+    if OFF + F <= 32:
+        return (cur >> (32 - OFF - F)) & ((1 << F) - 1)
+    else:
+        return ((cur << (OFF + F - 32)) | (nxt >> (64 - OFF - F))) & ((1 << F) - 1)
+
+
+@triton.jit
+def _codebook_linear_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, ROW_WORDS,
+                          BITS: tl.constexpr, D: tl.constexpr, G: tl.constexpr, PAIR: tl.constexpr,
+                          GEMV: tl.constexpr, DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr):
+    """Split-K CUDA-core GEMV (M <= matmul.GEMV_MAX_M) of nuq/vq codes read as whole stream words.
+    A unit is G = BITS / gcd(BITS, 32) consecutive words of one stream (row words 16 (g G + q) + l
+    for stream l): CODES = 32 G / BITS whole codes, so every code's bit position is a compile-time
+    constant and a thread cuts them out with fixed shifts, never a per-code address. 16 streams x
+    one unit cover GROUP_COLS = 16 CODES D columns (BLOCK_K a multiple of it). A lookup reads one
+    entry of tbl_ptr per F-bit field: vq (D = 2) one code -> its pair (an int64: both fp32 in one
+    load); nuq with PAIR two consecutive codes of a stream (columns 16 apart) -> a pair-table entry;
+    else one code -> one fp32. The row scale multiplies each output once (_scaled_epilogue)."""
+    CODES: tl.constexpr = 32 * G // BITS
+    P: tl.constexpr = 2 if PAIR else 1  # codes per lookup
+    F: tl.constexpr = P * BITS  # bits per lookup
+    GROUP_COLS: tl.constexpr = 16 * CODES * D
+    U: tl.constexpr = 16 * (BLOCK_K // GROUP_COLS)  # units (stream x group) per row and K step
+    pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(GEMV, BLOCK_M, BLOCK_N)
+    k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
+    u = tl.arange(0, U)
+    unit_word = (u // 16) * (16 * G) + u % 16  # row word of each unit's first word, from the K step's
+    unit_col = (u // 16) * GROUP_COLS + (u % 16) * D  # column of each unit's first code
+    n_ok = (offs_n < N)[:, None]
+    m_ok = (offs_m < M)[:, None]
+    row_words = words_ptr + offs_n[:, None].to(tl.int64) * ROW_WORDS
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * K
+    acc = _acc_init(GEMV, BLOCK_M, BLOCK_N, U)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        word0 = (k0 // GROUP_COLS) * (16 * G) + unit_word
+        unit_ptr = row_words + word0[None, :]
+        x_unit = x_rows + (k0 + unit_col)[None, :]
+        cur = _stream_word(unit_ptr, word0, 0, ROW_WORDS, n_ok)
+        nxt = cur
+        if G > 1:
+            nxt = _stream_word(unit_ptr, word0, 1, ROW_WORDS, n_ok)
+        for i in tl.static_range(CODES // P):
+            if i > 0 and (i * F) // 32 != ((i - 1) * F) // 32:  # the field starts in the next word
+                cur = nxt
+                if (i * F) // 32 + 1 < G:
+                    nxt = _stream_word(unit_ptr, word0, (i * F) // 32 + 1, ROW_WORDS, n_ok)
+            code = _bits_at(cur, nxt, (i * F) % 32, F).to(tl.int32)
+            if PAIR or D == 2:  # two fp32 values in one int64 table entry
+                entry = tl.load(tbl_ptr + code, eviction_policy="evict_last")
+                w0 = entry.to(tl.int32).to(tl.float32, bitcast=True)
+                w1 = (entry >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+            else:
+                w0 = tl.load(tbl_ptr + code, eviction_policy="evict_last")
+                w1 = w0
+            # columns of the field's values: D consecutive ones for vq, two codes 16 apart for a pair
+            col0 = 16 * D * P * i
+            col1 = col0 + (16 if PAIR else 1)
+            x0 = tl.load(x_unit + col0, mask=m_ok & ((k0 + unit_col + col0) < k_end)[None, :], other=0.0)
+            acc = _fma_or_dot(acc, x0, w0, GEMV, DOT_FP32)
+            if PAIR or D == 2:
+                x1 = tl.load(x_unit + col1, mask=m_ok & ((k0 + unit_col + col1) < k_end)[None, :], other=0.0)
+                acc = _fma_or_dot(acc, x1, w1, GEMV, DOT_FP32)
+    _scaled_epilogue(_acc_total(acc, GEMV), offs_m, offs_n, pid_k, M, N, s_ptr, b_ptr, y_ptr, ws_ptr, HAS_BIAS,
+                     SPLIT_K)
+
+
+@triton.jit
+def _stream_word(unit_ptr, word0, Q: tl.constexpr, ROW_WORDS, n_ok):
+    """Word Q of each unit (row word word0 + 16 Q; 0 past the row's end) as uint32."""
+    return tl.load(unit_ptr + 16 * Q, mask=n_ok & ((word0 + 16 * Q) < ROW_WORDS)[None, :], other=0,
+                   eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _put(a0, a1, a2, a3, q: tl.constexpr, v):
+    """(a0, a1, a2, a3) with the q-th replaced by v (q a compile-time index)."""
+    if q == 0:
+        return v, a1, a2, a3
+    elif q == 1:
+        return a0, v, a2, a3
+    elif q == 2:
+        return a0, a1, v, a3
+    else:
+        return a0, a1, a2, v
+
+
+@triton.jit
+def _state_at(a0, a1, a2, a3, P: tl.constexpr):
+    """The 16-bit window at bit P (compile-time) of the aligned words a0 a1 a2 a3 (MSB first)."""
+    cur = _pick(a0, a1, a2, a3, P // 32)
+    if P % 32 <= 16:
+        return (cur >> (16 - P % 32)) & 0xFFFF
+    else:
+        return ((cur << (P % 32 - 16)) | (_pick(a0, a1, a2, a3, P // 32 + 1) >> (48 - P % 32))) & 0xFFFF
+
+
+@triton.jit
+def _tcq_part_mac(acc, x_ptr, x_rows, m_ok, codes_ptr, tbl_ptr, offs_n, k_begin, k_end, col0, KP, N,
+                  S: tl.constexpr, Q: tl.constexpr, GEMV: tl.constexpr, DOT_FP32: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
+    """acc += x[:, k_begin:k_end] @ W.T of one TCQ code tensor [N/16, KP/16, 4 S] (its columns start at
+    col0; k_begin, k_end multiples of 16): per step the GEMV's FMAs into [BLOCK_M, BLOCK_N, BLOCK_K/16]
+    or one tl.dot over the BLOCK_K/16 tiles of the K step.
+    One thread decodes a row's 8 steps of a 16 x 16 tile (16 weights): they sit in 8 S + 16 - S
+    consecutive bits of the tile's sequence from bit 8 r S (r: the row in its tile), so the row's
+    sequence words are read once, shifted to a byte-aligned start (when S % 4 != 0), and every
+    step's 16-bit state is then cut out with compile-time shifts. tbl_ptr: the signed table as int64
+    (a step's two fp32 weights in one load)."""
+    SEQ: tl.constexpr = 4 * S
+    ALIGNED: tl.constexpr = S % 4 == 0  # every row starts at a word boundary
+    NA: tl.constexpr = (7 * S + 16 + 31) // 32  # aligned words a row's 8 windows span (<= 4)
+    KT: tl.constexpr = BLOCK_K // 16
+    n_ok = (offs_n < N)[:, None]
+    start = (offs_n % 16)[:, None] * (8 * S)  # bit of the row's first step in its tile's sequence
+    o = (start % 32).to(tl.uint32)
+    seq_row = codes_ptr + (offs_n // 16).to(tl.int64)[:, None] * (KP // 16) * SEQ
+    first_word = start // 32
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        kt = (k0 - col0) // 16 + tl.arange(0, KT)  # tile columns of this code tensor
+        ok = n_ok & (kt < (k_end - col0) // 16)[None, :]
+        seq = seq_row + kt[None, :] * SEQ
+        raw = tl.load(seq + first_word, mask=ok, other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+        a0, a1, a2, a3 = raw, raw, raw, raw  # aligned words: a_q = bits [32 q, 32 q + 32) from the row's start
+        for q in tl.static_range(1, NA if ALIGNED else NA + 1):
+            nxt = tl.load(seq + (first_word + q) % SEQ, mask=ok, other=0,  # tail-biting
+                          eviction_policy="evict_first").to(tl.uint32, bitcast=True)
+            if ALIGNED:
+                a0, a1, a2, a3 = _put(a0, a1, a2, a3, q, nxt)
+            else:
+                a0, a1, a2, a3 = _put(a0, a1, a2, a3, q - 1, _window(raw, nxt, o))
+            raw = nxt
+        x_step = x_ptr + x_rows + (k0 + 16 * tl.arange(0, KT))[None, :]
+        x_ok = m_ok & (kt < (k_end - col0) // 16)[None, :]
+        for i in tl.static_range(8):
+            state = _state_at(a0, a1, a2, a3, i * S)
+            idx = ((state * (state + 1)) >> (15 - Q)) & ((2 << Q) - 1)
+            pair = tl.load(tbl_ptr + idx.to(tl.int32), eviction_policy="evict_last")
+            w_even = pair.to(tl.int32).to(tl.float32, bitcast=True)
+            w_odd = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+            acc = _fma_or_dot(acc, tl.load(x_step + 2 * i, mask=x_ok, other=0.0), w_even, GEMV, DOT_FP32)
+            acc = _fma_or_dot(acc, tl.load(x_step + 2 * i + 1, mask=x_ok, other=0.0), w_odd, GEMV, DOT_FP32)
+    return acc
+
+
+@triton.jit
+def _tcq_linear_kernel(x_ptr, c_ptr, t_ptr, c2_ptr, t2_ptr, s_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, KH,
+                       S: tl.constexpr, Q: tl.constexpr, S2: tl.constexpr, Q2: tl.constexpr, HALF: tl.constexpr,
+                       GEMV: tl.constexpr, DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """TCQ / half-TCQ, both kinds: columns [0, KH) from (c, t, S, Q); with HALF, columns [KH, K) from
+    (c2, t2, S2, Q2), decoded step by step from whole sequence words (_tcq_part_mac)."""
+    pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(GEMV, BLOCK_M, BLOCK_N)
+    x_rows = offs_m[:, None].to(tl.int64) * K
+    m_ok = (offs_m < M)[:, None]
+    k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
+    acc = _acc_init(GEMV, BLOCK_M, BLOCK_N, BLOCK_K // 16)
+    acc = _tcq_part_mac(acc, x_ptr, x_rows, m_ok, c_ptr, t_ptr, offs_n, k_begin, tl.minimum(k_end, KH), 0, KH, N,
+                        S, Q, GEMV, DOT_FP32, BLOCK_K)
+    if HALF:  # a slice across K/2 continues at KH (a multiple of 16) with the second code
+        acc = _tcq_part_mac(acc, x_ptr, x_rows, m_ok, c2_ptr, t2_ptr, offs_n, tl.maximum(k_begin, KH), k_end, KH,
+                            K - KH, N, S2, Q2, GEMV, DOT_FP32, BLOCK_K)
+    _scaled_epilogue(_acc_total(acc, GEMV), offs_m, offs_n, pid_k, M, N, s_ptr, b_ptr, y_ptr, ws_ptr, HAS_BIAS,
+                     SPLIT_K)
+
+
+@triton.jit
 def _scaled_epilogue(acc, offs_m, offs_n, pid_k, M, N, s_ptr, b_ptr, y_ptr, ws_ptr, HAS_BIAS: tl.constexpr,
                      SPLIT_K: tl.constexpr):
     # the row scale is linear, so each K slice's partial sum takes it before the reduction adds bias
@@ -100,45 +305,6 @@ def _scaled_epilogue(acc, offs_m, offs_n, pid_k, M, N, s_ptr, b_ptr, y_ptr, ws_p
 
 
 # -- kernels --------------------------------------------------------------------------------------
-@triton.jit
-def _codebook_linear_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, ROW_WORDS,
-                            BITS: tl.constexpr, D: tl.constexpr, GEMV: tl.constexpr, DOT_FP32: tl.constexpr,
-                            HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, STAGE: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(GEMV, BLOCK_M, BLOCK_N)
-    x_rows = offs_m[:, None].to(tl.int64) * K
-    k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
-    table = _stage_table(tbl_ptr, D << BITS, STAGE)  # once per program
-    acc = _acc_init(GEMV, BLOCK_M, BLOCK_N, BLOCK_K)
-    for k0 in range(k_begin, k_end, BLOCK_K):
-        w = _codebook_tile(words_ptr, table, offs_n, k0, N, K, ROW_WORDS, BITS, D, BLOCK_K, STAGE)
-        acc = _mac(acc, x_ptr, x_rows, offs_m, M, k0 + tl.arange(0, BLOCK_K), K, w, GEMV, DOT_FP32)
-    _scaled_epilogue(_acc_total(acc, GEMV), offs_m, offs_n, pid_k, M, N, s_ptr, b_ptr, y_ptr, ws_ptr, HAS_BIAS,
-                     SPLIT_K)
-
-
-@triton.jit
-def _tcq_linear_kernel(x_ptr, c_ptr, t_ptr, c2_ptr, t2_ptr, s_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, KH,
-                       S: tl.constexpr, Q: tl.constexpr, S2: tl.constexpr, Q2: tl.constexpr, HALF: tl.constexpr,
-                       GEMV: tl.constexpr, DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Columns [0, KH) from (c, t, S, Q); with HALF, columns [KH, K) from (c2, t2, S2, Q2)."""
-    pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(GEMV, BLOCK_M, BLOCK_N)
-    x_rows = offs_m[:, None].to(tl.int64) * K
-    k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
-    acc = _acc_init(GEMV, BLOCK_M, BLOCK_N, BLOCK_K)
-    lo_end = tl.minimum(k_end, KH)
-    for k0 in range(k_begin, lo_end, BLOCK_K):
-        w = _tcq_tile(c_ptr, t_ptr, offs_n, k0, lo_end, N, KH, S, Q, BLOCK_K)
-        acc = _mac(acc, x_ptr, x_rows, offs_m, M, k0 + tl.arange(0, BLOCK_K), lo_end, w, GEMV, DOT_FP32)
-    if HALF:  # a slice across K/2 continues at KH (a multiple of 16) with the second code
-        for k0 in range(tl.maximum(k_begin, KH), k_end, BLOCK_K):
-            w = _tcq_tile(c2_ptr, t2_ptr, offs_n, k0 - KH, k_end - KH, N, K - KH, S2, Q2, BLOCK_K)
-            acc = _mac(acc, x_ptr, x_rows, offs_m, M, k0 + tl.arange(0, BLOCK_K), k_end, w, GEMV, DOT_FP32)
-    _scaled_epilogue(_acc_total(acc, GEMV), offs_m, offs_n, pid_k, M, N, s_ptr, b_ptr, y_ptr, ws_ptr, HAS_BIAS,
-                     SPLIT_K)
-
-
 @triton.jit
 def _store_scaled(out_ptr, w, s_ptr, offs_n, k, k_lim, N, K):
     scale = tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
@@ -223,11 +389,20 @@ def codebook_linear(x, codes, code_bits, table, row_scales, bias=None, *, config
     check_device(op, "x", x, {"codes": codes, "table": table, "row_scales": row_scales, "bias": bias})
     n, d, words = _codebook_shapes(op, codes, code_bits, table, row_scales, x.shape[-1])
     check_x(op, x, x.shape[-1], n, bias)
-    return linear_launch(op, _codebook_linear_kernel, x, n, (codes.contiguous(), table.contiguous(),
-                                                             row_scales.contiguous()), (words,),
-                         dict(BITS=code_bits, D=d), bias, f"b{code_bits}_d{d}", config,
-                         lambda dtype: codebook_dequantize(codes, code_bits, table, row_scales, x.shape[-1], dtype=dtype),
-                         table_values=table.numel())
+    codes, table, row_scales = codes.contiguous(), table.contiguous(), row_scales.contiguous()
+    pair = d == 1 and code_bits <= PAIR_MAX_BITS
+    if pair:
+        entries = derived(table, "pair_table", pair_table)
+    else:
+        entries = table.view(torch.int64) if d == 2 else table
+    unit_words = code_bits // math.gcd(code_bits, 32)
+    launch = KernelLaunch(_codebook_linear_kernel, (codes, entries, row_scales),
+                          dict(BITS=code_bits, D=d, G=unit_words, PAIR=pair), (words,),
+                          k_unit=STREAMS * (32 * unit_words // code_bits) * d)
+    launches = {"gemv": replace(launch, tiles=_CODEBOOK_GEMV_TILES, default=(64, 256, 4)),
+                "dot": replace(launch, tiles=_PALETTE_DOT_TILES, default=(64, 256, 4, 2))}
+    return linear_launch(op, x, n, launches, bias, f"b{code_bits}_d{d}", config,
+                         lambda dtype: codebook_dequantize(codes, code_bits, table, row_scales, x.shape[-1], dtype=dtype))
 
 
 def codebook_dequantize(codes, code_bits, table, row_scales, in_features, *, dtype=torch.float32):
@@ -262,8 +437,13 @@ def _tcq_parts(op, parts, row_scales, ref_name, ref, extra):
 def _tcq_linear(op, x, parts, row_scales, bias, config):
     n, k, kh, args, consts, key = _tcq_parts(op, parts, row_scales, "x", x, {"row_scales": row_scales, "bias": bias})
     check_x(op, x, k, n, bias)
-    return linear_launch(op, _tcq_linear_kernel, x, n, (*args, row_scales.contiguous()), (kh,), consts, bias, key,
-                         config, lambda dtype: _tcq_dequantize(op, parts, row_scales, dtype))
+    row_scales = row_scales.contiguous()
+    c, t, c2, t2 = args
+    launch = KernelLaunch(_tcq_linear_kernel, (c, t.view(torch.int64), c2, t2.view(torch.int64), row_scales), consts,
+                          (kh,))
+    launches = {"gemv": replace(launch, tiles=_TCQ_GEMV_TILES, default=(128, 128, 4), k_unit=TILE),
+                "dot": replace(launch, tiles=_PALETTE_DOT_TILES, default=(64, 256, 4, 2), k_unit=16 * TILE)}
+    return linear_launch(op, x, n, launches, bias, key, config, lambda dtype: _tcq_dequantize(op, parts, row_scales, dtype))
 
 
 def tcq_linear(x, codes, table, table_bits, shift_bits, row_scales, bias=None, *, config=None):
