@@ -2,21 +2,22 @@
 with W[n, k] = lut[code] * scale[n, k // group] (+ min), decoded in registers right after the load.
 
 Layout (torch_lowbit/layouts/lut4.py): qweight [N, K/2] uint8, within each run of 32 codes byte j
-holds code j (low nibble) and code j+16 (high nibble); the 16-entry table is staged in registers.
-This file is the tile decoder; the kernels (matmul._group_linear_kernel / _group_dequant_kernel, kinds
-by M: split-K GEMV / tiled tl.dot / dequantize + cuBLAS), split-K, staging, configs and the launcher
-are matmul.py's.
+holds code j (low nibble) and code j+16 (high nibble).
+_lut4_linear_kernel serves both kernel kinds by M (split-K GEMV, tiled tl.dot) reading the codes as
+int32 words; _decode_tile is the per-element decoder of the dequantize kernel (large M: dequantize +
+cuBLAS, and tests). Split-K, configs and the launcher are matmul.py's.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from .matmul import KernelLaunch, _epilogue, _group_dequant_kernel, _group_linear_kernel, _k_slice, _lookup, _tiles, \
-    check_device, check_x, dequant_launch, derived, kernel_kind, linear_launch, pair_table
+from .matmul import WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _epilogue, _fma_or_dot, _group_dequant_kernel, \
+    _k_slice, _lookup, _tiles, check_device, check_x, dequant_launch, derived, linear_launch
 
 
 @triton.jit
@@ -60,20 +61,37 @@ def _affine_pair(words, j: tl.constexpr):
 
 
 @triton.jit
-def _lut4_gemv_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, GROUP: tl.constexpr,
-                      HAS_MIN: tl.constexpr, AFFINE: tl.constexpr, LUT_A: tl.constexpr, LUT_B: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
-    """Split-K CUDA-core GEMV (M <= matmul.GEMV_MAX_M) over the lut4_rowmajor bytes read as int32 words
-    (8 codes each: word w of a 32-code run holds bytes 4w .. 4w+3, byte j the codes of columns
-    4w + j (low nibble) and 4w + j + 16 (high)). Per word and row it forms t = sum x * value in fp32
-    FMAs and applies the group scale (and min) once per word, not per weight; the cross-thread
-    reduction runs once after the K loop. Values: AFFINE tables (lut[c] = LUT_A c + LUT_B: q4_0,
-    int4_g*; fp16/bf16 activations) come from _affine_pair's bit trick, sum x c = t - sum x (x
-    pre-scaled by 256 / 16); other tables (iq4_nl, and any under fp32 activations) are looked up a
-    byte at a time in lut_ptr, the table's pair table (matmul.pair_table: entry hi * 16 + lo holds
-    lut[hi], lut[lo]): one 8-byte L1 load per two weights."""
-    pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(True, BLOCK_M, BLOCK_N)
+def _byte_values(words, j: tl.constexpr, lut_ptr, AFFINE: tl.constexpr):
+    """(f_lo, f_hi) [BLOCK_N, WORDS] of byte j of each word: AFFINE, _affine_pair's 1 + c / 256 and
+    1 + c / 16; else the table's values lut[c_lo], lut[c_hi], gathered from the 64-byte table (one
+    L1 line: a warp's gather is one wavefront, where a 2 KiB pair table would take ~14)."""
+    if AFFINE:
+        f_lo, f_hi = _affine_pair(words, j)
+    else:
+        byte = words >> (8 * j)
+        f_lo = tl.load(lut_ptr + (byte & 0xF), eviction_policy="evict_last")
+        f_hi = tl.load(lut_ptr + ((byte >> 4) & 0xF), eviction_policy="evict_last")
+    return f_lo, f_hi
+
+
+@triton.jit
+def _lut4_linear_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, GROUP: tl.constexpr,
+                        HAS_MIN: tl.constexpr, AFFINE: tl.constexpr, LUT_A: tl.constexpr, LUT_B: tl.constexpr,
+                        GEMV: tl.constexpr, DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y = x @ W.T + bias, both kinds, over the lut4_rowmajor bytes read as int32 words (8 codes each:
+    word w of a 32-code run holds bytes 4w .. 4w+3, byte j the codes of columns 4w + j (low nibble)
+    and 4w + j + 16 (high)); every byte position j is one column of each word, so a K step is 8
+    slices of WORDS = BLOCK_K / 8 columns (x loaded in the same order). The group scale (and min)
+    is read once per word and row (GROUP >= 32 columns share it).
+    Values (_byte_values): AFFINE tables (lut[c] = LUT_A c + LUT_B: q4_0, int4_g*; fp16/bf16
+    activations) come from _affine_pair's bit trick; other tables (iq4_nl, and any under fp32
+    activations) gathered from lut_ptr.
+    GEMV: per word and row t = sum x * value in fp32 FMAs, scaled once per word (AFFINE: sum x c =
+    t - sum x with x pre-scaled by 256 / 16); the cross-thread sum runs once after the K loop.
+    tl.dot: each slice's weights are value * a + b with per-word a, b (scale, min and the affine
+    form folded in: one FMA per weight), then one tl.dot per slice (WORDS >= 16)."""
+    pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(GEMV, BLOCK_M, BLOCK_N)
     k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
     WORDS: tl.constexpr = BLOCK_K // 8
     wl = tl.arange(0, WORDS)
@@ -83,37 +101,50 @@ def _lut4_gemv_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_pt
     word_rows = offs_n[:, None].to(tl.int64) * (K // 8)
     group_rows = offs_n[:, None].to(tl.int64) * (K // GROUP)
     x_rows = offs_m[:, None].to(tl.int64) * K
-    acc = tl.zeros((BLOCK_M, BLOCK_N, WORDS), dtype=tl.float32)
+    acc = _acc_init(GEMV, BLOCK_M, BLOCK_N, WORDS)
     for k0 in range(k_begin, k_end, BLOCK_K):
         w_ok = ((k0 + 8 * wl) < K)[None, :]
         words = tl.load(qw_ptr + word_rows + (k0 // 8 + wl)[None, :], mask=n_ok & w_ok, other=0,
                         eviction_policy="evict_first")
-        t = tl.zeros((BLOCK_M, BLOCK_N, WORDS), dtype=tl.float32)
-        x_sum = tl.zeros((BLOCK_M, WORDS), dtype=tl.float32)  # sum of x over each word's 8 columns
-        x_pre = tl.zeros((BLOCK_M, WORDS), dtype=tl.float32)  # the same of the pre-scaled x (AFFINE)
+        g_off = group_rows + ((k0 + 32 * (wl // 4)) // GROUP)[None, :]
+        scale = tl.load(s_ptr + g_off, mask=n_ok & w_ok, other=0.0).to(tl.float32)
+        low = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)  # the min, or 0
+        if HAS_MIN:
+            low = tl.load(mn_ptr + g_off, mask=n_ok & w_ok, other=0.0).to(tl.float32)
+        if GEMV:
+            t = tl.zeros((BLOCK_M, BLOCK_N, WORDS), dtype=tl.float32)
+            x_sum = tl.zeros((BLOCK_M, WORDS), dtype=tl.float32)  # sum of x over each word's 8 columns
+            x_pre = tl.zeros((BLOCK_M, WORDS), dtype=tl.float32)  # the same of the pre-scaled x (AFFINE)
+        else:  # value -> weight: A value + B folded with the scale and the min (AFFINE: value = 1 + c / 2^e)
+            a_lo = scale * (256.0 * LUT_A if AFFINE else 1.0)
+            a_hi = scale * (16.0 * LUT_A if AFFINE else 1.0)
+            b_lo = scale * (LUT_B - 256.0 * LUT_A if AFFINE else 0.0) + low
+            b_hi = scale * (LUT_B - 16.0 * LUT_A if AFFINE else 0.0) + low
         for j in tl.static_range(4):
             x_col = x_ptr + x_rows + (k0 + col0 + j)[None, :]
-            x_lo = tl.load(x_col, mask=m_ok & w_ok, other=0.0).to(tl.float32)
-            x_hi = tl.load(x_col + 16, mask=m_ok & w_ok, other=0.0).to(tl.float32)
-            x_sum += x_lo + x_hi
-            if AFFINE:
-                f_lo, f_hi = _affine_pair(words, j)
-                x_lo = x_lo * 256.0
-                x_hi = x_hi * 16.0
-                x_pre += x_lo + x_hi
+            x_lo = tl.load(x_col, mask=m_ok & w_ok, other=0.0)
+            x_hi = tl.load(x_col + 16, mask=m_ok & w_ok, other=0.0)
+            f_lo, f_hi = _byte_values(words, j, lut_ptr, AFFINE)
+            if GEMV:
+                x_lo = x_lo.to(tl.float32)
+                x_hi = x_hi.to(tl.float32)
+                x_sum += x_lo + x_hi
+                if AFFINE:
+                    x_lo = x_lo * 256.0
+                    x_hi = x_hi * 16.0
+                    x_pre += x_lo + x_hi
+                t += f_lo[None, :, :] * x_lo[:, None, :]
+                t += f_hi[None, :, :] * x_hi[:, None, :]
             else:
-                entry = tl.load(lut_ptr + ((words >> (8 * j)) & 0xFF), eviction_policy="evict_last")
-                f_hi = entry.to(tl.int32).to(tl.float32, bitcast=True)
-                f_lo = (entry >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-            t += f_lo[None, :, :] * x_lo[:, None, :]
-            t += f_hi[None, :, :] * x_hi[:, None, :]
-        if AFFINE:  # sum x lut[c] = A (t - x_pre) + B x_sum
-            t = LUT_A * t + (LUT_B * x_sum - LUT_A * x_pre)[:, None, :]
-        g_off = group_rows + ((k0 + 32 * (wl // 4)) // GROUP)[None, :]
-        acc += t * tl.load(s_ptr + g_off, mask=n_ok & w_ok, other=0.0).to(tl.float32)[None, :, :]
-        if HAS_MIN:
-            acc += x_sum[:, None, :] * tl.load(mn_ptr + g_off, mask=n_ok & w_ok, other=0.0).to(tl.float32)[None, :, :]
-    _epilogue(tl.sum(acc, axis=2), offs_m, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
+                acc = _fma_or_dot(acc, x_lo, f_lo * a_lo + b_lo, False, DOT_FP32)
+                acc = _fma_or_dot(acc, x_hi, f_hi * a_hi + b_hi, False, DOT_FP32)
+        if GEMV:
+            if AFFINE:  # sum x lut[c] = A (t - x_pre) + B x_sum
+                t = LUT_A * t + (LUT_B * x_sum - LUT_A * x_pre)[:, None, :]
+            acc += t * scale[None, :, :]
+            if HAS_MIN:
+                acc += x_sum[:, None, :] * low[None, :, :]
+    _epilogue(_acc_total(acc, GEMV), offs_m, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
 
 
 def _check_args(op, ref_name, ref, qweight, scales, mins, lut, group_size):
@@ -167,17 +198,13 @@ def lut4_linear(x, qweight, scales, mins, lut, group_size, bias=None, *, config=
     check_device(op, "x", x, {"bias": bias})
     check_x(op, x, k, n, bias)
     weights = _weights(qweight, scales, mins, lut)
-    launches = {"dot": KernelLaunch(_group_linear_kernel, weights, _consts(group_size, mins), (0,), table_values=16)}
-    if kernel_kind(x.numel() // k if k else 0) == "gemv":
-        # The bit trick's sums are exact to ~1e-5 relative: far below an fp16/bf16 output's rounding,
-        # not an fp32 one's, so fp32 activations take exact table lookups.
-        form = table_form(lut) if x.dtype != torch.float32 else None
-        words = weights[0].view(torch.int32)  # 8 codes per word (K % 32 == 0)
-        pairs = derived(weights[3], "pair_table", pair_table)
-        launches["gemv"] = KernelLaunch(_lut4_gemv_kernel, (words,) + weights[1:3] + (pairs,),
-                                        dict(GROUP=group_size, HAS_MIN=mins is not None, AFFINE=form is not None,
-                                             LUT_A=form[0] if form else 1.0, LUT_B=form[1] if form else 0.0),
-                                        kind_flags=False)
+    # The bit trick's GEMV sums are exact to ~1e-5 relative: far below an fp16/bf16 output's rounding,
+    # not an fp32 one's, so fp32 activations take exact table lookups.
+    form = table_form(lut) if x.dtype != torch.float32 else None
+    launch = KernelLaunch(_lut4_linear_kernel, (weights[0].view(torch.int32),) + weights[1:],  # 8 codes a word
+                          dict(GROUP=group_size, HAS_MIN=mins is not None, AFFINE=form is not None,
+                               LUT_A=form[0] if form else 1.0, LUT_B=form[1] if form else 0.0))
+    launches = {"gemv": launch, "dot": replace(launch, tiles=WORD_DOT_TILES, default=(64, 128, 4, 2), k_unit=128)}
     return linear_launch(op, x, n, launches, bias, f"g{group_size}", config,
                          lambda dtype: lut4_dequantize(qweight, scales, mins, lut, group_size, dtype=dtype))
 

@@ -28,6 +28,10 @@ thread issues ~5 instructions where the per-element decoders took 20-45):
 - TCQ: _tcq_linear_kernel, both kinds: a thread decodes a row's 8 steps of a 16 x 16 tile from its
   sequence words, shifted once per row to a byte-aligned start; each step is a pair of columns of
   the signed table (one 8-byte load). The dequantize kernels keep the per-element decoders.
+Open risk the static model does not see (no GPU has timed these kernels yet): a warp's table gather
+takes one L1 wavefront per distinct 128 B line, so tables of many lines — vq4 / vq5 (2 / 8 KiB),
+TCQ's signed tables (2^(Q+1) x 8 B: 8 KiB for tcq2) — may bind on L1 rather than on issue slots.
+Shared-memory lookups (QTIP keeps its hybrid-code table there) are the next step if they do.
 """
 from __future__ import annotations
 
@@ -38,23 +42,22 @@ import torch
 import triton
 import triton.language as tl
 
-from .matmul import (KernelLaunch, _acc_init, _acc_total, _epilogue, _fma_or_dot, _k_slice, _lookup, _store_tile,
+from .matmul import (WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _epilogue, _fma_or_dot, _k_slice, _lookup, _store_tile,
                      _tiles, _window, check_device, check_x, dequant_launch, derived, linear_launch,
                      pair_table)
 
 STREAMS = 16  # bit streams per codebook row (palette.h kCodeStreams)
 TILE = 16  # TCQ tiles are 16 x 16 (palette.h kTcqTile)
-PAIR_MAX_BITS = 4  # nuq codes up to this wide are looked up two at a time (a 2^(2 b)-entry pair table)
+# nuq codes up to this wide are looked up two at a time in a 2^(2 b)-entry pair table (8 B entries).
+# A warp's gather from global memory costs one L1 wavefront per distinct 128 B line it touches: a
+# pair table of <= 4 lines (nuq3: 512 B) halves the loads for at most 2 wavefronts per weight; nuq4's
+# (2 KiB, 16 lines) would cost ~8, so it reads its 64 B table once per code.
+PAIR_MAX_BITS = 3
 
 # The GEMV kernels' (BLOCK_N, BLOCK_K, num_warps) spaces. Their cost model (compile_check): the x
 # values a thread loads are shared by the rows it holds (BLOCK_N * BLOCK_K / threads / K step per
 # unit), so the tiles are taller than the generic kernels'; codebook BLOCK_K rounds up to whole units.
 _CODEBOOK_GEMV_TILES = ((32, 256, 4), (64, 256, 4), (32, 512, 4), (64, 512, 8), (128, 256, 8))
-# Both families' tl.dot spaces, (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): one tl.dot per
-# lookup field / TCQ step, over 16 units / TCQ tiles (BLOCK_K >= 256 for TCQ); pipelining the code
-# words (2 stages) holds BLOCK_N x BLOCK_K codes in shared memory, so wide tiles take 1.
-_PALETTE_DOT_TILES = ((16, 64, 256, 4, 2), (16, 128, 256, 4, 1), (32, 64, 256, 4, 2), (64, 64, 256, 4, 1),
-                       (64, 128, 256, 8, 1), (128, 128, 256, 8, 1))
 _TCQ_GEMV_TILES = ((64, 128, 4), (128, 64, 4), (128, 128, 4), (256, 64, 4), (128, 128, 8), (64, 256, 4))
 
 
@@ -400,7 +403,7 @@ def codebook_linear(x, codes, code_bits, table, row_scales, bias=None, *, config
                           dict(BITS=code_bits, D=d, G=unit_words, PAIR=pair), (words,),
                           k_unit=STREAMS * (32 * unit_words // code_bits) * d)
     launches = {"gemv": replace(launch, tiles=_CODEBOOK_GEMV_TILES, default=(64, 256, 4)),
-                "dot": replace(launch, tiles=_PALETTE_DOT_TILES, default=(64, 256, 4, 2))}
+                "dot": replace(launch, tiles=WORD_DOT_TILES, default=(64, 256, 4, 2))}
     return linear_launch(op, x, n, launches, bias, f"b{code_bits}_d{d}", config,
                          lambda dtype: codebook_dequantize(codes, code_bits, table, row_scales, x.shape[-1], dtype=dtype))
 
@@ -442,7 +445,7 @@ def _tcq_linear(op, x, parts, row_scales, bias, config):
     launch = KernelLaunch(_tcq_linear_kernel, (c, t.view(torch.int64), c2, t2.view(torch.int64), row_scales), consts,
                           (kh,))
     launches = {"gemv": replace(launch, tiles=_TCQ_GEMV_TILES, default=(128, 128, 4), k_unit=TILE),
-                "dot": replace(launch, tiles=_PALETTE_DOT_TILES, default=(64, 256, 4, 2), k_unit=16 * TILE)}
+                "dot": replace(launch, tiles=WORD_DOT_TILES, default=(64, 256, 4, 2), k_unit=16 * TILE)}
     return linear_launch(op, x, n, launches, bias, key, config, lambda dtype: _tcq_dequantize(op, parts, row_scales, dtype))
 
 
