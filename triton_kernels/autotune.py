@@ -24,9 +24,10 @@ import torch
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 CACHE_FILE = "triton_autotune.json"
-# Bumped when the config fields or the kernels behind them change (2: STAGE; 3: lut4's own GEMV kernel), so
+# Bumped when the config fields or the kernels behind them change (2: STAGE; 3: lut4's own GEMV kernel;
+# 4: word-wise lut4 / codebook / TCQ kernels for both kinds, per-kernel tile spaces), so
 # configs tuned by an older version are not read.
-CONFIG_VERSION = 3
+CONFIG_VERSION = 4
 
 Config = dict  # launch kwargs: BLOCK_* / SPLIT_K constexprs plus num_warps, num_stages
 

@@ -210,7 +210,7 @@ _DOT_TILES = ((16, 64, 128, 4), (16, 128, 64, 4), (32, 64, 64, 4), (32, 128, 64,
 # The word-wise decoders' tl.dot space (lut4, codebook, TCQ kernels), (BLOCK_M, BLOCK_N, BLOCK_K,
 # num_warps, num_stages): pipelining the code words (2 stages) holds BLOCK_N x BLOCK_K codes in
 # shared memory, so the wide tiles take 1; BLOCK_K rounds up to each kernel's k_unit.
-WORD_DOT_TILES = ((16, 64, 128, 4, 2), (16, 128, 128, 4, 1), (32, 64, 128, 4, 2), (64, 64, 128, 4, 1),
+WORD_DOT_TILES = ((16, 64, 128, 4, 2), (16, 128, 128, 8, 1), (32, 64, 128, 4, 2), (64, 64, 128, 4, 1),
                   (64, 128, 128, 8, 1), (128, 128, 128, 8, 1))
 _SPLITS = (1, 2, 4, 8)
 DEQUANT_ROUTE = {"ROUTE": "dequant"}
