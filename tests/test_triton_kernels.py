@@ -145,20 +145,18 @@ def test_launcher_rejects_bad_input(monkeypatch):
 
 @pytest.mark.parametrize("fmt", ["q4_0", "int4_g64", "iq4_nl"])
 def test_lut4_gemv_kernel_every_path(fmt):
-    """lut4's own GEMV kernel: the bit-trick values (affine tables, fp16/bf16 activations) and the
-    pair-table lookups (iq4_nl, fp32 activations), M = 1..4 rows, K ragged against
-    BLOCK_K (K = 96 / 352: 3 / 11 runs of 32; 192 / 448 for group 64), split-K slices, odd N, with
-    and without bias."""
-    lut4 = _kernels()
+    """lut4's GEMV kind: the bit-trick values (affine tables, fp16/bf16 activations) and the table
+    gathers (iq4_nl, fp32 activations), M = 1..4 rows, K ragged against BLOCK_K (K = 96 / 352: 3 /
+    11 runs of 32; 192 / 448 for group 64), split-K slices, odd N, with and without bias."""
     gen = _gen()
     for k, n in ((96, 37), (352, 19)) if tl.get_format(fmt).group_size == 32 else ((192, 37), (448, 19)):
         q, _ = _quantized(fmt, k, n, bool(torch.randint(0, 2, (), generator=gen)), gen)
-        assert (lut4.table_form(q.lut) is None) == (fmt == "iq4_nl")
+        assert (_matmul().table_form(q.lut) is None) == (fmt == "iq4_nl")
         for m, dtype in zip((1, 4, 3) if k < 300 else (4, 1, 2), DTYPES):
             x = torch.randn(m, k, generator=gen).to(dtype)
-            for cfg in (dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=2, STAGE=True),
-                        dict(BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=2, STAGE=False),
-                        dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=3, num_warps=4, num_stages=2, STAGE=False)):
+            for cfg in (dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=2),
+                        dict(BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=2),
+                        dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=3, num_warps=4, num_stages=2)):
                 _check(q, x, _run(q, x, cfg))
 
 
@@ -170,14 +168,14 @@ def test_cpu_only_layout_names_the_cuda_layout_for_triton():
 
 
 def test_table_form_detects_affine_tables():
-    lut4 = _kernels()
-    assert lut4.table_form(tl.get_format("q4_0").code_values().float()) == (1.0, -8.0)
-    assert lut4.table_form(tl.get_format("int4_g128").code_values().float()) == (1.0, 0.0)
-    assert lut4.table_form(tl.get_format("iq4_nl").code_values().float()) is None
+    mm = _matmul()
+    assert mm.table_form(tl.get_format("q4_0").code_values().float()) == (1.0, -8.0)
+    assert mm.table_form(tl.get_format("int4_g128").code_values().float()) == (1.0, 0.0)
+    assert mm.table_form(tl.get_format("iq4_nl").code_values().float()) is None
     t = torch.arange(16, dtype=torch.float32) * 0.5 - 2
-    assert lut4.table_form(t) == (0.5, -2.0)
+    assert mm.table_form(t) == (0.5, -2.0)
     t[7] += 1e-3  # one entry off the line, after the first call: the version check re-reads it
-    assert lut4.table_form(t) is None
+    assert mm.table_form(t) is None
 
 
 class _CountLaunches:
@@ -473,42 +471,6 @@ def test_palette_forced_configs_split_k(fmt, n, k, m, config):
     assert torch.equal(y, y1)  # deterministic split-K reduction
 
 
-@pytest.mark.parametrize("fmt", ["q4_0", "int4_g64", "iq4_nl", "nuq2", "nuq4", "vq1.5", "vq2"])
-@pytest.mark.parametrize("m,config", [(17, DOT_CONFIGS[0]), (33, DOT_CONFIGS[1])])
-def test_staged_codebook_matches_global_gathers(fmt, m, config):
-    """Tables of <= STAGE_MAX_VALUES values may be staged in registers (tl.gather) or gathered from
-    memory in the tl.dot kernels: the same values in the same order, so bit-identical outputs, both
-    on the reference. (These formats' GEMV kernels stage nothing: pair tables in L1.)"""
-    gen = _gen()
-    k, n = 320, 45
-    if fmt.startswith(("nuq", "vq")):
-        f, b, w = _palette_weights(fmt, n, k, gen)
-        assert _matmul().stage_table(2 ** f.code_bits * f.columns)
-
-        def run(x, stage):
-            return _palette_linear(f, b, x, None, dict(config, STAGE=stage))[0]
-    else:
-        q, _ = _quantized(fmt, k, n, False, gen)
-        w = q.dequantize()
-        assert _matmul().stage_table(q.lut.numel())
-
-        def run(x, stage):
-            return _run(q, x, dict(config, STAGE=stage))
-    for dtype in (torch.float32, torch.float16):
-        x = torch.randn(m, k, generator=gen).to(dtype)
-        staged, gathered = run(x, True), run(x, False)
-        assert torch.equal(staged, gathered)
-        _check_palette(x, w, None, staged)
-
-
-def test_stage_choices_follow_the_table_size():
-    mm = _matmul()
-    base = [dict(BLOCK_N=32)]
-    assert mm.with_stage(base, 16) == [dict(BLOCK_N=32, STAGE=True), dict(BLOCK_N=32, STAGE=False)]
-    assert mm.with_stage(base, 2 * 1024) == [dict(BLOCK_N=32, STAGE=False)]  # vq5: stays in L1
-    assert mm.stage_table(mm.STAGE_MAX_VALUES) and not mm.stage_table(mm.STAGE_MAX_VALUES + 1)
-
-
 def test_half_tcq_is_one_launch(monkeypatch):
     pal = _palette()
     counter = _CountLaunches(pal._tcq_linear_kernel)
@@ -668,17 +630,15 @@ _LOWBIT_CASES = [("int3_g64", 320), ("int2_sym_g32", 320), ("int2_g128", 384), (
 @pytest.mark.parametrize("m,config", [(1, GEMV_CONFIGS[0]), (4, GEMV_CONFIGS[1]), (5, DOT_CONFIGS[0]),
                                       (33, DOT_CONFIGS[1])])
 def test_lowbit_forced_configs_match_reference(fmt, k, m, config):
-    """Every kernel kind with split-K (empty slices included), staged and global LUT lookups."""
+    """Every kernel kind with split-K (empty slices included); int*: affine values (fp16) and table
+    gathers (fp32 activations)."""
     gen = _gen()
     q = _lowbit_module(fmt, k, 45, gen)
     kind, args = _lowbit_args(q)
     fn = getattr(_lowbit(), f"{kind}_linear")
-    stages = (True, False) if kind == "lowbit" else (None,)
     for dtype in (torch.float32, torch.float16):
         x = torch.randn(1, m, k, generator=gen).to(dtype)  # 3-D input: leading dims flatten
-        outs = [fn(x, *args, q.bias, config=config if s is None else dict(config, STAGE=s)) for s in stages]
-        assert all(torch.equal(o, outs[0]) for o in outs)  # staged LUT == gathered LUT, bit for bit
-        _check_palette(x, q.dequantize(), q.bias, outs[0])
+        _check_palette(x, q.dequantize(), q.bias, fn(x, *args, q.bias, config=config))
 
 
 @pytest.mark.parametrize("fmt,k", _LOWBIT_CASES)
@@ -771,13 +731,11 @@ def test_cuda_lowbit_kernels_match_reference_at_real_sizes(fmt, m):
 def test_config_space_offers_the_dequant_route_from_dequant_min_m():
     mm = _matmul()
     route = mm.DEQUANT_ROUTE
-    staged, plain = mm.KernelLaunch(None, (), {}, table_values=16), mm.KernelLaunch(None, (), {})
-    cands, default = mm.config_space(mm.DEQUANT_MIN_M, 4096, 4096, staged)
-    assert route in cands and default.get("ROUTE") is None and default["STAGE"] is True
-    assert all("STAGE" in c for c in cands if c != route)
-    assert route not in mm.config_space(mm.DEQUANT_MIN_M - 1, 4096, 4096, staged)[0]
-    assert route not in mm.config_space(1, 4096, 4096, plain)[0]  # GEMV: never
-    assert all("STAGE" not in c for c in mm.config_space(512, 4096, 4096, plain)[0])  # no table to stage
+    launch = mm.KernelLaunch(None, (), {})
+    cands, default = mm.config_space(mm.DEQUANT_MIN_M, 4096, 4096, launch)
+    assert route in cands and default.get("ROUTE") is None
+    assert route not in mm.config_space(mm.DEQUANT_MIN_M - 1, 4096, 4096, launch)[0]
+    assert route not in mm.config_space(1, 4096, 4096, launch)[0]  # GEMV: never
 
 
 def test_kernel_launch_tiles_round_block_k_to_its_unit():
@@ -790,14 +748,12 @@ def test_kernel_launch_tiles_round_block_k_to_its_unit():
     assert default == dict(BLOCK_N=64, BLOCK_K=512, SPLIT_K=4, num_warps=4, num_stages=2)
     assert sorted({(c["BLOCK_N"], c["BLOCK_K"]) for c in cands}) == [(32, 512), (64, 1024)]
     assert len(cands) == len({tuple(sorted(c.items())) for c in cands})
-    assert all("STAGE" not in c for c in cands)
     assert all(c["SPLIT_K"] == 1 or c["BLOCK_K"] * c["SPLIT_K"] <= 4096 for c in cands)
     dot = mm.KernelLaunch(None, (), {}, tiles=((16, 64, 256, 4, 2), (64, 64, 256, 4)), default=(64, 256, 4, 1),
                           k_unit=512)
     cands, default = mm.config_space(17, 4096, 4096, dot)
     assert default == dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=512, SPLIT_K=1, num_warps=4, num_stages=1)
     assert {(c["BLOCK_M"], c["num_stages"]) for c in cands} == {(16, 2)}  # BLOCK_M 64 > M's bucket
-    assert all("STAGE" in c for c in mm.config_space(1, 4096, 4096, mm.KernelLaunch(None, (), {}, table_values=16))[0])
 
 
 @pytest.mark.parametrize("fmt", ["int4_g64", "nuq3", "tcq2.25", "int3_g64", "gcb2_sb64"])
@@ -856,8 +812,9 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     assert r.returncode == 0, r.stderr[-3000:]
     done = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(done) >= 40 and max(v[0] for v in done.values()) <= 227 * 1024
-    for kernel in ("_group_linear_kernel", "_group_dequant_kernel", "_lut4_linear_kernel", "_codebook_linear_kernel",
-                   "_tcq_linear_kernel", "_splitk_reduce_kernel", "_hadamard_kernel"):
+    word_kernels = ("_lut4_linear_kernel ", "_lowbit_linear_kernel ", "_tcq_linear_kernel ", "_codebook_linear_kernel ")
+    for kernel in ("_group_linear_kernel", "_group_dequant_kernel", "_splitk_reduce_kernel", "_hadamard_kernel") \
+            + tuple(w.strip() for w in word_kernels):
         assert any(key.startswith(kernel + " ") for key in done), kernel
     gemv = {key: v for key, v in done.items() if "('GEMV', True)" in key}
     assert len(gemv) >= 12
@@ -865,9 +822,8 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     affine = [v[3] for key, v in gemv.items() if "('AFFINE', True)" in key]
     assert affine and max(affine) < 12, affine
     # the word-wise decoders, both kinds (fp16/bf16 activations); the per-element ones they replaced
-    # took 47 / 40 (q4_0 GEMV / tl.dot at M = 16), 23 / 15 (vq2) and 43 / 19 (tcq2) per weight
-    words = {key: v for key, v in done.items()
-             if key.startswith(("_lut4_linear_kernel ", "_tcq_linear_kernel ", "_codebook_linear_kernel "))
+    # took 47 / 40 (q4_0 GEMV / tl.dot at M = 16), 62 / 84 (int3), 23 / 15 (vq2), 43 / 19 (tcq2)
+    words = {key: v for key, v in done.items() if key.startswith(word_kernels)
              and ("('GEMV', True)" in key or "('BLOCK_M', 16)" in key) and "('DOT_FP32', False)" in key}
     assert len(words) >= 6 and all(v[2] == 0 for v in words.values()), words
     assert max(v[3] for v in words.values()) < 12, words

@@ -7,7 +7,7 @@ ptxas (bundled with triton) down to a cubin for sm_<arch>. It drives the real la
 tensors, with every kernel attribute of the kernel modules swapped for a stand-in that compiles the
 launch instead of running it, and autotune.pick swapped for one that compiles configs of each
 launch's own autotune space instead of timing them: each format family x kernel kind by M
-(split-K GEMV, tl.dot with and without split-K, dequantize + cuBLAS) x STAGE x activation dtype,
+(split-K GEMV, tl.dot with and without split-K, dequantize + cuBLAS) x activation dtype,
 the split-K reduction, the dequantize kernels and the Hadamard transform (`--every`: every
 config of every space). It prints each distinct compile with its shared
 memory and fails if any exceeds the target's per-block limit.
@@ -162,12 +162,10 @@ QUICK = (("q4_0", 4096), ("int3_g64", 4096), ("gcb3", 4096), ("vq2", 4096), ("tc
 
 def _variants(candidates, default, every: bool) -> list:
     """The configs to compile for one launch: the whole autotune space with `every`, else the default,
-    its other STAGE value, one split-K config and the dequantize route where the space has them."""
+    one split-K config and the dequantize route where the space has them."""
     if every:
         return [default] + [c for c in candidates if c != default]
     out = [default]
-    out += [c for c in candidates if c != default and {k: v for k, v in c.items() if k != "STAGE"}
-            == {k: v for k, v in default.items() if k != "STAGE"}]
     out += [c for c in candidates if c.get("SPLIT_K", 1) > 1][:1]
     out += [c for c in candidates if c.get("ROUTE")]
     return out
@@ -192,19 +190,18 @@ def run(arch: int = 90, formats=FORMATS, ms=(1, 16, 512), dtypes=(torch.float16,
 
     autotune.pick = pick  # the launchers' own config spaces, compiled instead of timed
     n = 4096
-    from . import lut4
-    table_form = lut4.table_form
+    from . import matmul
     for i, (fmt_name, k) in enumerate(formats):
         q = _module(fmt_name, n, k)
-        # the module's table is on the meta device: take its form from the format's CPU values
-        if hasattr(q.fmt, "code_values"):
-            lut4.table_form = lambda _lut, values=q.fmt.code_values().float(): table_form(values)
+        # the module's table is on the meta device: seed its affine form from the format's CPU values
+        if "lut" in q._buffers:
+            matmul.derived(q._buffers["lut"], "affine_form",
+                           lambda _lut, values=q.fmt.code_values().float(): matmul.table_form(values))
         for dtype in dtypes + ((torch.float32, torch.bfloat16) if i == 0 else ()):
             for m in ms:
                 x = torch.empty(m, k, device="meta", dtype=dtype)
                 op, kernels, args = q.layout.op_call(q.fmt, q._buffers, x, q.bias)
                 getattr(importlib.import_module(f"torch_lowbit.triton_kernels.{kernels}"), op)(*args)
-    lut4.table_form = table_form
     from .hadamard import hadamard_transform
     for n_rot, dtype in ((4096, torch.float16), (4096, torch.bfloat16), (14336, torch.float16), (576, torch.float16)):
         for m in (1, 64):  # a power of two, and K = 7 or 9 blocks of a base order

@@ -4,16 +4,21 @@ Both layouts store a row's b-bit codes as one MSB-first bit stream (layouts.pale
 code j at bits [j b, j b + b) of the row, int32 words, the row padded to a word):
 - lowbit_rowmajor (int1_g*, int2_g*, int2_sym_g*, int3_g*; layouts/lowbit.py): W[n, k] =
   lut[code] * scale[n, k // group] (+ min), fp16 scales / mins [N, K / group], the format's fp32
-  table of 2^b code values (staged in registers, lut4.py "codebook staging").
+  table of 2^b code values. `_lowbit_linear_kernel` serves both kernel kinds from whole words (a
+  unit of G words = 32 G / b consecutive codes at compile-time shifts, one group scale per unit).
 - gcb_rowmajor (gcb2, gcb3; layouts/gcb.py): W[n, k] = codebooks[c][code] * (s * d) with the
   sub-group byte c << 4 | s of (n, k // 32) as uint8 [N, K / 32], d the fp16 superblock scale
   [N, K / superblock] and the layer's int8 codebooks [C, 2^b] (64-128 values: gathered from global
-  memory, evict_last so L1 keeps them).
-This file holds the two tile decoders (decoded in registers right after the load); the kernels
-(matmul._group_linear_kernel / _group_dequant_kernel, kinds by M: split-K CUDA-core GEMV, tiled
-tl.dot, dequantize + cuBLAS), configs, split-K and the launcher are matmul.py's.
+  memory, evict_last so L1 keeps them). It runs matmul's generic group kernel with the per-element
+  decoder `_gcb_tile`.
+`_lowbit_tile` / `_gcb_tile` also drive the dequantize kernel (matmul._group_dequant_kernel: the
+large-M dequantize + cuBLAS route and tests). Kernel kinds by M, configs, split-K and the launcher
+are matmul.py's.
 """
 from __future__ import annotations
+
+import math
+from dataclasses import replace
 
 import torch
 import triton
@@ -22,10 +27,13 @@ import triton.language as tl
 from torch_lowbit.formats.gcb import SUBGROUP  # weights per gcb sub-group byte
 
 from .lut4 import _apply_groups
-from .matmul import (_group_dequant_kernel, _group_linear_kernel, _lookup, _window, check_device, check_x,
-                     dequant_launch, linear_launch, KernelLaunch, both_kinds)
+from .matmul import (WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _bits_at, _epilogue, _fma_or_dot,
+                     _group_dequant_kernel, _group_linear_kernel, _k_slice, _lookup, _tiles, _unit_words, _window,
+                     both_kinds, check_device, check_x, dequant_launch, linear_launch, table_form)
 
 _SUBGROUP = tl.constexpr(SUBGROUP)  # jit code reads only constexpr globals (the interpreter does not check)
+# (BLOCK_N, BLOCK_K, num_warps) of the lowbit GEMV: the x a thread loads serves the rows it holds
+_GEMV_TILES = ((32, 256, 4), (64, 256, 4), (32, 512, 4), (64, 512, 8), (128, 256, 8))
 
 
 # -- decoders --------------------------------------------------------------------------------------
@@ -50,15 +58,15 @@ def _row_codes(words_ptr, offs_n, k, N, K, ROW_WORDS, BITS: tl.constexpr):
 
 @triton.jit
 def _lowbit_tile(words_ptr, s_ptr, mn_ptr, lut, offs_n, k, N, K, ROW_WORDS, BITS: tl.constexpr,
-                 GROUP: tl.constexpr, HAS_MIN: tl.constexpr, STAGE: tl.constexpr):
+                 GROUP: tl.constexpr, HAS_MIN: tl.constexpr):
     """fp32 weights [BLOCK_N, len(k)]: lut[code] * group scale (+ group min)."""
     codes = _row_codes(words_ptr, offs_n, k, N, K, ROW_WORDS, BITS)
-    return _apply_groups(_lookup(lut, codes, 1 << BITS, STAGE), s_ptr, mn_ptr, offs_n, k, N, K, GROUP, HAS_MIN)
+    return _apply_groups(_lookup(lut, codes), s_ptr, mn_ptr, offs_n, k, N, K, GROUP, HAS_MIN)
 
 
 @triton.jit
 def _gcb_tile(words_ptr, sub_ptr, d_ptr, cb_ptr, offs_n, k, N, K, ROW_WORDS, BITS: tl.constexpr,
-              SUPERBLOCK: tl.constexpr, HAS_MIN: tl.constexpr, STAGE: tl.constexpr):
+              SUPERBLOCK: tl.constexpr, HAS_MIN: tl.constexpr):
     """fp32 weights [BLOCK_N, len(k)]: codebooks[c][code] * (s * d), in the reference's order
     (matmul's group-kernel decoder signature: GROUP is the superblock; no mins; never staged)."""
     mask = (offs_n[:, None] < N) & (k[None, :] < K)
@@ -68,6 +76,83 @@ def _gcb_tile(words_ptr, sub_ptr, d_ptr, cb_ptr, offs_n, k, N, K, ROW_WORDS, BIT
     d = tl.load(d_ptr + rows * (K // SUPERBLOCK) + (k // SUPERBLOCK)[None, :], mask=mask, other=0.0)
     value = tl.load(cb_ptr + (sub >> 4) * (1 << BITS) + codes, eviction_policy="evict_last").to(tl.float32)
     return value * ((sub & 15).to(tl.float32) * d.to(tl.float32))
+
+
+@triton.jit
+def _code_float(cur, nxt, OFF: tl.constexpr, BITS: tl.constexpr):
+    """The BITS-bit code at bit OFF (compile-time, MSB first) of the word pair cur, nxt as the fp32
+    1 + c / 2^BITS: its bits moved straight into the top of the mantissa of 1.0 (no int->float)."""
+    if OFF + BITS <= 32:
+        top = cur << OFF
+    else:
+        top = (cur << OFF) | (nxt >> (32 - OFF))
+    return (((top >> 9) & (((1 << BITS) - 1) << (23 - BITS))) | 0x3F800000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _lowbit_linear_kernel(x_ptr, words_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, ROW_WORDS,
+                          BITS: tl.constexpr, G: tl.constexpr, GROUP: tl.constexpr, HAS_MIN: tl.constexpr,
+                          AFFINE: tl.constexpr, LUT_A: tl.constexpr, LUT_B: tl.constexpr, GEMV: tl.constexpr,
+                          DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """lowbit_rowmajor, both kinds, from whole stream words: a unit is the G = BITS / gcd(BITS, 32)
+    words holding C = 32 G / BITS consecutive codes (columns), inside one group (C <= 32), so every
+    code sits at a compile-time shift and the group scale (and min) is read once per unit and row.
+    Values: AFFINE tables (lut[c] = LUT_A c + LUT_B: every int* grid; fp16/bf16 activations) as
+    _code_float's 1 + c / 2^BITS; others gathered from the <= 16-value table (one L1 line).
+    GEMV: t = sum x * value per unit, then sum x lut[c] = A 2^BITS (t - sum x) + B sum x, scaled
+    once per unit; tl.dot: value * a + b with per-unit a, b (one FMA per weight), one tl.dot per
+    code position i of the units (x columns unit + i)."""
+    C: tl.constexpr = 32 * G // BITS
+    U: tl.constexpr = BLOCK_K // C
+    ONE: tl.constexpr = 1 << BITS
+    pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(GEMV, BLOCK_M, BLOCK_N)
+    k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
+    u = tl.arange(0, U)
+    n_ok = (offs_n < N)[:, None]
+    m_ok = (offs_m < M)[:, None]
+    row_words = words_ptr + offs_n[:, None].to(tl.int64) * ROW_WORDS
+    group_rows = offs_n[:, None].to(tl.int64) * (K // GROUP)
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * K
+    acc = _acc_init(GEMV, BLOCK_M, BLOCK_N, U)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        col = k0 + u * C  # each unit's first column
+        u_ok = (col < k_end)[None, :]
+        word0 = (k0 // C + u) * G
+        unit_ptr = row_words + word0[None, :]
+        g_off = group_rows + (col // GROUP)[None, :]
+        scale = tl.load(s_ptr + g_off, mask=n_ok & u_ok, other=0.0).to(tl.float32)
+        low = tl.zeros((BLOCK_N, U), dtype=tl.float32)  # the min, or 0
+        if HAS_MIN:
+            low = tl.load(mn_ptr + g_off, mask=n_ok & u_ok, other=0.0).to(tl.float32)
+        cur, nxt = 0, 0  # the unit's words, loaded at its first field
+        if GEMV:
+            t = tl.zeros((BLOCK_M, BLOCK_N, U), dtype=tl.float32)
+            x_sum = tl.zeros((BLOCK_M, U), dtype=tl.float32)
+        else:  # value -> weight, scale, min and the affine form folded (AFFINE: value = 1 + c / 2^BITS)
+            a = scale * (ONE * LUT_A if AFFINE else 1.0)
+            b = scale * (LUT_B - ONE * LUT_A if AFFINE else 0.0) + low
+        for i in tl.static_range(C):
+            cur, nxt = _unit_words(unit_ptr, word0, i * BITS, BITS, cur, nxt, 1, G, ROW_WORDS, n_ok)
+            if AFFINE:
+                f = _code_float(cur, nxt, (i * BITS) % 32, BITS)
+            else:
+                f = tl.load(lut_ptr + _bits_at(cur, nxt, (i * BITS) % 32, BITS).to(tl.int32),
+                            eviction_policy="evict_last")
+            x = tl.load(x_rows + (col + i)[None, :], mask=m_ok & ((col + i) < k_end)[None, :], other=0.0)
+            if GEMV:
+                x = x.to(tl.float32)
+                x_sum += x
+                t += f[None, :, :] * x[:, None, :]
+            else:
+                acc = _fma_or_dot(acc, x, f * a + b, False, DOT_FP32)
+        if GEMV:
+            if AFFINE:  # sum x lut[c] = A 2^BITS (t - sum x) + B sum x
+                t = (LUT_A * ONE) * t + ((LUT_B - LUT_A * ONE) * x_sum)[:, None, :]
+            acc += t * scale[None, :, :]
+            if HAS_MIN:
+                acc += x_sum[:, None, :] * low[None, :, :]
+    _epilogue(_acc_total(acc, GEMV), offs_m, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
 
 
 # -- input checks ----------------------------------------------------------------------------------
@@ -144,9 +229,16 @@ def lowbit_linear(x, codes, code_bits, scales, mins, lut, group_size, bias=None,
     n, k, words = _lowbit_shapes(op, codes, code_bits, scales, mins, lut, group_size)
     check_x(op, x, k, n, bias)
     has_min = mins is not None
-    launch = KernelLaunch(_group_linear_kernel, _lowbit_weights(codes, scales, mins, lut),
-                          _lowbit_consts(code_bits, group_size, mins), (words,), table_values=lut.numel())
-    return linear_launch(op, x, n, both_kinds(launch), bias, f"b{code_bits}_g{group_size}_{'min' if has_min else 'sym'}",
+    # fp32 activations gather exact table values (the bit trick's GEMV sums are ~1e-5 relative)
+    form = table_form(lut) if x.dtype != torch.float32 else None
+    unit_words = code_bits // math.gcd(code_bits, 32)
+    codes_per_unit = 32 * unit_words // code_bits
+    launch = KernelLaunch(_lowbit_linear_kernel, _lowbit_weights(codes, scales, mins, lut), dict(
+        BITS=code_bits, G=unit_words, GROUP=group_size, HAS_MIN=has_min, AFFINE=form is not None,
+        LUT_A=form[0] if form else 1.0, LUT_B=form[1] if form else 0.0), (words,))
+    launches = {"gemv": replace(launch, tiles=_GEMV_TILES, default=(64, 256, 4), k_unit=codes_per_unit),
+                "dot": replace(launch, tiles=WORD_DOT_TILES, default=(64, 256, 8, 2), k_unit=16 * codes_per_unit)}
+    return linear_launch(op, x, n, launches, bias, f"b{code_bits}_g{group_size}_{'min' if has_min else 'sym'}",
                          config,
                          lambda dtype: lowbit_dequantize(codes, code_bits, scales, mins, lut, group_size, dtype=dtype))
 
@@ -159,7 +251,7 @@ def gcb_linear(x, codes, code_bits, sub_groups, super_scales, codebooks, bias=No
     n, k, words, superblock = _gcb_shapes(op, codes, code_bits, sub_groups, super_scales, codebooks)
     check_x(op, x, k, n, bias)
     launch = KernelLaunch(_group_linear_kernel, _gcb_weights(codes, sub_groups, super_scales, codebooks),
-                          dict(_gcb_consts(code_bits, superblock), STAGE=False), (words,))
+                          _gcb_consts(code_bits, superblock), (words,))
     return linear_launch(op, x, n, both_kinds(launch), bias, f"b{code_bits}_sb{superblock}", config,
                          lambda dtype: gcb_dequantize(codes, code_bits, sub_groups, super_scales, codebooks, dtype=dtype))
 

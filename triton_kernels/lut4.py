@@ -10,14 +10,13 @@ cuBLAS, and tests). Split-K, configs and the launcher are matmul.py's.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
 from .matmul import WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _epilogue, _fma_or_dot, _group_dequant_kernel, \
-    _k_slice, _lookup, _tiles, check_device, check_x, dequant_launch, derived, linear_launch
+    _k_slice, _lookup, _tiles, check_device, check_x, dequant_launch, linear_launch, table_form
 
 
 @triton.jit
@@ -33,7 +32,7 @@ def _apply_groups(w, s_ptr, mn_ptr, offs_n, k, N, K, GROUP: tl.constexpr, HAS_MI
 
 @triton.jit
 def _decode_tile(qw_ptr, s_ptr, mn_ptr, lut, offs_n, k, N, K, ROW_WORDS, BITS: tl.constexpr, GROUP: tl.constexpr,
-                 HAS_MIN: tl.constexpr, STAGE: tl.constexpr):
+                 HAS_MIN: tl.constexpr):
     """fp32 weights [BLOCK_N, len(k)] for rows offs_n and columns k (k % 32 order as in the layout);
     lut: the staged table or its pointer. matmul's group-kernel decoder signature (ROW_WORDS, BITS unused)."""
     mask = (offs_n[:, None] < N) & (k[None, :] < K)
@@ -42,7 +41,7 @@ def _decode_tile(qw_ptr, s_ptr, mn_ptr, lut, offs_n, k, N, K, ROW_WORDS, BITS: t
     rows = offs_n[:, None].to(tl.int64)
     packed = tl.load(qw_ptr + rows * (K // 2) + byte[None, :], mask=mask, other=0, eviction_policy="evict_first")
     codes = (packed.to(tl.int32) >> shift[None, :]) & 0xF
-    return _apply_groups(_lookup(lut, codes, 16, STAGE), s_ptr, mn_ptr, offs_n, k, N, K, GROUP, HAS_MIN)
+    return _apply_groups(_lookup(lut, codes), s_ptr, mn_ptr, offs_n, k, N, K, GROUP, HAS_MIN)
 
 
 @triton.jit
@@ -175,19 +174,6 @@ def _weights(qweight, scales, mins, lut):
 
 def _consts(group_size, mins):
     return dict(DECODE=_decode_tile, BITS=4, GROUP=group_size, HAS_MIN=mins is not None)
-
-
-def _affine_form(lut) -> Optional[tuple]:
-    values = lut.detach().double().cpu().tolist()
-    a, b = values[1] - values[0], values[0]
-    return (float(a), float(b)) if all(v == a * c + b for c, v in enumerate(values)) else None
-
-
-def table_form(lut) -> Optional[tuple]:
-    """(A, B) when lut[c] == A c + B for every code (q4_0: (1, -8), int4_g*: (1, 0)), else None
-    (iq4_nl). Read from the tensor once (one device sync on its first call), then remembered per
-    tensor and version."""
-    return derived(lut, "affine_form", _affine_form)
 
 
 def lut4_linear(x, qweight, scales, mins, lut, group_size, bias=None, *, config=None):

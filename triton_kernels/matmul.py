@@ -19,13 +19,10 @@ With SPLIT_K > 1 each program writes fp32 partials and `_splitk_reduce_kernel` s
 order (deterministic, unlike atomics), adds the bias and casts; with SPLIT_K == 1 the kernel does
 that epilogue itself. Configs come from autotune.py.
 
-Codebook staging: a table of at most STAGE_MAX_VALUES fp32 values (the 16-entry 4-bit LUTs,
-nuq1..4, vq1.5, vq2, int1/2/3 tables) is loaded into registers once per program and every tile's
-lookups are `tl.gather`s from it (VQ-LLM's codebook cache: on chip, never reloaded per tile). Larger
-tables (vq2.5+, gcb's codebooks, the TCQ hybrid code's 2^(Q+1) x 2) would cost BLOCK_N x size
-registers as a gather source; they stay gathers from global memory, loaded evict_last while the
-streamed codes go evict_first, so the table is what L1 keeps. Whether staging wins is GPU-specific:
-STAGE is an autotuned config field.
+Table lookups: every kernel gathers code values from global memory with an evict_last hint while
+the streamed codes go evict_first, so L1 keeps the tables. (Staging a table in registers and
+`tl.gather`-ing from it — VQ-LLM's codebook cache — lowers to ~10 warp shuffles per lookup on sm_90,
+which the cubin cost model of compile_check showed costlier than an L1 hit; see README.)
 """
 from __future__ import annotations
 
@@ -42,27 +39,14 @@ from .autotune import INTERPRET
 
 GEMV_MAX_M = 4  # M <= this: CUDA-core GEMV kernel; above: tl.dot kernel (see the module docstring)
 DEQUANT_MIN_M = 128  # from here the autotuner also tries dequantize + cuBLAS
-STAGE_MAX_VALUES = 32
 ACTS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 # -- jit pieces ------------------------------------------------------------------------------------
 @triton.jit
-def _stage_table(tbl_ptr, SIZE: tl.constexpr, STAGE: tl.constexpr):
-    """STAGE: the table's SIZE values in registers (one load per program); else its pointer."""
-    if STAGE:
-        return tl.load(tbl_ptr + tl.arange(0, SIZE))
-    else:
-        return tbl_ptr
-
-
-@triton.jit
-def _lookup(table, idx, SIZE: tl.constexpr, STAGE: tl.constexpr):
-    """table[idx] for a 2-D int32 idx: a register gather from the staged table, or a global gather."""
-    if STAGE:
-        return tl.gather(tl.broadcast_to(table[None, :], (idx.shape[0], SIZE)), idx, axis=1)
-    else:
-        return tl.load(table + idx, eviction_policy="evict_last")
+def _lookup(table_ptr, idx):
+    """table[idx] gathered from global memory, kept in L1 (evict_last)."""
+    return tl.load(table_ptr + idx, eviction_policy="evict_last")
 
 
 @triton.jit
@@ -70,6 +54,42 @@ def _window(first, second, o):
     """32 bits of a bit stream starting o bits into word `first` (uint32; `second` is the next word).
     (second >> 1) >> (31 - o) takes second's top o bits without a shift by 32 at o = 0."""
     return (first << o) | ((second >> 1) >> (31 - o))
+
+
+@triton.jit
+def _bits_at(cur, nxt, OFF: tl.constexpr, F: tl.constexpr):
+    """The F-bit field at bit OFF (compile-time, MSB first) of the word pair cur, nxt (uint32)."""
+    if OFF + F <= 32:
+        return (cur >> (32 - OFF - F)) & ((1 << F) - 1)
+    else:
+        return ((cur << (OFF + F - 32)) | (nxt >> (64 - OFF - F))) & ((1 << F) - 1)
+
+
+@triton.jit
+def _unit_words(unit_ptr, word0, BIT: tl.constexpr, F: tl.constexpr, cur, nxt, STRIDE: tl.constexpr, G: tl.constexpr,
+                ROW_WORDS, n_ok):
+    """(cur, nxt): the words of a G-word unit under the F-bit field starting at bit BIT (compile-time)
+    of the unit, for a walk over its fields in order — at BIT 0 the first two loaded, later the pair
+    advanced (one load) when the field starts in a later word than the previous one. Unit word q is at unit_ptr + q STRIDE
+    (row word word0 + q STRIDE; 0 past the row's ROW_WORDS)."""
+    Q: tl.constexpr = BIT // 32
+    if BIT == 0:
+        cur = _row_word(unit_ptr, word0, 0, ROW_WORDS, n_ok)
+        nxt = cur
+        if G > 1:
+            nxt = _row_word(unit_ptr, word0, STRIDE, ROW_WORDS, n_ok)
+    elif Q != (BIT - F) // 32:  # the previous field started in word Q - 1: advance
+        cur = nxt
+        if Q + 1 < G:
+            nxt = _row_word(unit_ptr, word0, (Q + 1) * STRIDE, ROW_WORDS, n_ok)
+    return cur, nxt
+
+
+@triton.jit
+def _row_word(unit_ptr, word0, OFFSET: tl.constexpr, ROW_WORDS, n_ok):
+    """Row word word0 + OFFSET of each unit as uint32 (0 past the row's end)."""
+    return tl.load(unit_ptr + OFFSET, mask=n_ok & ((word0 + OFFSET) < ROW_WORDS)[None, :], other=0,
+                   eviction_policy="evict_first").to(tl.uint32, bitcast=True)
 
 
 @triton.jit
@@ -167,18 +187,17 @@ def _splitk_reduce_kernel(ws_ptr, b_ptr, y_ptr, MN, N, HAS_BIAS: tl.constexpr, S
 def _group_linear_kernel(x_ptr, c_ptr, s_ptr, m_ptr, tbl_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, ROW_WORDS,
                          DECODE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, HAS_MIN: tl.constexpr,
                          GEMV: tl.constexpr, DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-                         STAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """y = x @ W.T + bias for the group-scaled formats (lut4.py, lowbit.py): the format's decoder
-    DECODE(c, s, m, table, offs_n, k, N, K, ROW_WORDS, BITS, GROUP, HAS_MIN, STAGE) -> fp32 tile
-    [BLOCK_N, len(k)] (c: codes, s / m: per-GROUP params, table: the staged 2^BITS table or tbl_ptr)."""
+    DECODE(c, s, m, table, offs_n, k, N, K, ROW_WORDS, BITS, GROUP, HAS_MIN) -> fp32 tile
+    [BLOCK_N, len(k)] (c: codes, s / m: per-GROUP params, table: the table's pointer)."""
     pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(GEMV, BLOCK_M, BLOCK_N)
     x_rows = offs_m[:, None].to(tl.int64) * K
     k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
-    table = _stage_table(tbl_ptr, 1 << BITS, STAGE)  # once per program
     acc = _acc_init(GEMV, BLOCK_M, BLOCK_N, BLOCK_K)
     for k0 in range(k_begin, k_end, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        w = DECODE(c_ptr, s_ptr, m_ptr, table, offs_n, k, N, K, ROW_WORDS, BITS, GROUP, HAS_MIN, STAGE)
+        w = DECODE(c_ptr, s_ptr, m_ptr, tbl_ptr, offs_n, k, N, K, ROW_WORDS, BITS, GROUP, HAS_MIN)
         acc = _mac(acc, x_ptr, x_rows, offs_m, M, k, K, w, GEMV, DOT_FP32)
     _epilogue(_acc_total(acc, GEMV), offs_m, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
 
@@ -190,7 +209,7 @@ def _group_dequant_kernel(c_ptr, s_ptr, m_ptr, tbl_ptr, out_ptr, N, K, ROW_WORDS
     """W [N, K] (in out's dtype) of a group-scaled format, one DECODE tile per program."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    w = DECODE(c_ptr, s_ptr, m_ptr, tbl_ptr, offs_n, k, N, K, ROW_WORDS, BITS, GROUP, HAS_MIN, False)
+    w = DECODE(c_ptr, s_ptr, m_ptr, tbl_ptr, offs_n, k, N, K, ROW_WORDS, BITS, GROUP, HAS_MIN)
     _store_tile(out_ptr, w, offs_n, k, K, N, K)
 
 
@@ -225,8 +244,7 @@ def kernel_kind(m: int) -> str:
 class KernelLaunch:
     """How one kernel kind (kernel_kind(M): "gemv" / "dot") of a format is launched:
     kernel(x, *weights, bias, y, ws, M, N, K, *sizes, HAS_BIAS, SPLIT_K, [GEMV, DOT_FP32,] **consts,
-    [STAGE,] BLOCK_M, BLOCK_N, BLOCK_K) — kind_flags: it takes GEMV and DOT_FP32 (kernels serving both
-    kinds); table_values: the size of a table it may stage (its STAGE constexpr), None: no STAGE.
+    BLOCK_M, BLOCK_N, BLOCK_K) — kind_flags: it takes GEMV and DOT_FP32 (kernels serving both kinds).
     tiles: its autotune space, None: the generic one of the kind — gemv (BLOCK_N, BLOCK_K, num_warps),
     dot (BLOCK_M, BLOCK_N, BLOCK_K, num_warps[, num_stages]); default: its untimed tile — gemv
     (BLOCK_N, BLOCK_K, num_warps), dot (BLOCK_N, BLOCK_K, num_warps, num_stages), BLOCK_M by M;
@@ -235,7 +253,6 @@ class KernelLaunch:
     weights: tuple
     consts: dict
     sizes: tuple = ()
-    table_values: Optional[int] = None
     kind_flags: bool = True
     tiles: Optional[tuple] = None
     default: Optional[tuple] = None
@@ -283,26 +300,13 @@ def dot_default(m, n, k, tile=None, k_unit=1):
     return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=_round_k(bk, k_unit), SPLIT_K=1, num_warps=w, num_stages=stages)
 
 
-def stage_table(size: int) -> bool:
-    """The default STAGE for a table of `size` fp32 values (autotuning tries both where allowed)."""
-    return size <= STAGE_MAX_VALUES
-
-
-def with_stage(candidates, size: int) -> list:
-    """The launch-config space times the STAGE choices a table of `size` values allows."""
-    choices = (True, False) if stage_table(size) else (False,)
-    return [dict(c, STAGE=s) for c in candidates for s in choices]
-
-
 def config_space(m, n, k, launch: KernelLaunch) -> tuple[list, dict]:
-    """(candidates, untimed default) for a call with M = m: the kind's tiles (x STAGE choices), and
-    from DEQUANT_MIN_M the dequantize + cuBLAS route."""
+    """(candidates, untimed default) for a call with M = m: the kind's tiles, and from DEQUANT_MIN_M
+    the dequantize + cuBLAS route."""
     gemv = kernel_kind(m) == "gemv"
     space = (gemv_candidates, gemv_default) if gemv else (dot_candidates, dot_default)
     cands = space[0](m, n, k, launch.tiles, launch.k_unit)
     default = space[1](m, n, k, launch.default, launch.k_unit)
-    if launch.table_values is not None:
-        cands, default = with_stage(cands, launch.table_values), dict(default, STAGE=stage_table(launch.table_values))
     if not gemv and m >= DEQUANT_MIN_M:
         cands = cands + [dict(DEQUANT_ROUTE)]
     return cands, default
@@ -324,6 +328,19 @@ def derived(t: torch.Tensor, name: str, make: Callable[[torch.Tensor], object]):
             del _derived[key]
     _derived[(id(t), name)] = (weakref.ref(t), t._version, value)
     return value
+
+
+def _affine_form(table) -> Optional[tuple]:
+    values = table.detach().double().cpu().reshape(-1).tolist()
+    a, b = values[1] - values[0], values[0]
+    return (float(a), float(b)) if all(v == a * c + b for c, v in enumerate(values)) else None
+
+
+def table_form(table) -> Optional[tuple]:
+    """(A, B) when table[c] == A c + B for every code (q4_0: (1, -8), int4_g*: (1, 0), int2_sym:
+    (2, -3)), else None (iq4_nl). Read from the tensor once (one device sync on its first call),
+    then remembered per tensor and version (derived)."""
+    return derived(table, "affine_form", _affine_form)
 
 
 def pair_table(table: torch.Tensor) -> torch.Tensor:
@@ -366,8 +383,8 @@ def linear_launch(op: str, x, n: int, launches: dict, bias, key: str, config,
     """y = x @ W.T + bias in x's dtype, any leading dims of x, through launches[kernel_kind(M)] (a
     KernelLaunch), its config from autotune.pick under `op` and `key` — or, for the config
     DEQUANT_ROUTE, dequantize(x.dtype) -> W [N, K] and cuBLAS.
-    config: force a launch config (tests, benchmarks; BLOCK_K rounds up to the kernel's k_unit, a
-    STAGE it has no table for is dropped); default: autotune.pick (the fixed default without a GPU
+    config: force a launch config (tests, benchmarks; BLOCK_K rounds up to the kernel's k_unit);
+    default: autotune.pick (the fixed default without a GPU
     timer, the tuned one on CUDA)."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k).contiguous()
@@ -393,10 +410,6 @@ def linear_launch(op: str, x, n: int, launches: dict, bias, key: str, config,
             if target is not y:
                 y.copy_(target)
             return
-        if launch.table_values is not None:
-            cfg.setdefault("STAGE", stage_table(launch.table_values))  # forced configs may leave it out
-        else:
-            cfg.pop("STAGE", None)
         cfg["BLOCK_K"] = _round_k(cfg["BLOCK_K"], launch.k_unit)
         split = cfg.pop("SPLIT_K")
         # fp32 partials of each K slice (every element written: no zero-fill needed)

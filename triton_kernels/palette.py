@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from .matmul import (WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _epilogue, _fma_or_dot, _k_slice, _lookup, _store_tile,
-                     _tiles, _window, check_device, check_x, dequant_launch, derived, linear_launch,
+                     _tiles, _unit_words, _window, _bits_at, check_device, check_x, dequant_launch, derived, linear_launch,
                      pair_table)
 
 STREAMS = 16  # bit streams per codebook row (palette.h kCodeStreams)
@@ -81,15 +81,15 @@ def _stream_codes(words_ptr, offs_n, j, N, C, ROW_WORDS, BITS: tl.constexpr):
 
 @triton.jit
 def _codebook_tile(words_ptr, table, offs_n, k0, N, K, ROW_WORDS, BITS: tl.constexpr, D: tl.constexpr,
-                   BLOCK_K: tl.constexpr, STAGE: tl.constexpr):
+                   BLOCK_K: tl.constexpr):
     """Unscaled fp32 weights [BLOCK_N, BLOCK_K] of columns k0 .. k0 + BLOCK_K (k0 a multiple of D);
-    table: lut4._stage_table's result for the [2^BITS, D] table."""
+    table: the pointer of the fp32 [2^BITS, D] table."""
     j = k0 // D + tl.arange(0, BLOCK_K // D)
     codes = _stream_codes(words_ptr, offs_n, j, N, K // D, ROW_WORDS, BITS).to(tl.int32)
     if D == 1:
-        w = _lookup(table, codes, 1 << BITS, STAGE)
+        w = _lookup(table, codes)
     else:  # one code per pair: both coordinates of its entry, interleaved back into columns
-        w = tl.interleave(_lookup(table, 2 * codes, 2 << BITS, STAGE), _lookup(table, 2 * codes + 1, 2 << BITS, STAGE))
+        w = tl.interleave(_lookup(table, 2 * codes), _lookup(table, 2 * codes + 1))
     return w
 
 
@@ -130,15 +130,6 @@ def _pick(a0, a1, a2, a3, q: tl.constexpr):
 
 
 @triton.jit
-def _bits_at(cur, nxt, OFF: tl.constexpr, F: tl.constexpr):
-    """The F-bit field at bit OFF (compile-time, MSB first) of the word pair cur, nxt (uint32)."""
-    if OFF + F <= 32:
-        return (cur >> (32 - OFF - F)) & ((1 << F) - 1)
-    else:
-        return ((cur << (OFF + F - 32)) | (nxt >> (64 - OFF - F))) & ((1 << F) - 1)
-
-
-@triton.jit
 def _codebook_linear_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, ROW_WORDS,
                           BITS: tl.constexpr, D: tl.constexpr, G: tl.constexpr, PAIR: tl.constexpr,
                           GEMV: tl.constexpr, DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -171,15 +162,9 @@ def _codebook_linear_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_p
         word0 = (k0 // GROUP_COLS) * (16 * G) + unit_word
         unit_ptr = row_words + word0[None, :]
         x_unit = x_rows + (k0 + unit_col)[None, :]
-        cur = _stream_word(unit_ptr, word0, 0, ROW_WORDS, n_ok)
-        nxt = cur
-        if G > 1:
-            nxt = _stream_word(unit_ptr, word0, 1, ROW_WORDS, n_ok)
+        cur, nxt = 0, 0  # the unit's words, loaded at its first field
         for i in tl.static_range(CODES // P):
-            if i > 0 and (i * F) // 32 != ((i - 1) * F) // 32:  # the field starts in the next word
-                cur = nxt
-                if (i * F) // 32 + 1 < G:
-                    nxt = _stream_word(unit_ptr, word0, (i * F) // 32 + 1, ROW_WORDS, n_ok)
+            cur, nxt = _unit_words(unit_ptr, word0, i * F, F, cur, nxt, 16, G, ROW_WORDS, n_ok)
             code = _bits_at(cur, nxt, (i * F) % 32, F).to(tl.int32)
             if PAIR or D == 2:  # two fp32 values in one int64 table entry
                 entry = tl.load(tbl_ptr + code, eviction_policy="evict_last")
@@ -198,13 +183,6 @@ def _codebook_linear_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_p
                 acc = _fma_or_dot(acc, x1, w1, GEMV, DOT_FP32)
     _scaled_epilogue(_acc_total(acc, GEMV), offs_m, offs_n, pid_k, M, N, s_ptr, b_ptr, y_ptr, ws_ptr, HAS_BIAS,
                      SPLIT_K)
-
-
-@triton.jit
-def _stream_word(unit_ptr, word0, Q: tl.constexpr, ROW_WORDS, n_ok):
-    """Word Q of each unit (row word word0 + 16 Q; 0 past the row's end) as uint32."""
-    return tl.load(unit_ptr + 16 * Q, mask=n_ok & ((word0 + 16 * Q) < ROW_WORDS)[None, :], other=0,
-                   eviction_policy="evict_first").to(tl.uint32, bitcast=True)
 
 
 @triton.jit
@@ -319,7 +297,7 @@ def _codebook_dequant_kernel(words_ptr, tbl_ptr, s_ptr, out_ptr, N, K, ROW_WORDS
                              D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
-    w = _codebook_tile(words_ptr, tbl_ptr, offs_n, k0, N, K, ROW_WORDS, BITS, D, BLOCK_K, False)
+    w = _codebook_tile(words_ptr, tbl_ptr, offs_n, k0, N, K, ROW_WORDS, BITS, D, BLOCK_K)
     _store_scaled(out_ptr, w, s_ptr, offs_n, k0 + tl.arange(0, BLOCK_K), K, N, K)
 
 
