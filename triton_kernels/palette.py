@@ -117,6 +117,13 @@ def _tcq_tile(codes_ptr, tbl_ptr, offs_n, k0, k_lim, N, KP, S: tl.constexpr, Q: 
 
 
 @triton.jit
+def _pair_at(tbl_ptr, idx):
+    """(low, high) fp32 halves of the int64 table entry idx: two values in one 8-byte L1 load."""
+    entry = tl.load(tbl_ptr + idx, eviction_policy="evict_last")
+    return entry.to(tl.int32).to(tl.float32, bitcast=True), (entry >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _pick(a0, a1, a2, a3, q: tl.constexpr):
     """The q-th of four values (q a compile-time index)."""
     if q == 0:
@@ -131,11 +138,11 @@ def _pick(a0, a1, a2, a3, q: tl.constexpr):
 
 @triton.jit
 def _codebook_linear_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, ROW_WORDS,
-                          BITS: tl.constexpr, D: tl.constexpr, G: tl.constexpr, PAIR: tl.constexpr,
-                          GEMV: tl.constexpr, DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr):
-    """Split-K CUDA-core GEMV (M <= matmul.GEMV_MAX_M) of nuq/vq codes read as whole stream words.
+                            BITS: tl.constexpr, D: tl.constexpr, G: tl.constexpr, PAIR: tl.constexpr,
+                            GEMV: tl.constexpr, DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr,
+                            SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr):
+    """nuq/vq, both kinds (GEMV FMAs, or one tl.dot per lookup field), from whole stream words.
     A unit is G = BITS / gcd(BITS, 32) consecutive words of one stream (row words 16 (g G + q) + l
     for stream l): CODES = 32 G / BITS whole codes, so every code's bit position is a compile-time
     constant and a thread cuts them out with fixed shifts, never a per-code address. 16 streams x
@@ -151,7 +158,7 @@ def _codebook_linear_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_p
     pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(GEMV, BLOCK_M, BLOCK_N)
     k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
     u = tl.arange(0, U)
-    unit_word = (u // 16) * (16 * G) + u % 16  # row word of each unit's first word, from the K step's
+    unit_word = (u // 16) * (16 * G) + u % 16  # each unit's first row word, from the K step's first
     unit_col = (u // 16) * GROUP_COLS + (u % 16) * D  # column of each unit's first code
     n_ok = (offs_n < N)[:, None]
     m_ok = (offs_m < M)[:, None]
@@ -167,9 +174,7 @@ def _codebook_linear_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_p
             cur, nxt = _unit_words(unit_ptr, word0, i * F, F, cur, nxt, 16, G, ROW_WORDS, n_ok)
             code = _bits_at(cur, nxt, (i * F) % 32, F).to(tl.int32)
             if PAIR or D == 2:  # two fp32 values in one int64 table entry
-                entry = tl.load(tbl_ptr + code, eviction_policy="evict_last")
-                w0 = entry.to(tl.int32).to(tl.float32, bitcast=True)
-                w1 = (entry >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+                w0, w1 = _pair_at(tbl_ptr, code)
             else:
                 w0 = tl.load(tbl_ptr + code, eviction_policy="evict_last")
                 w1 = w0
@@ -248,9 +253,7 @@ def _tcq_part_mac(acc, x_ptr, x_rows, m_ok, codes_ptr, tbl_ptr, offs_n, k_begin,
         for i in tl.static_range(8):
             state = _state_at(a0, a1, a2, a3, i * S)
             idx = ((state * (state + 1)) >> (15 - Q)) & ((2 << Q) - 1)
-            pair = tl.load(tbl_ptr + idx.to(tl.int32), eviction_policy="evict_last")
-            w_even = pair.to(tl.int32).to(tl.float32, bitcast=True)
-            w_odd = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+            w_even, w_odd = _pair_at(tbl_ptr, idx.to(tl.int32))
             acc = _fma_or_dot(acc, tl.load(x_step + 2 * i, mask=x_ok, other=0.0), w_even, GEMV, DOT_FP32)
             acc = _fma_or_dot(acc, tl.load(x_step + 2 * i + 1, mask=x_ok, other=0.0), w_odd, GEMV, DOT_FP32)
     return acc
