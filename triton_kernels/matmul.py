@@ -1,6 +1,8 @@
 """The decode-matmul skeleton every Triton format kernel shares (lut4.py, palette.py, lowbit.py):
-program tiles, K slices, the multiply-accumulate, the epilogue and split-K reduction, codebook
-staging, launch configs and the launcher. A format file only supplies its tile decoder.
+program tiles, K slices, the multiply-accumulate (_fma_or_dot), the epilogue and split-K reduction,
+the walk over a unit's stream words (_unit_words, _bits_at), derived tables, launch configs and the
+launcher (one KernelLaunch per kind). A format file supplies its decoding kernel(s): word-wise ones
+serving both kinds, or a per-element tile decoder for the generic group kernel pair below.
 
 Kernel kinds, chosen by M (the number of activation rows):
 - M <= GEMV_MAX_M, "gemv": CUDA-core split-K GEMV (GemLite's GEMV_SPLITK, Q-Palette's CUDA-core
