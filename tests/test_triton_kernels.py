@@ -813,7 +813,7 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     done = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(done) >= 40 and max(v[0] for v in done.values()) <= 227 * 1024
     word_kernels = ("_lut4_linear_kernel ", "_lowbit_linear_kernel ", "_tcq_linear_kernel ", "_codebook_linear_kernel ")
-    for kernel in ("_group_linear_kernel", "_group_dequant_kernel", "_splitk_reduce_kernel", "_hadamard_kernel") \
+    for kernel in ("_group_dequant_kernel", "_splitk_reduce_kernel", "_hadamard_kernel") \
             + tuple(w.strip() for w in word_kernels):
         assert any(key.startswith(kernel + " ") for key in done), kernel
     gemv = {key: v for key, v in done.items() if "('GEMV', True)" in key}
@@ -822,8 +822,10 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     affine = [v[3] for key, v in gemv.items() if "('AFFINE', True)" in key]
     assert affine and max(affine) < 12, affine
     # the word-wise decoders, both kinds (fp16/bf16 activations); the per-element ones they replaced
-    # took 47 / 40 (q4_0 GEMV / tl.dot at M = 16), 62 / 84 (int3), 23 / 15 (vq2), 43 / 19 (tcq2)
+    # took 47 / 40 (q4_0 GEMV / tl.dot at M = 16), 62 / 84 (int3), 23 / 15 (vq2), 43 / 19 (tcq2),
+    # 34 / 54 (gcb3, whose per-code gathers from up to 16 codebooks now take ~10 / ~12)
     words = {key: v for key, v in done.items() if key.startswith(word_kernels)
              and ("('GEMV', True)" in key or "('BLOCK_M', 16)" in key) and "('DOT_FP32', False)" in key}
     assert len(words) >= 6 and all(v[2] == 0 for v in words.values()), words
-    assert max(v[3] for v in words.values()) < 12, words
+    budget = {key: 16 if "('CODEBOOKS', True)" in key else 12 for key in words}
+    assert any(b == 16 for b in budget.values()) and all(v[3] < budget[key] for key, v in words.items()), words

@@ -101,7 +101,7 @@ class Checker:
         import triton
         from triton.compiler import ASTSource
         bound = dict(zip(fn.arg_names, args), **kwargs)
-        options = {k: bound.pop(k) for k in ("num_warps", "num_stages") if k in bound}
+        options = {k: bound.pop(k) for k in ("num_warps", "num_stages", "enable_fp_fusion") if k in bound}
         signature, constexprs = {}, {}
         for p in fn.params:
             value = bound[p.name]

@@ -4,16 +4,16 @@ Both layouts store a row's b-bit codes as one MSB-first bit stream (layouts.pale
 code j at bits [j b, j b + b) of the row, int32 words, the row padded to a word):
 - lowbit_rowmajor (int1_g*, int2_g*, int2_sym_g*, int3_g*; layouts/lowbit.py): W[n, k] =
   lut[code] * scale[n, k // group] (+ min), fp16 scales / mins [N, K / group], the format's fp32
-  table of 2^b code values. `_lowbit_linear_kernel` serves both kernel kinds from whole words (a
-  unit of G words = 32 G / b consecutive codes at compile-time shifts, one group scale per unit).
+  table of 2^b code values.
 - gcb_rowmajor (gcb2, gcb3; layouts/gcb.py): W[n, k] = codebooks[c][code] * (s * d) with the
   sub-group byte c << 4 | s of (n, k // 32) as uint8 [N, K / 32], d the fp16 superblock scale
-  [N, K / superblock] and the layer's int8 codebooks [C, 2^b] (64-128 values: gathered from global
-  memory, evict_last so L1 keeps them). It runs matmul's generic group kernel with the per-element
-  decoder `_gcb_tile`.
-`_lowbit_tile` / `_gcb_tile` also drive the dequantize kernel (matmul._group_dequant_kernel: the
-large-M dequantize + cuBLAS route and tests). Kernel kinds by M, configs, split-K and the launcher
-are matmul.py's.
+  [N, K / superblock] and the layer's int8 codebooks [C, 2^b] (read as an fp32 copy, <= 512 B,
+  gathered from global memory, evict_last so L1 keeps it).
+`_lowbit_linear_kernel` serves both layouts and both kernel kinds from whole words (a unit of G
+words = 32 G / b consecutive codes at compile-time shifts, one group scale — gcb: one sub-group
+byte and superblock scale — per unit). The per-element decoders `_lowbit_tile` / `_gcb_tile` drive
+the dequantize kernel (matmul._group_dequant_kernel: the large-M dequantize + cuBLAS route, tests).
+Kernel kinds by M, configs, split-K and the launcher are matmul.py's.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from torch_lowbit.formats.gcb import SUBGROUP  # weights per gcb sub-group byte
 
 from .lut4 import _apply_groups
 from .matmul import (WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _bits_at, _epilogue, _fma_or_dot,
-                     _group_dequant_kernel, _group_linear_kernel, _k_slice, _lookup, _tiles, _unit_words, _window,
-                     both_kinds, check_device, check_x, dequant_launch, linear_launch, table_form)
+                     _group_dequant_kernel, _k_slice, _lookup, _tiles, _unit_words, _window,
+                     check_device, check_x, dequant_launch, derived, linear_launch, table_form)
 
 _SUBGROUP = tl.constexpr(SUBGROUP)  # jit code reads only constexpr globals (the interpreter does not check)
 # (BLOCK_N, BLOCK_K, num_warps) of the lowbit GEMV: the x a thread loads serves the rows it holds
@@ -68,7 +68,7 @@ def _lowbit_tile(words_ptr, s_ptr, mn_ptr, lut, offs_n, k, N, K, ROW_WORDS, BITS
 def _gcb_tile(words_ptr, sub_ptr, d_ptr, cb_ptr, offs_n, k, N, K, ROW_WORDS, BITS: tl.constexpr,
               SUPERBLOCK: tl.constexpr, HAS_MIN: tl.constexpr):
     """fp32 weights [BLOCK_N, len(k)]: codebooks[c][code] * (s * d), in the reference's order
-    (matmul's group-kernel decoder signature: GROUP is the superblock; no mins; never staged)."""
+    (matmul's group-kernel decoder signature: GROUP is the superblock; no mins)."""
     mask = (offs_n[:, None] < N) & (k[None, :] < K)
     codes = _row_codes(words_ptr, offs_n, k, N, K, ROW_WORDS, BITS)
     rows = offs_n[:, None].to(tl.int64)
@@ -92,14 +92,19 @@ def _code_float(cur, nxt, OFF: tl.constexpr, BITS: tl.constexpr):
 @triton.jit
 def _lowbit_linear_kernel(x_ptr, words_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, ROW_WORDS,
                           BITS: tl.constexpr, G: tl.constexpr, GROUP: tl.constexpr, HAS_MIN: tl.constexpr,
-                          AFFINE: tl.constexpr, LUT_A: tl.constexpr, LUT_B: tl.constexpr, GEMV: tl.constexpr,
+                          AFFINE: tl.constexpr, LUT_A: tl.constexpr, LUT_B: tl.constexpr, CODEBOOKS: tl.constexpr,
+                          GEMV: tl.constexpr,
                           DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """lowbit_rowmajor, both kinds, from whole stream words: a unit is the G = BITS / gcd(BITS, 32)
-    words holding C = 32 G / BITS consecutive codes (columns), inside one group (C <= 32), so every
-    code sits at a compile-time shift and the group scale (and min) is read once per unit and row.
+    """lowbit_rowmajor and (CODEBOOKS) gcb_rowmajor, both kinds, from whole stream words: a unit is the
+    G = BITS / gcd(BITS, 32) words holding C = 32 G / BITS consecutive codes (columns), inside one
+    group or gcb sub-group (C <= 32), so every code sits at a compile-time shift and the unit's scale
+    (and min) is read once per unit and row.
     Values: AFFINE tables (lut[c] = LUT_A c + LUT_B: every int* grid; fp16/bf16 activations) as
     _code_float's 1 + c / 2^BITS; others gathered from the <= 16-value table (one L1 line).
+    CODEBOOKS: s_ptr holds gcb's sub-group bytes c << 4 | s ([N, K / 32]), mn_ptr the superblock
+    scales d ([N, K / GROUP]), lut_ptr the fp32 copy of the int8 codebooks [C, 2^BITS] (<= 512 B):
+    the unit's scale is s d, its codes index codebook c.
     GEMV: t = sum x * value per unit, then sum x lut[c] = A 2^BITS (t - sum x) + B sum x, scaled
     once per unit; tl.dot: value * a + b with per-unit a, b (one FMA per weight), one tl.dot per
     code position i of the units (x columns unit + i)."""
@@ -113,6 +118,7 @@ def _lowbit_linear_kernel(x_ptr, words_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr
     m_ok = (offs_m < M)[:, None]
     row_words = words_ptr + offs_n[:, None].to(tl.int64) * ROW_WORDS
     group_rows = offs_n[:, None].to(tl.int64) * (K // GROUP)
+    sub_rows = offs_n[:, None].to(tl.int64) * (K // _SUBGROUP)
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * K
     acc = _acc_init(GEMV, BLOCK_M, BLOCK_N, U)
     for k0 in range(k_begin, k_end, BLOCK_K):
@@ -121,10 +127,17 @@ def _lowbit_linear_kernel(x_ptr, words_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr
         word0 = (k0 // C + u) * G
         unit_ptr = row_words + word0[None, :]
         g_off = group_rows + (col // GROUP)[None, :]
-        scale = tl.load(s_ptr + g_off, mask=n_ok & u_ok, other=0.0).to(tl.float32)
         low = tl.zeros((BLOCK_N, U), dtype=tl.float32)  # the min, or 0
-        if HAS_MIN:
-            low = tl.load(mn_ptr + g_off, mask=n_ok & u_ok, other=0.0).to(tl.float32)
+        if CODEBOOKS:
+            sub = tl.load(s_ptr + sub_rows + (col // _SUBGROUP)[None, :], mask=n_ok & u_ok, other=0).to(tl.int32)
+            d = tl.load(mn_ptr + g_off, mask=n_ok & u_ok, other=0.0).to(tl.float32)
+            scale = (sub & 15).to(tl.float32) * d
+            book = (sub >> 4) << BITS  # the unit's codebook: its first entry in the flat table
+        else:
+            scale = tl.load(s_ptr + g_off, mask=n_ok & u_ok, other=0.0).to(tl.float32)
+            book = 0
+            if HAS_MIN:
+                low = tl.load(mn_ptr + g_off, mask=n_ok & u_ok, other=0.0).to(tl.float32)
         cur, nxt = 0, 0  # the unit's words, loaded at its first field
         if GEMV:
             t = tl.zeros((BLOCK_M, BLOCK_N, U), dtype=tl.float32)
@@ -137,8 +150,7 @@ def _lowbit_linear_kernel(x_ptr, words_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr
             if AFFINE:
                 f = _code_float(cur, nxt, (i * BITS) % 32, BITS)
             else:
-                f = tl.load(lut_ptr + _bits_at(cur, nxt, (i * BITS) % 32, BITS).to(tl.int32),
-                            eviction_policy="evict_last")
+                f = _lookup(lut_ptr, book + _bits_at(cur, nxt, (i * BITS) % 32, BITS).to(tl.int32))
             x = tl.load(x_rows + (col + i)[None, :], mask=m_ok & ((col + i) < k_end)[None, :], other=0.0)
             if GEMV:
                 x = x.to(tl.float32)
@@ -221,6 +233,22 @@ def _gcb_consts(code_bits, superblock):
     return dict(DECODE=_gcb_tile, BITS=code_bits, GROUP=superblock, HAS_MIN=False)
 
 
+# gcb's tl.dot tiles: one stage, as with two the pipeliner stages every codebook gather through shared
+# memory (an async copy and a read back per weight, 64-130 KiB; sm_90 cubins: 14-15 -> 12 instr/weight)
+_GCB_DOT_TILES = tuple(dict.fromkeys(tile[:4] + (1,) for tile in WORD_DOT_TILES))
+
+
+def _word_launches(weights, code_bits, words, **consts) -> dict:
+    """Both kinds of _lowbit_linear_kernel: its own tiles, BLOCK_K in whole units (tl.dot: 16 a step)."""
+    unit_words = code_bits // math.gcd(code_bits, 32)
+    codes_per_unit = 32 * unit_words // code_bits
+    launch = KernelLaunch(_lowbit_linear_kernel, weights, dict(BITS=code_bits, G=unit_words, **consts), (words,))
+    dot = dict(tiles=_GCB_DOT_TILES, default=(128, 256, 8, 1)) if consts["CODEBOOKS"] else \
+        dict(tiles=WORD_DOT_TILES, default=(64, 256, 8, 2))
+    return {"gemv": replace(launch, tiles=_GEMV_TILES, default=(64, 256, 4), k_unit=codes_per_unit),
+            "dot": replace(launch, k_unit=16 * codes_per_unit, **dot)}
+
+
 def lowbit_linear(x, codes, code_bits, scales, mins, lut, group_size, bias=None, *, config=None):
     """y = x @ W.T + bias for lowbit_rowmajor buffers (the op torch_lowbit::lowbit_linear), output in
     x's dtype, any leading dims of x. config: force a launch config (tests, benchmarks)."""
@@ -231,13 +259,9 @@ def lowbit_linear(x, codes, code_bits, scales, mins, lut, group_size, bias=None,
     has_min = mins is not None
     # fp32 activations gather exact table values (the bit trick's GEMV sums are ~1e-5 relative)
     form = table_form(lut) if x.dtype != torch.float32 else None
-    unit_words = code_bits // math.gcd(code_bits, 32)
-    codes_per_unit = 32 * unit_words // code_bits
-    launch = KernelLaunch(_lowbit_linear_kernel, _lowbit_weights(codes, scales, mins, lut), dict(
-        BITS=code_bits, G=unit_words, GROUP=group_size, HAS_MIN=has_min, AFFINE=form is not None,
-        LUT_A=form[0] if form else 1.0, LUT_B=form[1] if form else 0.0), (words,))
-    launches = {"gemv": replace(launch, tiles=_GEMV_TILES, default=(64, 256, 4), k_unit=codes_per_unit),
-                "dot": replace(launch, tiles=WORD_DOT_TILES, default=(64, 256, 8, 2), k_unit=16 * codes_per_unit)}
+    launches = _word_launches(_lowbit_weights(codes, scales, mins, lut), code_bits, words, GROUP=group_size,
+                              HAS_MIN=has_min, AFFINE=form is not None, LUT_A=form[0] if form else 1.0,
+                              LUT_B=form[1] if form else 0.0, CODEBOOKS=False)
     return linear_launch(op, x, n, launches, bias, f"b{code_bits}_g{group_size}_{'min' if has_min else 'sym'}",
                          config,
                          lambda dtype: lowbit_dequantize(codes, code_bits, scales, mins, lut, group_size, dtype=dtype))
@@ -250,9 +274,11 @@ def gcb_linear(x, codes, code_bits, sub_groups, super_scales, codebooks, bias=No
                               "codebooks": codebooks, "bias": bias})
     n, k, words, superblock = _gcb_shapes(op, codes, code_bits, sub_groups, super_scales, codebooks)
     check_x(op, x, k, n, bias)
-    launch = KernelLaunch(_group_linear_kernel, _gcb_weights(codes, sub_groups, super_scales, codebooks),
-                          _gcb_consts(code_bits, superblock), (words,))
-    return linear_launch(op, x, n, both_kinds(launch), bias, f"b{code_bits}_sb{superblock}", config,
+    table = derived(codebooks, "fp32_flat", lambda t: t.float().reshape(-1))
+    weights = (codes.contiguous(), sub_groups.contiguous(), super_scales.contiguous(), table)
+    launches = _word_launches(weights, code_bits, words, GROUP=superblock, HAS_MIN=False, AFFINE=False,
+                              LUT_A=1.0, LUT_B=0.0, CODEBOOKS=True)
+    return linear_launch(op, x, n, launches, bias, f"b{code_bits}_sb{superblock}", config,
                          lambda dtype: gcb_dequantize(codes, code_bits, sub_groups, super_scales, codebooks, dtype=dtype))
 
 

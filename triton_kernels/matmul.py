@@ -1,8 +1,9 @@
 """The decode-matmul skeleton every Triton format kernel shares (lut4.py, palette.py, lowbit.py):
 program tiles, K slices, the multiply-accumulate (_fma_or_dot), the epilogue and split-K reduction,
 the walk over a unit's stream words (_unit_words, _bits_at), derived tables, launch configs and the
-launcher (one KernelLaunch per kind). A format file supplies its decoding kernel(s): word-wise ones
-serving both kinds, or a per-element tile decoder for the generic group kernel pair below.
+launcher (one KernelLaunch per kind). A format file supplies its word-wise decoding kernel(s), each
+serving both kinds, and a per-element tile decoder for its dequantize kernel (the generic
+_group_dequant_kernel below for the group-scaled formats).
 
 Kernel kinds, chosen by M (the number of activation rows):
 - M <= GEMV_MAX_M, "gemv": CUDA-core split-K GEMV (GemLite's GEMV_SPLITK, Q-Palette's CUDA-core
@@ -138,14 +139,6 @@ def _acc_total(acc, GEMV: tl.constexpr):
 
 
 @triton.jit
-def _mac(acc, x_ptr, x_rows, offs_m, M, k, k_lim, w, GEMV: tl.constexpr, DOT_FP32: tl.constexpr):
-    """acc += x[:, k] @ w.T (GEMV: the unsummed products), columns >= k_lim masked out of x (so w
-    there never counts)."""
-    x = tl.load(x_ptr + x_rows + k[None, :], mask=(offs_m[:, None] < M) & (k[None, :] < k_lim), other=0.0)
-    return _fma_or_dot(acc, x, w, GEMV, DOT_FP32)
-
-
-@triton.jit
 def _fma_or_dot(acc, x, w, GEMV: tl.constexpr, DOT_FP32: tl.constexpr):
     """acc += x @ w.T for x [BLOCK_M, k] in its dtype and fp32 w [BLOCK_N, k] (GEMV: the unsummed
     products [BLOCK_M, BLOCK_N, k], see _acc_init)."""
@@ -183,25 +176,6 @@ def _splitk_reduce_kernel(ws_ptr, b_ptr, y_ptr, MN, N, HAS_BIAS: tl.constexpr, S
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _group_linear_kernel(x_ptr, c_ptr, s_ptr, m_ptr, tbl_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, ROW_WORDS,
-                         DECODE: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, HAS_MIN: tl.constexpr,
-                         GEMV: tl.constexpr, DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """y = x @ W.T + bias for the group-scaled formats (lut4.py, lowbit.py): the format's decoder
-    DECODE(c, s, m, table, offs_n, k, N, K, ROW_WORDS, BITS, GROUP, HAS_MIN) -> fp32 tile
-    [BLOCK_N, len(k)] (c: codes, s / m: per-GROUP params, table: the table's pointer)."""
-    pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(GEMV, BLOCK_M, BLOCK_N)
-    x_rows = offs_m[:, None].to(tl.int64) * K
-    k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
-    acc = _acc_init(GEMV, BLOCK_M, BLOCK_N, BLOCK_K)
-    for k0 in range(k_begin, k_end, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        w = DECODE(c_ptr, s_ptr, m_ptr, tbl_ptr, offs_n, k, N, K, ROW_WORDS, BITS, GROUP, HAS_MIN)
-        acc = _mac(acc, x_ptr, x_rows, offs_m, M, k, K, w, GEMV, DOT_FP32)
-    _epilogue(_acc_total(acc, GEMV), offs_m, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
 
 
 @triton.jit
@@ -375,11 +349,6 @@ def check_x(op, x, k, n, bias):
 
 
 # -- launcher --------------------------------------------------------------------------------------
-def both_kinds(launch: KernelLaunch) -> dict:
-    """One kernel (with the generic tile spaces) for both kinds."""
-    return {"gemv": launch, "dot": launch}
-
-
 def linear_launch(op: str, x, n: int, launches: dict, bias, key: str, config,
                   dequantize: Callable[[torch.dtype], torch.Tensor]):
     """y = x @ W.T + bias in x's dtype, any leading dims of x, through launches[kernel_kind(M)] (a
@@ -441,8 +410,10 @@ def linear_launch(op: str, x, n: int, launches: dict, bias, key: str, config,
 
 def dequant_launch(kernel, n: int, k: int, args: tuple, consts: dict, device, dtype=torch.float32,
                    block_n: int = 32, block_k: int = 64):
-    """W [N, K] in `dtype` from kernel(*args, out, N, K, **consts, BLOCK_N, BLOCK_K), one tile a program."""
+    """W [N, K] in `dtype` from kernel(*args, out, N, K, **consts, BLOCK_N, BLOCK_K), one tile a program.
+    Compiled without FMA contraction: the reference dequantizers round value * scale before adding
+    the min, and the kernels must match them bit for bit."""
     out = torch.empty((n, k), device=device, dtype=dtype)
     kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](*args, out, n, k, **consts, BLOCK_N=block_n,
-                                                                BLOCK_K=block_k)
+                                                                BLOCK_K=block_k, enable_fp_fusion=False)
     return out
