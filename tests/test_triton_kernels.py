@@ -736,6 +736,8 @@ def test_config_space_offers_the_dequant_route_from_dequant_min_m():
     assert route in cands and default.get("ROUTE") is None
     assert route not in mm.config_space(mm.DEQUANT_MIN_M - 1, 4096, 4096, launch)[0]
     assert route not in mm.config_space(1, 4096, 4096, launch)[0]  # GEMV: never
+    assert route in mm.config_space(5, 4096, 4096, launch, torch.float32)[0]  # exact fp32 tl.dot: CUDA cores
+    assert route not in mm.config_space(1, 4096, 4096, launch, torch.float32)[0]
 
 
 def test_kernel_launch_tiles_round_block_k_to_its_unit():
@@ -754,6 +756,12 @@ def test_kernel_launch_tiles_round_block_k_to_its_unit():
     cands, default = mm.config_space(17, 4096, 4096, dot)
     assert default == dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=512, SPLIT_K=1, num_warps=4, num_stages=1)
     assert {(c["BLOCK_M"], c["num_stages"]) for c in cands} == {(16, 2)}  # BLOCK_M 64 > M's bucket
+    # fp32 activations: one stage (two would stage fp32 x tiles and gathers past sm_90's shared memory)
+    two = mm.KernelLaunch(None, (), {}, tiles=((16, 64, 256, 4, 2), (64, 64, 256, 4, 1)), default=(64, 256, 4, 2))
+    cands, default = mm.config_space(512, 4096, 4096, two, torch.bfloat16)
+    assert default["num_stages"] == 2 and {c.get("num_stages") for c in cands} == {1, 2, None}  # None: the route
+    cands, default = mm.config_space(512, 4096, 4096, two, torch.float32)
+    assert default["num_stages"] == 1 and {c.get("num_stages") for c in cands} == {1, None}
 
 
 @pytest.mark.parametrize("fmt", ["int4_g64", "nuq3", "tcq2.25", "int3_g64", "gcb2_sb64"])

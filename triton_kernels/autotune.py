@@ -25,9 +25,10 @@ import torch
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 CACHE_FILE = "triton_autotune.json"
 # Bumped when the config fields or the kernels behind them change (2: STAGE; 3: lut4's own GEMV kernel;
-# 4: word-wise lut4 / codebook / TCQ kernels for both kinds, per-kernel tile spaces), so
+# 4: word-wise lut4 / codebook / TCQ kernels for both kinds, per-kernel tile spaces; 5: gcb on the
+# word-wise lowbit kernel, dot defaults that fit every activation dtype), so
 # configs tuned by an older version are not read.
-CONFIG_VERSION = 4
+CONFIG_VERSION = 5
 
 Config = dict  # launch kwargs: BLOCK_* / SPLIT_K constexprs plus num_warps, num_stages
 

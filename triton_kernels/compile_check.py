@@ -148,14 +148,14 @@ def _module(fmt_name: str, n: int, k: int):
 
 
 # (format, K): every kernel family; int4_g128 has mins, iq4_nl's table is not affine, int3 straddles
-# words, vq5's table is not staged, tcq2.25 is half-TCQ.
+# words, gcb gathers from its codebooks, vq5's table is the largest, tcq2.25 is half-TCQ.
 FORMATS = (("q4_0", 4096), ("int4_g128", 4096), ("iq4_nl", 4096), ("int3_g64", 4096), ("int2_g64", 4096), ("int1_g64", 4096),
            ("gcb2", 4096), ("gcb3", 4096), ("nuq3", 4096), ("vq2", 4096), ("vq5", 4096), ("tcq2", 4096),
            ("tcq2.25", 4096))
 
 
-# The test suite's subset (tests/test_triton_kernels.py): every kernel and decoder once — q4_0 (staged
-# table, all activation dtypes), int3 (mins, straddling codes), gcb3 (unstaged table), vq2 (codebook
+# The test suite's subset (tests/test_triton_kernels.py): every kernel and decoder once — q4_0 (affine
+# table, all activation dtypes), int3 (mins, straddling codes), gcb3 (codebook gathers), vq2 (codebook
 # kernel, pairs), half-TCQ.
 QUICK = (("q4_0", 4096), ("int3_g64", 4096), ("gcb3", 4096), ("vq2", 4096), ("tcq2.25", 4096))
 
@@ -173,8 +173,8 @@ def _variants(candidates, default, every: bool) -> list:
 
 def run(arch: int = 90, formats=FORMATS, ms=(1, 16, 512), dtypes=(torch.float16,), every: bool = False) -> dict:
     """Compile the kernel launches of `formats` at these M and activation dtypes (fp32 and bf16 too on
-    the first format), each launch with _variants of its autotune space; returns {compile key: shared
-    bytes}."""
+    the first format; fp32, whose tiles are the largest, on every format at the largest M), each
+    launch with _variants of its autotune space; returns {compile key: Resources}."""
     import importlib
 
     from . import autotune
@@ -197,8 +197,8 @@ def run(arch: int = 90, formats=FORMATS, ms=(1, 16, 512), dtypes=(torch.float16,
         if "lut" in q._buffers:
             matmul.derived(q._buffers["lut"], "affine_form",
                            lambda _lut, values=q.fmt.code_values().float(): matmul.table_form(values))
-        for dtype in dtypes + ((torch.float32, torch.bfloat16) if i == 0 else ()):
-            for m in ms:
+        for dtype in dict.fromkeys(dtypes + (torch.float32, torch.bfloat16)):
+            for m in ms if i == 0 or dtype in dtypes else ms[-1:] if dtype == torch.float32 else ():
                 x = torch.empty(m, k, device="meta", dtype=dtype)
                 op, kernels, args = q.layout.op_call(q.fmt, q._buffers, x, q.bias)
                 getattr(importlib.import_module(f"torch_lowbit.triton_kernels.{kernels}"), op)(*args)

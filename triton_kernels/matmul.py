@@ -16,8 +16,9 @@ Kernel kinds, chosen by M (the number of activation rows):
 - M > GEMV_MAX_M, "dot": tiled tl.dot (fp16/bf16 tensor cores, the decoded tile cast to x's dtype;
   exact fp32 products for fp32 activations). The grid's fastest axis is M, so the programs of one
   N tile run together and its weight is read from HBM once (then L2). Optional split-K for medium M
-  and small N. From M >= DEQUANT_MIN_M the autotuner also times the "dequant" route: the format's
-  dequantize kernel writes W in x's dtype, then cuBLAS (torch.addmm) — whichever is faster wins.
+  and small N. From M >= DEQUANT_MIN_M (fp32 activations: always) the autotuner also times the
+  "dequant" route: the format's dequantize kernel writes W in x's dtype, then cuBLAS (torch.addmm) —
+  whichever is faster wins.
 With SPLIT_K > 1 each program writes fp32 partials and `_splitk_reduce_kernel` sums them in a fixed
 order (deterministic, unlike atomics), adds the bias and casts; with SPLIT_K == 1 the kernel does
 that epilogue itself. Configs come from autotune.py.
@@ -276,14 +277,20 @@ def dot_default(m, n, k, tile=None, k_unit=1):
     return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=_round_k(bk, k_unit), SPLIT_K=1, num_warps=w, num_stages=stages)
 
 
-def config_space(m, n, k, launch: KernelLaunch) -> tuple[list, dict]:
+def config_space(m, n, k, launch: KernelLaunch, x_dtype=torch.float16) -> tuple[list, dict]:
     """(candidates, untimed default) for a call with M = m: the kind's tiles, and from DEQUANT_MIN_M
-    the dequantize + cuBLAS route."""
+    the dequantize + cuBLAS route. fp32 activations run the tl.dot kind in one stage (with two, the
+    pipeliner stages their fp32 x tiles and exact table gathers through shared memory, 168-270 KiB
+    at BLOCK_K 512; sm_90 has 227) and may take the route at any M: an exact fp32 tl.dot runs as
+    FMAs on the CUDA cores, where cuBLAS's fp32 GEMM is hard to beat."""
     gemv = kernel_kind(m) == "gemv"
     space = (gemv_candidates, gemv_default) if gemv else (dot_candidates, dot_default)
     cands = space[0](m, n, k, launch.tiles, launch.k_unit)
     default = space[1](m, n, k, launch.default, launch.k_unit)
-    if not gemv and m >= DEQUANT_MIN_M:
+    if not gemv and x_dtype == torch.float32:
+        cands = _unique([dict(c, num_stages=1) for c in cands])
+        default = dict(default, num_stages=1)
+    if not gemv and (m >= DEQUANT_MIN_M or x_dtype == torch.float32):
         cands = cands + [dict(DEQUANT_ROUTE)]
     return cands, default
 
@@ -401,7 +408,7 @@ def linear_launch(op: str, x, n: int, launches: dict, bias, key: str, config,
                                                                 SPLIT_K=split, BLOCK=block)
 
     if config is None:
-        cands, default = config_space(m, n, k, launch)
+        cands, default = config_space(m, n, k, launch, x2.dtype)
         full_key = f"m{autotune.m_bucket(m)}_n{n}_k{k}_{key}_{str(x.dtype).removeprefix('torch.')}"
         config = autotune.pick(f"{op}_{kind}", full_key, cands, default, run, x.device)
     run(config)
