@@ -10,6 +10,11 @@ $TORCH_LOWBIT_CACHE/triton_autotune.json (else ~/.cache/torch_lowbit/triton_auto
 
 Keys are strings built by the caller from (M bucket, N, K, ...): `m_bucket` rounds M up to a power
 of two so one decode step and the next share a tuned config.
+
+Before timing a key, every candidate is compiled at once on a thread pool (Triton's
+AsyncCompileMode; the compiler and ptxas run outside the GIL), so tuning costs about one compile's
+time rather than the sum of ~20. TORCH_LOWBIT_AUTOTUNE=0 turns timing off (the fixed defaults, as
+without a GPU): for correctness runs that would otherwise spend their time compiling candidates.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import json
 import os
 import statistics
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -94,20 +100,43 @@ def time_us(fn: Callable[[], object], warmup: int = 3, repeats: int = 10) -> flo
     return statistics.median(times)
 
 
+def enabled() -> bool:
+    return os.environ.get("TORCH_LOWBIT_AUTOTUNE", "1") != "0"
+
+
+def precompile(candidates: Sequence[Config], run: Callable[..., object], workers: Optional[int] = None) -> None:
+    """Compile every candidate concurrently: run(config, warmup=True) under Triton's AsyncCompileMode
+    only submits the compile; leaving the mode waits for all. A candidate that fails to compile is
+    left for the timing loop to skip; without AsyncCompileMode (older Triton) nothing happens here."""
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:
+        return
+    with ThreadPoolExecutor(max_workers=workers or min(len(candidates), os.cpu_count() or 1) or 1) as pool, \
+            AsyncCompileMode(pool, ignore_errors=True):
+        for cfg in candidates:
+            try:
+                run(cfg, warmup=True)
+            except Exception:  # noqa: BLE001 - e.g. a config this GPU rejects: timed (and skipped) later
+                pass
+
+
 def pick(kernel: str, key: str, candidates: Sequence[Config], default: Config,
-         run: Callable[[Config], object], device: torch.device) -> Config:
+         run: Callable[..., object], device: torch.device) -> Config:
     """The config to launch `kernel` with for this shape key.
 
     candidates: the search space (already filtered to configs valid for this shape); default: the
-    config used without a GPU timer; run(config): launches the kernel once with that config on the
-    real inputs (it must have no side effect besides writing its output)."""
-    if INTERPRET or device.type != "cuda" or _capturing():
+    config used without a GPU timer; run(config, warmup=False): launches the kernel once with that
+    config on the real inputs (it must have no side effect besides writing its output); with
+    warmup=True it only compiles it (see precompile)."""
+    if INTERPRET or device.type != "cuda" or _capturing() or not enabled():
         return default  # no timer here (or a CUDA graph is being captured: timing would break it)
     dkey = _device_key(device)
     with _lock:
         hit = _load().get(dkey, {}).get(kernel, {}).get(key)
     if hit is not None:
         return hit
+    precompile(candidates, run)
     best, best_us = default, float("inf")
     for cfg in candidates:
         try:

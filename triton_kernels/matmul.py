@@ -376,9 +376,12 @@ def linear_launch(op: str, x, n: int, launches: dict, bias, key: str, config,
     launch = launches[kind]
     b = bias.contiguous() if bias is not None else x2  # any pointer: HAS_BIAS is off
 
-    def run(cfg):
+    def run(cfg, warmup=False):
+        """Launch with cfg; warmup: only compile its kernel (autotune.precompile)."""
         cfg = dict(cfg)
         if cfg.get("ROUTE") == "dequant":
+            if warmup:
+                return
             w_t = dequantize(x2.dtype).t()
             target = y if y.dtype == x2.dtype else torch.empty_like(y, dtype=x2.dtype)
             if bias is None:
@@ -400,9 +403,10 @@ def linear_launch(op: str, x, n: int, launches: dict, bias, key: str, config,
         if launch.kind_flags:
             cfg["GEMV"] = kind == "gemv"
             cfg["DOT_FP32"] = x2.dtype == torch.float32 or (INTERPRET and x2.dtype == torch.bfloat16)
-        launch.kernel[grid](x2, *launch.weights, b, y, ws, m, n, k, *launch.sizes, HAS_BIAS=bias is not None and split == 1,
-                            SPLIT_K=split, **launch.consts, **cfg)
-        if split > 1:
+        kernel = launch.kernel.warmup if warmup else launch.kernel[grid]
+        kernel(x2, *launch.weights, b, y, ws, m, n, k, *launch.sizes, HAS_BIAS=bias is not None and split == 1,
+               SPLIT_K=split, **launch.consts, **cfg, **({"grid": grid} if warmup else {}))
+        if split > 1 and not warmup:
             block = 1024
             _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](ws, b, y, m * n, n, HAS_BIAS=bias is not None,
                                                                 SPLIT_K=split, BLOCK=block)
