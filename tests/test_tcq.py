@@ -138,13 +138,15 @@ def test_fast_viterbi_matches_reference(bits):
     assert (states == ref_states).all(dim=1).sum() >= 6
 
 
-@pytest.mark.skipif("avx512" not in _cpu_paths(), reason="CPU has no AVX-512")
-@pytest.mark.parametrize("bits", [1.5, 2.0, 4.0, 5.0])
-def test_avx512_viterbi_equals_scalar(bits, cpu_path):
-    x = torch.randn(7, 256)  # one full batch of 4 and a remainder of 3
+@pytest.mark.parametrize("bits", [1.5, 2.0, 3.0, 4.0, 5.0])
+@pytest.mark.parametrize("path", ["avx512", "avx2"])
+def test_vector_viterbi_equals_scalar(bits, path, cpu_path):
+    if path not in _cpu_paths():
+        pytest.skip(f"CPU path {path} not available on this CPU")
+    x = torch.randn(15, 256)  # one full batch of 8 and a remainder of 7 (AVX2: 4 + 4, 4 + 3)
     cpu_path("scalar")
     scalar = tcq.tcq_viterbi(x, bits)
-    cpu_path("avx512")
+    cpu_path(path)
     vector = tcq.tcq_viterbi(x, bits)
     assert torch.equal(scalar[0], vector[0]) and torch.equal(scalar[1], vector[1])
 

@@ -4,13 +4,30 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <string>
 
 namespace torch_lowbit {
 namespace {
 
+// TORCH_LOWBIT_CPU_MAX_PATH=scalar|avx2|avx512 makes the library treat the CPU as lacking every ISA
+// above that path (read once), so an AVX-512 machine can run the whole suite as an AVX2-only one.
+int max_path_from_env() {
+  const char* env = std::getenv("TORCH_LOWBIT_CPU_MAX_PATH");
+  if (env == nullptr || std::string(env).empty() || std::string(env) == "avx512") return 2;
+  if (std::string(env) == "avx2") return 1;
+  if (std::string(env) == "scalar") return 0;
+  TORCH_CHECK(false, "torch_lowbit: unknown TORCH_LOWBIT_CPU_MAX_PATH '", env,
+              "'; choose one of scalar, avx2, avx512");
+}
+
+int max_path() {
+  static const int cap = max_path_from_env();
+  return cap;
+}
+
 bool cpu_has_avx2() {
 #if defined(TORCH_LOWBIT_X86)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return max_path() >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
   return false;
 #endif
@@ -18,7 +35,7 @@ bool cpu_has_avx2() {
 
 bool cpu_has_avx512() {
 #if defined(TORCH_LOWBIT_X86)
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+  return max_path() >= 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl");
 #else
   return false;

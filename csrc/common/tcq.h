@@ -48,6 +48,7 @@ inline float tcq_state_cost(float from, float ax, float ay, float cx, float cy, 
 void tcq_step_scalar(const TcqCode&, int, const float* const*, const float*, const float*, float* const*);
 #if defined(TORCH_LOWBIT_X86)
 void tcq_step_avx512(const TcqCode&, int, const float* const*, const float*, const float*, float* const*);
+void tcq_step_avx2(const TcqCode&, int, const float* const*, const float*, const float*, float* const*);
 #endif
 
 }  // namespace torch_lowbit
