@@ -51,3 +51,85 @@ def random_linear(k, n, bias, gen):
         if bias:
             lin.bias.copy_(torch.randn(n, generator=gen) * 0.1)
     return lin
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+
+
+# What each CPU path needs, and what its absence leaves untested on this machine.
+_PATH_NEEDS = {
+    "avx512": "AVX-512 F/BW/VL (VNNI for the int8 kernels, VBMI for the palette kernels)",
+    "avx2": "AVX2 + FMA",
+}
+
+
+def cpu_paths_report():
+    """Which CPU kernel paths this machine tests and which it skips, and why (printed once per run)."""
+    from torch_lowbit.ops.library import cpu_extension
+    ext = cpu_extension()
+    paths = ext.available_cpu_paths()
+    lines = [f"torch_lowbit: CPU {_cpu_model()}; kernel paths tested here: {', '.join(paths)} "
+             f"(each against the scalar reference path)"]
+    cap = os.environ.get("TORCH_LOWBIT_CPU_MAX_PATH")
+    for path, needs in _PATH_NEEDS.items():
+        if path not in paths:
+            why = f"capped by TORCH_LOWBIT_CPU_MAX_PATH={cap}" if cap else f"this CPU lacks {needs}"
+            lines.append(f"torch_lowbit: SKIPPED CPU path {path}: {why}; its tests skip")
+    if "avx512" not in paths:
+        lines.append("torch_lowbit: the fused palette kernels (nuq/vq/tcq) have only an AVX-512 VBMI path: "
+                     "here they run (and are tested on) the scalar one")
+    if "avx512" in paths:
+        for feature, has, what in (("VNNI", ext.cpu_has_avx512_vnni(), "int8-activation kernels use AVX2"),
+                                   ("VBMI", ext.cpu_has_avx512_vbmi(), "palette kernels use scalar")):
+            if not has:
+                lines.append(f"torch_lowbit: CPU has AVX-512 without {feature}: the avx512 path's {what}")
+    return lines
+
+
+# ---- tolerances that follow from the arithmetic, not from one machine's rounding ----
+
+UNIT_ROUNDOFF = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+
+
+def assert_matches_product(y, x, w, bias=None, *, weights_in=None, roundings=4, msg=""):
+    """Checks a kernel's output y against the exact x @ w.T + bias, element by element, within what
+    fp32 arithmetic allows on any CPU, BLAS or summation order.
+
+    A K-term dot product evaluated in fp32 in any order is off by at most (K - 1) u sum_j |x_j w_j|
+    (Higham, Accuracy and Stability of Numerical Algorithms, sec. 3.1); the products, the group
+    scales and the bias add `roundings` more. A bf16/fp16 output adds one rounding of the result;
+    `weights_in=dtype` says the kernel rounds its dequantized weights to that dtype first (tensor-core
+    tiles), which adds that dtype's u sum_j |x_j w_j|.
+    """
+    x64, w64 = x.double().reshape(-1, x.shape[-1]), w.double()
+    exact = x64 @ w64.T
+    magnitude = x64.abs() @ w64.abs().T
+    if bias is not None:
+        exact = exact + bias.double()
+        magnitude = magnitude + bias.double().abs()
+    k = x.shape[-1]
+    bound = (k - 1 + roundings) * UNIT_ROUNDOFF[torch.float32] * magnitude
+    if weights_in is not None and weights_in != torch.float32:
+        bound = bound + UNIT_ROUNDOFF[weights_in] * magnitude
+    if y.dtype != torch.float32:
+        bound = bound + UNIT_ROUNDOFF[y.dtype] * (exact.abs() + bound)
+    err = (y.double().reshape(exact.shape) - exact).abs()
+    worst = (err / bound.clamp_min(1e-300)).max().item()
+    assert bool((err <= bound).all()), f"{msg} error up to {worst:.3g}x the fp32 bound (K = {k}, {y.dtype})"
+
+
+def pytest_sessionstart(session):
+    # written directly (not as a report header, which `pytest -q` hides) so CI logs always show it
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        for line in cpu_paths_report():
+            reporter.write_line(line)

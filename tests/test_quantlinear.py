@@ -4,6 +4,8 @@ import torch
 
 import torch_lowbit as tl
 
+from conftest import assert_matches_product
+
 
 @pytest.mark.parametrize("fmt", ["q4_0", "int4_g128"])
 @pytest.mark.parametrize("m", [1, 4, 40])
@@ -16,10 +18,9 @@ def test_from_linear_matches_dequantized_matmul(fmt, m):
     rel = ((y - ref).norm() / ref.norm()).item()
     assert rel < 2e-2  # the default CPU kernel quantizes activations to int8 per 32 features
     # and is exact up to summation order given those activations
-    ref_kernel = q.layout.reference_activations(x) @ q.dequantize().T + lin.bias
-    assert ((y - ref_kernel).norm() / ref_kernel.norm()).item() < 1e-5
+    assert_matches_product(y, q.layout.reference_activations(x), q.dequantize(), lin.bias)
     exact = tl.QuantLinear.from_linear(lin, fmt, layout="lut4_rowmajor")  # fp32-activation kernels
-    assert ((exact(x) - ref).norm() / ref.norm()).item() < 1e-5
+    assert_matches_product(exact(x), x, q.dequantize(), lin.bias)
     # and the quantized layer is a faithful 4-bit copy of the float one
     assert ((q.dequantize() - lin.weight).norm() / lin.weight.norm()).item() < 0.12
 
@@ -40,7 +41,7 @@ def test_format_config_object_and_no_bias():
     q = tl.QuantLinear.from_linear(lin, tl.Int4(group=32, rounding="minmax"))
     assert q.bias is None and q.fmt.name == "int4_g32_minmax"
     x = torch.randn(3, 128)
-    torch.testing.assert_close(q(x), q.layout.reference_activations(x) @ q.dequantize().T, rtol=1e-5, atol=1e-5)
+    assert_matches_product(q(x), q.layout.reference_activations(x), q.dequantize())
 
 
 def test_bad_inputs_get_clear_errors():
