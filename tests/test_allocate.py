@@ -10,7 +10,7 @@ import torch
 import torch_lowbit as tl
 from torch_lowbit.nn import ProjectionSlot, QuantLinear, mix_summary, quantized_bpw
 from torch_lowbit.nn.allocate import plan_bpw
-from torch_lowbit.nn.quantize import select_linears
+from torch_lowbit.nn.select import select_linears
 
 from conftest import tiny_llama
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import torch_lowbit as tl
-from torch_lowbit.layouts.lut4 import pack_nibbles, unpack_nibbles
+from torch_lowbit.packing import pack_nibbles, unpack_nibbles
 
 
 def ggml_quantize_row_q4_0_ref(x: np.ndarray) -> bytes:
@@ -189,7 +189,7 @@ def test_symmetric_refit_never_worse_than_absmax(bits):
 def test_gcb_learning_finds_the_distribution_shapes():
     """Two kinds of sub-groups (near-uniform and spiky): phase 1 separates them, phase 2 gives each
     its own codebook, and each kind is coded best by its own codebook."""
-    from torch_lowbit.formats.gcb import learn_codebooks
+    from torch_lowbit.tools.gcb_learn import learn_codebooks
     gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
     uniform = torch.rand(4000, 32, generator=gen) * 2 - 1
     spiky = torch.randn(4000, 32, generator=gen) ** 3

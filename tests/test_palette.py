@@ -162,7 +162,7 @@ def test_ldlq_lazy_batches_change_nothing():
 
 @pytest.mark.parametrize("bits", [1, 3, 4, 7, 10])
 def test_code_streams_round_trip(bits):
-    from torch_lowbit.layouts.palette_packed import pack_streams, stream_words, unpack_streams
+    from torch_lowbit.packing import pack_streams, stream_words, unpack_streams
     gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
     codes = torch.randint(0, 2 ** bits, (5, 531), generator=gen)
     words = pack_streams(codes, bits)
@@ -177,7 +177,7 @@ def test_code_streams_round_trip(bits):
 def test_codebook_kernel_matches_its_definition(dim, bits, path):
     """Random codes and tables (not a format's): whole 512-code periods, a ragged tail, every lookup
     kind (register tables up to 64 entries, gathers beyond), GEMV, token blocks and the decode path."""
-    from torch_lowbit.layouts.palette_packed import pack_streams
+    from torch_lowbit.packing import pack_streams
     if path not in cpu_extension().available_cpu_paths():
         pytest.skip(f"CPU path {path} not available")
     gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())

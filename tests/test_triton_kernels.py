@@ -440,7 +440,7 @@ def test_palette_gemv_kernels_every_path(fmt, n, k):
 
 def test_codebook_gemv_reads_wide_scalar_codes():
     """nuq-style codes wider than the pair tables take (5 bits, d = 1): one fp32 lookup per code."""
-    from torch_lowbit.layouts.palette_packed import pack_streams
+    from torch_lowbit.packing import pack_streams
     gen = _gen()
     n, k, bits = 23, 700, 5
     codes = torch.randint(0, 2 ** bits, (n, k), generator=gen)
@@ -819,7 +819,7 @@ def test_dequant_route_matches_reference(fmt):
 @pytest.mark.slow  # ~2 min: ptxas over every quick-set kernel
 def test_kernels_compile_for_hopper_without_a_gpu():
     """The interpreter accepts code the GPU compiler rejects (a non-constexpr global in a jit function, a
-    reassigned constexpr in the Hadamard butterflies both passed it): compile_check runs the real
+    reassigned constexpr in the Hadamard butterflies both passed it): tools/triton_compile_check runs the real
     launchers with the code generator and ptxas down to sm_90 cubins, outside the interpreter, and
     reads each cubin's registers, stack (spills) and K-loop length. The GEMV kernels (the batch-1
     decode path) must not spill, and the formats' own GEMV kernels must stay near the instruction
@@ -829,7 +829,7 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     import subprocess
     import sys
     code = ("import json\n"
-            "from torch_lowbit.triton_kernels import compile_check as c\n"
+            "from torch_lowbit.tools import triton_compile_check as c\n"
             "d = c.run(formats=c.QUICK)\n"
             "print(json.dumps({k: [r.shared, r.regs, r.stack, r.per_weight] for k, r in d.items()}))\n")
     env = dict(os.environ, TRITON_INTERPRET="0")

@@ -16,7 +16,7 @@ from .nn import MixedBits, ProjectionSlot, QuantLinear, allocate_formats, quanti
 from .ops import current_backend, use_backend
 from . import rotations  # noqa: F401  (Hadamard rotations; registers torch_lowbit::hadamard_transform impls)
 
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = ["Format", "ScalarCodebookFormat", "GaussianFormat", "Int4", "IntAsym", "IntSym", "Q4_0", "IQ4_NL", "NUQ", "VQ", "formats", "get_format", "register_format", "format_from_json",
            "QuantLinear", "ProjectionSlot", "quantize_", "allocate_formats", "MixedBits", "use_backend", "current_backend",

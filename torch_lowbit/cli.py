@@ -179,7 +179,7 @@ def cmd_gcb_learn(args) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from .formats.gcb import learn_codebooks
+    from .tools.gcb_learn import learn_codebooks
     if args.model == "smollm2":
         model, _ = _load_model("smollm2")
     else:  # any architecture (encoders too): only its nn.Linear weights are read

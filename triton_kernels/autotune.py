@@ -48,7 +48,7 @@ def m_bucket(m: int) -> int:
 
 
 def cache_path() -> Path:
-    from torch_lowbit.eval.assets import cache_dir
+    from torch_lowbit.cache import cache_dir
     return cache_dir() / CACHE_FILE
 
 

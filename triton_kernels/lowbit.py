@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from torch_lowbit.formats.gcb import SUBGROUP  # weights per gcb sub-group byte
+from torch_lowbit.packing import GCB_SUBGROUP as SUBGROUP  # weights per gcb sub-group byte
 
 from .lut4 import _apply_groups
 from .matmul import (WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _bits_at, _epilogue, _fma_or_dot,

@@ -26,7 +26,7 @@ that epilogue itself. Configs come from autotune.py.
 Table lookups: every kernel gathers code values from global memory with an evict_last hint while
 the streamed codes go evict_first, so L1 keeps the tables. (Staging a table in registers and
 `tl.gather`-ing from it — VQ-LLM's codebook cache — lowers to ~10 warp shuffles per lookup on sm_90,
-which the cubin cost model of compile_check showed costlier than an L1 hit; see README.)
+which the cubin cost model of tools/triton_compile_check showed costlier than an L1 hit; see README.)
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ The row scale multiplies each output once in the epilogue (sum_k s w x = s sum_k
 weight: cheaper, and on the tensor cores the decoded tile is cast to x's dtype unscaled (nuq's
 int8-grid levels are exact in fp16 and bf16).
 
-Decoding reads whole words, never a per-code address (the cost model of compile_check: per weight a
+Decoding reads whole words, never a per-code address (the cost model of tools/triton_compile_check: per weight a
 thread issues ~5 instructions where the per-element decoders took 20-45):
 - codebook: _codebook_linear_kernel, both kinds (the GEMV's FMAs or one tl.dot per lookup field).
   A unit is the G words of one stream holding a whole number of codes, so every code's bits sit at
@@ -54,7 +54,7 @@ TILE = 16  # TCQ tiles are 16 x 16 (palette.h kTcqTile)
 # (2 KiB, 16 lines) would cost ~8, so it reads its 64 B table once per code.
 PAIR_MAX_BITS = 3
 
-# The GEMV kernels' (BLOCK_N, BLOCK_K, num_warps) spaces. Their cost model (compile_check): the x
+# The GEMV kernels' (BLOCK_N, BLOCK_K, num_warps) spaces. Their cost model (tools/triton_compile_check): the x
 # values a thread loads are shared by the rows it holds (BLOCK_N * BLOCK_K / threads / K step per
 # unit), so the tiles are taller than the generic kernels'; codebook BLOCK_K rounds up to whole units.
 _CODEBOOK_GEMV_TILES = ((32, 256, 4), (64, 256, 4), (32, 512, 4), (64, 512, 8), (128, 256, 8))

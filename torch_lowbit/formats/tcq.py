@@ -76,10 +76,13 @@ def _load_tables() -> dict[str, Tensor]:
     return load_file(_TABLES_FILE)
 
 
-def tcq_lut(bits: float) -> Tensor:
-    """fp32 [2**Q, 2]: the learned table of the hybrid code (see gen_tcq_tables)."""
-    from .gen_tcq_tables import table_key
+def table_key(table_bits: int) -> str:
+    """The name of the Q-bit table in the shipped tables file."""
+    return f"q{table_bits}"
 
+
+def tcq_lut(bits: float) -> Tensor:
+    """fp32 [2**Q, 2]: the learned table of the hybrid code (made by torch_lowbit/tools/gen_tcq_tables.py)."""
     return _load_tables()[table_key(tcq_table_bits(bits))].clone()
 
 

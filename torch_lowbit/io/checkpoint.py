@@ -82,7 +82,7 @@ def save_quantized(model: nn.Module, path: Union[str, os.PathLike]) -> None:
         if key is not None:
             seen[key] = name
         unique[name] = t.detach().contiguous().cpu()
-    from .. import __version__
+    from ..version import __version__
     meta = {"checkpoint_version": CHECKPOINT_VERSION, "torch_lowbit_version": __version__,
             "modules": _module_entries(model), "aliases": aliases,
             "crc32": {n: _crc(t) for n, t in unique.items()}}
@@ -123,7 +123,7 @@ def _read(path: str) -> tuple[dict, dict[str, Tensor]]:
 
 
 def _pkg_version() -> str:
-    from .. import __version__
+    from ..version import __version__
     return __version__
 
 

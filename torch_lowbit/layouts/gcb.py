@@ -21,10 +21,11 @@ import torch
 from torch import Tensor
 
 from ..formats.activations import fake_quantize_q8_blocks
-from ..formats.gcb import SUBGROUP, GroupCodebook
+from ..formats.gcb import GroupCodebook, dequantize_subgroups
+from ..ops.library import register_reference_cpu_impls
 from .base import Layout, register_layout, run_op
-from .lut_i8 import TILE, pad_rows, pack_codes, unpack_codes
-from .palette_packed import pack_stream, unpack_stream
+from ..packing import GCB_SUBGROUP as SUBGROUP
+from ..packing import TILE, pack_codes, pack_stream, pad_rows, unpack_codes, unpack_stream
 
 
 def _sub_group_bytes(q: dict[str, Tensor]) -> Tensor:
@@ -124,5 +125,12 @@ class GcbI8Tiled(Layout):
             fmt.superblock, out_features, bias, buffers["sub_groups"])
 
 
+def _decode_rowmajor(in_features, codes, code_bits, sub_groups, super_scales, codebooks):
+    """The reference decode of gcb_rowmajor buffers (the gcb ops' CPU impls)."""
+    s = sub_groups.to(torch.int32)
+    return dequantize_subgroups(unpack_stream(codes, code_bits, in_features), s >> 4, s & 15, super_scales, codebooks)
+
+
+register_reference_cpu_impls("gcb", _decode_rowmajor)
 GCB_ROWMAJOR = register_layout(GcbRowMajor(), default_for="gcb")
 GCB_I8 = register_layout(GcbI8Tiled(), default_for="gcb", device="cpu")

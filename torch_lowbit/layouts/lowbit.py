@@ -1,7 +1,7 @@
 """lowbit_rowmajor: the off-CPU layout of the 1-, 2- and 3-bit scalar-codebook formats (int1_g*,
 int2_g*, int2_sym_g*, int3_g*); on the CPU they default to the int8-activation tiles lut{b}_i8_n16.
 
-codes: int32 [N, ceil(K b / 32)], one MSB-first b-bit stream per row (palette_packed.pack_stream,
+codes: int32 [N, ceil(K b / 32)], one MSB-first b-bit stream per row (torch_lowbit.packing.pack_stream,
 the packing gcb_rowmajor uses too); scales / mins: fp16 [N, K / group]. The op
 torch_lowbit::lowbit_linear reads it: Triton on CUDA (triton_kernels/lowbit.py), the family's
 reference dequantizer + a dense matmul on CPU tensors (a portable fallback, not a CPU kernel).
@@ -11,10 +11,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..formats.scalar import ScalarCodebookFormat
+from ..formats.scalar import ScalarCodebookFormat, dequantize_groups
+from ..ops.library import register_reference_cpu_impls
+from ..packing import pack_stream, unpack_stream
 from .base import register_layout
 from .scalar_rowmajor import ScalarRowMajor
-from .palette_packed import pack_stream, unpack_stream
 
 BITS = (1, 2, 3)
 
@@ -41,6 +42,12 @@ class LowbitRowMajor(ScalarRowMajor):
         return packed, fmt.code_bits
 
 
+def _decode(in_features, codes, code_bits, scales, mins, lut, group_size):
+    """The reference decode of this layout's buffers (the lowbit ops' CPU impls)."""
+    return dequantize_groups(lut, unpack_stream(codes, code_bits, in_features), scales, mins, group_size)
+
+
+register_reference_cpu_impls("lowbit", _decode)
 LOWBIT_ROWMAJOR = register_layout(LowbitRowMajor(), default_for="lut1")
 for _bits in BITS[1:]:
     register_layout(LOWBIT_ROWMAJOR, default_for=f"lut{_bits}")

@@ -11,21 +11,12 @@ import torch
 from torch import Tensor
 
 from ..formats.scalar import ScalarCodebookFormat
+from ..packing import pack_nibbles, unpack_nibbles
 from .base import register_layout
 from .scalar_rowmajor import ScalarRowMajor
 
 
-def pack_nibbles(codes: Tensor) -> Tensor:
-    """uint8 codes [N, K] (K % 32 == 0, values < 16) -> [N, K/2] bytes in 32-code half-split order."""
-    n, k = codes.shape
-    c = codes.reshape(n, k // 32, 2, 16)
-    return (c[:, :, 0, :] | (c[:, :, 1, :] << 4)).reshape(n, k // 2).contiguous()
 
-
-def unpack_nibbles(packed: Tensor) -> Tensor:
-    n, half = packed.shape
-    b = packed.reshape(n, half // 16, 16)
-    return torch.stack((b & 0x0F, b >> 4), dim=2).reshape(n, half * 2)
 
 
 class Lut4RowMajor(ScalarRowMajor):

@@ -20,43 +20,9 @@ from torch import Tensor
 from ..formats.activations import fake_quantize_q8_blocks
 from ..formats.gaussian import NUQ
 from ..formats.scalar import ScalarCodebookFormat
+from ..packing import TILE, pack_codes, pad_rows, unpack_codes
 from ..rotations import hadamard_transform
 from .base import Layout, register_layout
-
-TILE = 16
-# (width, shift) of each plane a b-bit code is split into, in storage order.
-PLANES = {4: ((4, 0),), 3: ((2, 0), (1, 2)), 2: ((2, 0),), 1: ((1, 0),)}
-
-
-def pad_rows(t: Tensor, rows: int) -> Tensor:
-    return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])]) if rows > t.shape[0] else t
-
-
-def pack_codes(codes: Tensor, bits: int) -> Tensor:
-    """uint8 codes [N, K] (K % 32 == 0, values < 2^bits) -> qweight [ceil(N/16), K/32, 64 bits]."""
-    n, k = codes.shape
-    tiles, kb = -(-n // TILE), k // 32
-    c = pad_rows(codes, tiles * TILE).reshape(tiles, TILE, kb, 8, 4)  # t, r, block, quad, j
-    chunks = []
-    for w, shift in PLANES[bits]:
-        v = ((c >> shift) & ((1 << w) - 1)).reshape(tiles, TILE, kb, 8 // w, w, 4)  # quad = field * w + chunk
-        byte = sum(v[:, :, :, f] << (w * f) for f in range(8 // w))  # t, r, block, chunk, j
-        chunks.append(byte.permute(0, 2, 3, 1, 4))  # t, block, chunk, r, j
-    return torch.cat(chunks, dim=2).reshape(tiles, kb, 64 * bits).to(torch.uint8).contiguous()
-
-
-def unpack_codes(qweight: Tensor, bits: int, out_features: int) -> Tensor:
-    tiles, kb, _ = qweight.shape
-    b = qweight.reshape(tiles, kb, bits, TILE, 4)
-    codes = torch.zeros(tiles, TILE, kb, 8, 4, dtype=torch.uint8, device=qweight.device)
-    at = 0
-    for w, shift in PLANES[bits]:
-        plane = b[:, :, at:at + w].permute(0, 3, 1, 2, 4)  # t, r, block, chunk, j
-        at += w
-        fields = torch.stack([(plane >> (w * f)) & ((1 << w) - 1) for f in range(8 // w)], dim=3)
-        codes |= fields.reshape(tiles, TILE, kb, 8, 4) << shift
-    return codes.reshape(tiles * TILE, kb * 32)[:out_features]
-
 
 def _int8_table(fmt) -> Optional[Tensor]:
     v = fmt.code_values()

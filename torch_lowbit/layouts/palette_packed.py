@@ -22,54 +22,8 @@ from torch import Tensor
 
 from ..formats import tcq
 from ..formats.gaussian import NUQ, TCQ, VQ, GaussianFormat, HalfTCQ
+from ..packing import pack_streams, stream_words, unpack_streams
 from .base import Layout, register_layout
-
-
-STREAMS = 16  # a row's codes dealt round-robin to 16 bit streams (csrc/common/palette.h)
-
-
-def pack_stream(codes: Tensor, bits: int) -> Tensor:
-    """Codes [N, C] (values < 2^bits) -> int32 [N, W]: one MSB-first bit stream per row, padded to a word."""
-    n, c = codes.shape
-    words = -(-c * bits // 32)
-    shifts = torch.arange(bits - 1, -1, -1, device=codes.device)
-    stream = ((codes.to(torch.int64)[..., None] >> shifts) & 1).reshape(n, c * bits)
-    stream = torch.cat([stream, stream.new_zeros(n, words * 32 - c * bits)], 1).reshape(n, words, 32)
-    w = (stream << torch.arange(31, -1, -1, device=codes.device)).sum(-1)
-    return torch.where(w >= 1 << 31, w - (1 << 32), w).to(torch.int32)
-
-
-def unpack_stream(words: Tensor, bits: int, count: int) -> Tensor:
-    """Inverse of pack_stream: int64 codes [N, count]."""
-    u = words.to(torch.int64) & 0xFFFFFFFF
-    stream = (u[..., None] >> torch.arange(31, -1, -1, device=words.device)) & 1
-    stream = stream.reshape(words.shape[0], -1)[:, :count * bits].reshape(words.shape[0], count, bits)
-    return (stream << torch.arange(bits - 1, -1, -1, device=words.device)).sum(-1)
-
-
-def stream_words(count: int, bits: int) -> int:
-    """int32 words per row holding `count` codes of `bits` bits in the 16-stream layout."""
-    per_stream = -(-count // STREAMS)
-    return STREAMS * -(-per_stream * bits // 32)
-
-
-def pack_streams(codes: Tensor, bits: int) -> Tensor:
-    """Codes [N, C] -> int32 [N, stream_words(C, bits)]: code j to stream j % 16 at position j // 16,
-    word w of stream l at column 16 w + l (zero codes pad C to a multiple of 16)."""
-    n, c = codes.shape
-    per_stream = -(-c // STREAMS)
-    padded = torch.cat([codes, codes.new_zeros(n, per_stream * STREAMS - c)], 1)
-    lanes = padded.reshape(n, per_stream, STREAMS).permute(0, 2, 1).reshape(n * STREAMS, per_stream)
-    return pack_stream(lanes, bits).reshape(n, STREAMS, -1).permute(0, 2, 1).reshape(n, -1).contiguous()
-
-
-def unpack_streams(words: Tensor, bits: int, count: int) -> Tensor:
-    """Inverse of pack_streams: int64 codes [N, count]."""
-    n = words.shape[0]
-    per_stream = -(-count // STREAMS)
-    lanes = words.reshape(n, -1, STREAMS).permute(0, 2, 1).reshape(n * STREAMS, -1)
-    codes = unpack_stream(lanes, bits, per_stream).reshape(n, STREAMS, per_stream).permute(0, 2, 1)
-    return codes.reshape(n, per_stream * STREAMS)[:, :count]
 
 
 def _code_bits(fmt: GaussianFormat) -> int:

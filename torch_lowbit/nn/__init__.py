@@ -2,7 +2,8 @@
 from .allocate import MixedBits, allocate_formats, mix_summary, quantized_bpw
 from .fusion import ProjectionSlot
 from .linear import QuantLinear
-from .quantize import default_filter, quantize_
+from .quantize import quantize_
+from .select import default_filter
 
 __all__ = ["QuantLinear", "ProjectionSlot", "quantize_", "default_filter", "allocate_formats", "MixedBits",
            "mix_summary", "quantized_bpw"]

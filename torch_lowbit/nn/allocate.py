@@ -43,7 +43,7 @@ from tqdm.auto import tqdm
 
 from ..formats import Format, get_format
 from .fusion import fusion_jobs, job_members
-from .quantize import FilterFn, FormatSpec, collect_stats, input_importance, select_linears
+from .select import FilterFn, FormatSpec, collect_stats, input_importance, select_linears
 
 
 SENSITIVITIES = ("fisher", "output")

@@ -1,72 +1,23 @@
 """quantize_(model, fmt): swap a model's nn.Linear layers for QuantLinear, in place."""
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping, Optional, Union
+from typing import Iterable, Mapping, Optional, Union
 
-import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..formats import Format, get_format
+from .allocate import MixedBits, allocate_and_collect
 from .fusion import fusion_jobs, install_fused, job_members
 from .linear import QuantLinear
-
-FilterFn = Callable[[nn.Module, str], bool]
-FormatSpec = Union[str, Format]
-
-
-def default_filter(model: nn.Module, include_lm_head: bool = False) -> FilterFn:
-    """Every nn.Linear except (unless include_lm_head) the LM head / output embeddings.
-    Embeddings are not Linear, so they stay float either way."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-
-    def keep(module: nn.Module, fqn: str) -> bool:
-        if not isinstance(module, nn.Linear):
-            return False
-        return include_lm_head or (module is not head and fqn.split(".")[-1] != "lm_head")
-
-    return keep
-
-
-def select_linears(model: nn.Module, filter_fn: Optional[FilterFn] = None,
-                   include_lm_head: bool = False) -> dict[str, nn.Linear]:
-    """{fqn: module} of the nn.Linear layers filter_fn (default: default_filter) keeps."""
-    keep = filter_fn or default_filter(model, include_lm_head)
-    return {fqn: m for fqn, m in model.named_modules() if isinstance(m, nn.Linear) and keep(m, fqn)}
-
+from .select import ROUNDINGS, FilterFn, FormatSpec, collect_stats, input_importance, rounding_for, select_linears
 
 def _set_child(model: nn.Module, fqn: str, new: nn.Module) -> None:
     parent_name, _, child = fqn.rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
 
 
-ROUNDINGS = ("rtn", "imatrix", "gptq", "mixed")
-_MLP_NAMES = ("gate_proj", "up_proj", "down_proj", "fc1", "fc2", "w1", "w2", "w3")
-
-
-def _rounding_for(rounding: str, fqn: str) -> str:
-    """Per-layer rounding; "mixed" = GPTQ for MLP projections, imatrix for attention. On SmolLM2
-    GPTQ lowered MLP error but raised perplexity when applied to q/k/v/o (README, calibration)."""
-    if rounding != "mixed":
-        return rounding
-    return "gptq" if fqn.rsplit(".", 1)[-1] in _MLP_NAMES else "imatrix"
-
-
-def collect_stats(model: nn.Module, calibration: Iterable[Tensor], targets: dict[str, nn.Linear],
-                  rounding: str, progress: bool = True) -> dict[str, Tensor]:
-    """Calibration statistics for the targets: E[x xᵀ] where some layer's rounding is GPTQ, else only
-    the diagonal E[x²] (cheaper)."""
-    from ..calibrate import collect_hessians
-    full = any(_rounding_for(rounding, f) == "gptq" for f in targets)
-    return collect_hessians(model, calibration, targets, diagonal_only=not full, progress=progress)
-
-
-def input_importance(stat: Tensor) -> Tensor:
-    """E[x²] per input feature from a collect_stats entry (a Hessian's diagonal, or the diagonal itself)."""
-    return torch.diagonal(stat) if stat.dim() == 2 else stat
-
-
-def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec], "MixedBits"], *,
+def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec], MixedBits], *,
               filter_fn: Optional[FilterFn] = None, fuse: bool = True, skip_incompatible: bool = False,
               calibration: Optional[Iterable[Tensor]] = None, rounding: Optional[str] = None,
               layout=None, include_lm_head: bool = False, progress: bool = True) -> nn.Module:
@@ -95,7 +46,6 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
     the int8-activation lut4_i8_n16 where the format allows, lut4_rowmajor for Triton/CUDA).
     Returns the model.
     """
-    from .allocate import MixedBits, allocate_and_collect
     rounding = rounding or ("imatrix" if calibration is not None else "rtn")
     if rounding not in ROUNDINGS:
         raise ValueError(f"unknown rounding {rounding!r}; choose one of {', '.join(ROUNDINGS)}")
@@ -128,7 +78,7 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
         stats = collect_stats(model, calibration, targets, rounding, progress)
 
     def data_args(fqn: str) -> dict:
-        how = _rounding_for(rounding, fqn)
+        how = rounding_for(rounding, fqn)
         if how == "rtn":
             return {}
         if how == "imatrix":

@@ -109,21 +109,6 @@ def _gcb_check(codes, code_bits, sub_groups, super_scales, codebooks):
     return n, k
 
 
-def _lowbit_dequantize_cpu(codes, code_bits, scales, mins, lut, group_size):
-    from ..formats.scalar import dequantize_groups
-    from ..layouts.palette_packed import unpack_stream
-    n, k = _lowbit_check(codes, code_bits, scales, mins, lut, group_size)
-    return dequantize_groups(lut, unpack_stream(codes, code_bits, k), scales, mins, group_size)
-
-
-def _gcb_dequantize_cpu(codes, code_bits, sub_groups, super_scales, codebooks):
-    from ..formats.gcb import dequantize_subgroups
-    from ..layouts.palette_packed import unpack_stream
-    n, k = _gcb_check(codes, code_bits, sub_groups, super_scales, codebooks)
-    s = sub_groups.to(torch.int32)
-    return dequantize_subgroups(unpack_stream(codes, code_bits, k), s >> 4, s & 15, super_scales, codebooks)
-
-
 def _dense_linear(op, x, w, bias):
     """The portable CPU impl of a fused linear op: the reference-decoded weight, a float matmul."""
     _linear_out(op, x, w.shape[0], w.shape[1], bias)
@@ -149,6 +134,27 @@ _TCQ_HALF_SCHEMA = ("tcq_half_linear(Tensor x, Tensor codes_lo, Tensor table_lo,
                     "Tensor row_scales, Tensor? bias) -> Tensor")
 
 
+_CHECKS = {"lut4": _lut4_check, "tcq": _tcq_check, "lowbit": _lowbit_check, "gcb": _gcb_check}
+
+
+def register_reference_cpu_impls(name: str, decode) -> None:
+    """CPU impls of the Python-defined <name>_dequantize / <name>_linear (lowbit, gcb): the weights
+    checked, then decode(in_features, *weights) -> fp32 [N, K] (the format's reference decoder, handed
+    in by the layout that owns the op, so this bottom layer imports no format) and a dense matmul."""
+    check = _CHECKS[name]
+
+    def dequantize_cpu(*weights):
+        _, k = check(*weights)
+        return decode(k, *weights)
+
+    def linear_cpu(x, *args):
+        *weights, bias = args
+        return _dense_linear(f"{name}_linear", x, dequantize_cpu(*weights), bias)
+
+    torch.library.impl(f"torch_lowbit::{name}_dequantize", "CPU")(dequantize_cpu)
+    torch.library.impl(f"torch_lowbit::{name}_linear", "CPU")(linear_cpu)
+
+
 def _register_fakes(name: str, check) -> None:
     """Fake impls of <name>_linear(x, *weights, bias) and <name>_dequantize(*weights) -> fp32 [N, K],
     where check(*weights) validates the weights and returns (N, K)."""
@@ -169,21 +175,8 @@ def _register() -> None:
     for schema in _LOWBIT_SCHEMAS:
         _LIB.define(schema)
 
-    for name, check in (("lut4", _lut4_check), ("tcq", _tcq_check), ("lowbit", _lowbit_check), ("gcb", _gcb_check)):
+    for name, check in _CHECKS.items():
         _register_fakes(name, check)
-
-    torch.library.impl("torch_lowbit::lowbit_dequantize", "CPU")(_lowbit_dequantize_cpu)
-    torch.library.impl("torch_lowbit::gcb_dequantize", "CPU")(_gcb_dequantize_cpu)
-
-    @torch.library.impl("torch_lowbit::lowbit_linear", "CPU")
-    def _lowbit_linear_cpu(x, codes, code_bits, scales, mins, lut, group_size, bias):
-        return _dense_linear("lowbit_linear", x, _lowbit_dequantize_cpu(codes, code_bits, scales, mins, lut,
-                                                                        group_size), bias)
-
-    @torch.library.impl("torch_lowbit::gcb_linear", "CPU")
-    def _gcb_linear_cpu(x, codes, code_bits, sub_groups, super_scales, codebooks, bias):
-        return _dense_linear("gcb_linear", x, _gcb_dequantize_cpu(codes, code_bits, sub_groups, super_scales,
-                                                                  codebooks), bias)
 
     @torch.library.register_fake("torch_lowbit::lut_i8_linear")
     def _lut_i8_linear_fake(x, qweight, scales, mins, lut, code_bits, group_size, out_features, bias,

@@ -1,8 +1,7 @@
 """Rotations for incoherence processing: randomized Hadamard transforms (QuaRot / QuIP# style)."""
-from . import ops as _ops  # noqa: F401  (registers the base matrices, fake and CUDA impls of the op)
 from .hadamard import (SUPPORTED_BASE_ORDERS, base_hadamard_matrix, base_order, hadamard_matrix,
-                       hadamard_transform, hadamard_transform_reference, random_signs,
-                       supported_hadamard_size)
+                       hadamard_transform_reference, random_signs, supported_hadamard_size)
+from .ops import hadamard_transform  # the op (registers the base matrices, fake and CUDA impls)
 
 __all__ = ["SUPPORTED_BASE_ORDERS", "base_hadamard_matrix", "base_order", "hadamard_matrix",
            "hadamard_transform", "hadamard_transform_reference", "random_signs", "supported_hadamard_size"]

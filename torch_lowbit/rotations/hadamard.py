@@ -132,21 +132,3 @@ def hadamard_transform_reference(x: torch.Tensor, signs: Optional[torch.Tensor] 
     else:
         y = (xf * s if s is not None else xf) @ h
     return y.to(x.dtype)
-
-
-def hadamard_transform(x: torch.Tensor, signs: Optional[torch.Tensor] = None,
-                       inverse: bool = False) -> torch.Tensor:
-    """Randomized Hadamard transform along the last dim (see the module docstring for the formulas).
-
-    CPU and CUDA tensors run the custom op torch.ops.torch_lowbit.hadamard_transform (fast
-    Walsh-Hadamard butterflies plus the k x k base mix); use_backend("reference") forces the dense
-    fp32 product. Output dtype = input dtype; arithmetic in fp32.
-    """
-    from ..ops import current_backend
-
-    if x.dim() == 0:
-        raise ValueError("hadamard_transform: x must have at least one dimension (the rotated one is the last)")
-    check_hadamard_size(x.shape[-1])  # ValueError naming the nearest supported sizes
-    if current_backend() == "reference" or x.device.type not in ("cpu", "cuda", "meta"):
-        return hadamard_transform_reference(x, signs, inverse)
-    return torch.ops.torch_lowbit.hadamard_transform(x, signs, inverse)

@@ -13,8 +13,10 @@ from typing import Optional
 
 import torch
 
+from ..ops.backend import current_backend
 from ..ops.library import cpu_extension
-from .hadamard import SUPPORTED_BASE_ORDERS, base_hadamard_matrix, base_order, check_hadamard_size
+from .hadamard import (SUPPORTED_BASE_ORDERS, base_hadamard_matrix, base_order, check_hadamard_size,
+                       hadamard_transform_reference)
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -81,3 +83,19 @@ def _register() -> None:
 
 
 _register()
+
+
+def hadamard_transform(x: torch.Tensor, signs: Optional[torch.Tensor] = None,
+                       inverse: bool = False) -> torch.Tensor:
+    """Randomized Hadamard transform along the last dim (formulas: torch_lowbit/rotations/hadamard.py).
+
+    CPU and CUDA tensors run the custom op torch.ops.torch_lowbit.hadamard_transform (fast
+    Walsh-Hadamard butterflies plus the k x k base mix); use_backend("reference") forces the dense
+    fp32 product. Output dtype = input dtype; arithmetic in fp32.
+    """
+    if x.dim() == 0:
+        raise ValueError("hadamard_transform: x must have at least one dimension (the rotated one is the last)")
+    check_hadamard_size(x.shape[-1])  # ValueError naming the nearest supported sizes
+    if current_backend() == "reference" or x.device.type not in ("cpu", "cuda", "meta"):
+        return hadamard_transform_reference(x, signs, inverse)
+    return torch.ops.torch_lowbit.hadamard_transform(x, signs, inverse)

@@ -1,5 +1,5 @@
 """Compile every Triton kernel for a real GPU target without a GPU:
-`TRITON_INTERPRET=0 python -m torch_lowbit.triton_kernels.compile_check [--arch 90]`.
+`TRITON_INTERPRET=0 python -m torch_lowbit.tools.triton_compile_check [--arch 90]`.
 
 The interpreter runs the kernels' Python semantics and accepts code a GPU compile rejects (it let a
 non-constexpr global inside a jit function through); this check runs the real code generator and
@@ -126,7 +126,7 @@ class Checker:
 
 
 def _modules():
-    from . import hadamard, lowbit, lut4, matmul, palette
+    from ..triton_kernels import hadamard, lowbit, lut4, matmul, palette
     return (matmul, lut4, lowbit, palette, hadamard)
 
 
@@ -140,9 +140,9 @@ def _install(checker: Checker) -> None:
 
 def _module(fmt_name: str, n: int, k: int):
     """A meta-device QuantLinear in the format's CUDA layout (shapes and dtypes only)."""
-    from torch_lowbit.formats import get_format
-    from torch_lowbit.layouts import default_layout
-    from torch_lowbit.nn import QuantLinear
+    from ..formats import get_format
+    from ..layouts import default_layout
+    from ..nn import QuantLinear
     fmt = get_format(fmt_name)
     return QuantLinear.empty(k, n, fmt, bias=True, layout=default_layout(fmt, "cuda"), device="meta").to("meta")
 
@@ -177,7 +177,7 @@ def run(arch: int = 90, formats=FORMATS, ms=(1, 16, 512), dtypes=(torch.float16,
     launch with _variants of its autotune space; returns {compile key: Resources}."""
     import importlib
 
-    from . import autotune
+    from ..triton_kernels import autotune
     if autotune.INTERPRET:
         raise RuntimeError("compile_check needs TRITON_INTERPRET unset (the interpreter replaces @triton.jit)")
     checker = Checker(arch)
@@ -190,7 +190,7 @@ def run(arch: int = 90, formats=FORMATS, ms=(1, 16, 512), dtypes=(torch.float16,
 
     autotune.pick = pick  # the launchers' own config spaces, compiled instead of timed
     n = 4096
-    from . import matmul
+    from ..triton_kernels import matmul
     for i, (fmt_name, k) in enumerate(formats):
         q = _module(fmt_name, n, k)
         # the module's table is on the meta device: seed its affine form from the format's CPU values
@@ -202,7 +202,7 @@ def run(arch: int = 90, formats=FORMATS, ms=(1, 16, 512), dtypes=(torch.float16,
                 x = torch.empty(m, k, device="meta", dtype=dtype)
                 op, kernels, args = q.layout.op_call(q.fmt, q._buffers, x, q.bias)
                 getattr(importlib.import_module(f"torch_lowbit.triton_kernels.{kernels}"), op)(*args)
-    from .hadamard import hadamard_transform
+    from ..triton_kernels.hadamard import hadamard_transform
     for n_rot, dtype in ((4096, torch.float16), (4096, torch.bfloat16), (14336, torch.float16), (576, torch.float16)):
         for m in (1, 64):  # a power of two, and K = 7 or 9 blocks of a base order
             hadamard_transform(torch.empty(m, n_rot, device="meta", dtype=dtype),

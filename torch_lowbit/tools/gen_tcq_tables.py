@@ -1,6 +1,6 @@
 """Generates the 2-D tables of the TCQ hybrid ("quantlut_sym") code: torch_lowbit/formats/data/tcq_tables.safetensors.
 
-    python -m torch_lowbit.formats.gen_tcq_tables --out DIR [--table-bits 9 10 11]
+    python -m torch_lowbit.tools.gen_tcq_tables --out DIR [--table-bits 9 10 11]
 
 The fit follows QTIP (lib/codebook/bitshift.py, decode_mode 'quantlut_sym'): 2**Q centers drawn
 from N(0, I) initialize a Lloyd k-means on 2**20 samples of a 2-D standard Gaussian, run until the
@@ -24,6 +24,8 @@ import time
 import torch
 from torch import Tensor
 
+from ..formats.tcq import table_key
+
 SAMPLES = 1 << 20
 SEED_BASE = 20250  # seed of the Q-bit table: SEED_BASE + Q
 TARGET_STD = math.sqrt(15 / 16)  # QTIP's 0.9682458365518543
@@ -36,10 +38,6 @@ _GRID = 64  # cells per axis of the candidate-pruning grid
 _GRID_RADIUS = 6.0  # grid spans [-R, R]^2; points outside fall into border cells
 _FAR = 1e30  # coordinate of padding centers and points: never nearest
 _BLOCK = 64  # points per block of the blocked layout
-
-
-def table_key(table_bits: int) -> str:
-    return f"q{table_bits}"
 
 
 class _GridAssigner:

@@ -1,0 +1,110 @@
+"""Bit packing shared by the layouts and kernels: the bottom layer (imports torch only).
+
+Three arrangements, each the one place its bit order is defined (the C++ and Triton kernels read
+exactly these bytes):
+- MSB-first bit streams (`pack_stream(s)`): one stream per row, or 16 round-robin streams per row
+  (code j to stream j % 16, word w of stream l at column 16 w + l; csrc/common/palette.h);
+- 16-row tiles of 32-code blocks split into bit planes (`pack_codes`; csrc/common/lut_i8.h);
+- nibbles in ggml's Q4_0 half-split order (`pack_nibbles`; csrc/common/lut4.h).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+GCB_SUBGROUP = 32  # weights per group-codebook sub-group byte (formats/gcb.py, the gcb kernels)
+
+
+STREAMS = 16  # a row's codes dealt round-robin to 16 bit streams (csrc/common/palette.h)
+
+
+def pack_stream(codes: Tensor, bits: int) -> Tensor:
+    """Codes [N, C] (values < 2^bits) -> int32 [N, W]: one MSB-first bit stream per row, padded to a word."""
+    n, c = codes.shape
+    words = -(-c * bits // 32)
+    shifts = torch.arange(bits - 1, -1, -1, device=codes.device)
+    stream = ((codes.to(torch.int64)[..., None] >> shifts) & 1).reshape(n, c * bits)
+    stream = torch.cat([stream, stream.new_zeros(n, words * 32 - c * bits)], 1).reshape(n, words, 32)
+    w = (stream << torch.arange(31, -1, -1, device=codes.device)).sum(-1)
+    return torch.where(w >= 1 << 31, w - (1 << 32), w).to(torch.int32)
+
+
+def unpack_stream(words: Tensor, bits: int, count: int) -> Tensor:
+    """Inverse of pack_stream: int64 codes [N, count]."""
+    u = words.to(torch.int64) & 0xFFFFFFFF
+    stream = (u[..., None] >> torch.arange(31, -1, -1, device=words.device)) & 1
+    stream = stream.reshape(words.shape[0], -1)[:, :count * bits].reshape(words.shape[0], count, bits)
+    return (stream << torch.arange(bits - 1, -1, -1, device=words.device)).sum(-1)
+
+
+def stream_words(count: int, bits: int) -> int:
+    """int32 words per row holding `count` codes of `bits` bits in the 16-stream layout."""
+    per_stream = -(-count // STREAMS)
+    return STREAMS * -(-per_stream * bits // 32)
+
+
+def pack_streams(codes: Tensor, bits: int) -> Tensor:
+    """Codes [N, C] -> int32 [N, stream_words(C, bits)]: code j to stream j % 16 at position j // 16,
+    word w of stream l at column 16 w + l (zero codes pad C to a multiple of 16)."""
+    n, c = codes.shape
+    per_stream = -(-c // STREAMS)
+    padded = torch.cat([codes, codes.new_zeros(n, per_stream * STREAMS - c)], 1)
+    lanes = padded.reshape(n, per_stream, STREAMS).permute(0, 2, 1).reshape(n * STREAMS, per_stream)
+    return pack_stream(lanes, bits).reshape(n, STREAMS, -1).permute(0, 2, 1).reshape(n, -1).contiguous()
+
+
+def unpack_streams(words: Tensor, bits: int, count: int) -> Tensor:
+    """Inverse of pack_streams: int64 codes [N, count]."""
+    n = words.shape[0]
+    per_stream = -(-count // STREAMS)
+    lanes = words.reshape(n, -1, STREAMS).permute(0, 2, 1).reshape(n * STREAMS, -1)
+    codes = unpack_stream(lanes, bits, per_stream).reshape(n, STREAMS, per_stream).permute(0, 2, 1)
+    return codes.reshape(n, per_stream * STREAMS)[:, :count]
+
+
+TILE = 16
+# (width, shift) of each plane a b-bit code is split into, in storage order.
+PLANES = {4: ((4, 0),), 3: ((2, 0), (1, 2)), 2: ((2, 0),), 1: ((1, 0),)}
+
+
+def pad_rows(t: Tensor, rows: int) -> Tensor:
+    return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])]) if rows > t.shape[0] else t
+
+
+def pack_codes(codes: Tensor, bits: int) -> Tensor:
+    """uint8 codes [N, K] (K % 32 == 0, values < 2^bits) -> qweight [ceil(N/16), K/32, 64 bits]."""
+    n, k = codes.shape
+    tiles, kb = -(-n // TILE), k // 32
+    c = pad_rows(codes, tiles * TILE).reshape(tiles, TILE, kb, 8, 4)  # t, r, block, quad, j
+    chunks = []
+    for w, shift in PLANES[bits]:
+        v = ((c >> shift) & ((1 << w) - 1)).reshape(tiles, TILE, kb, 8 // w, w, 4)  # quad = field * w + chunk
+        byte = sum(v[:, :, :, f] << (w * f) for f in range(8 // w))  # t, r, block, chunk, j
+        chunks.append(byte.permute(0, 2, 3, 1, 4))  # t, block, chunk, r, j
+    return torch.cat(chunks, dim=2).reshape(tiles, kb, 64 * bits).to(torch.uint8).contiguous()
+
+
+def unpack_codes(qweight: Tensor, bits: int, out_features: int) -> Tensor:
+    tiles, kb, _ = qweight.shape
+    b = qweight.reshape(tiles, kb, bits, TILE, 4)
+    codes = torch.zeros(tiles, TILE, kb, 8, 4, dtype=torch.uint8, device=qweight.device)
+    at = 0
+    for w, shift in PLANES[bits]:
+        plane = b[:, :, at:at + w].permute(0, 3, 1, 2, 4)  # t, r, block, chunk, j
+        at += w
+        fields = torch.stack([(plane >> (w * f)) & ((1 << w) - 1) for f in range(8 // w)], dim=3)
+        codes |= fields.reshape(tiles, TILE, kb, 8, 4) << shift
+    return codes.reshape(tiles * TILE, kb * 32)[:out_features]
+
+
+def pack_nibbles(codes: Tensor) -> Tensor:
+    """uint8 codes [N, K] (K % 32 == 0, values < 16) -> [N, K/2] bytes in 32-code half-split order."""
+    n, k = codes.shape
+    c = codes.reshape(n, k // 32, 2, 16)
+    return (c[:, :, 0, :] | (c[:, :, 1, :] << 4)).reshape(n, k // 2).contiguous()
+
+
+def unpack_nibbles(packed: Tensor) -> Tensor:
+    n, half = packed.shape
+    b = packed.reshape(n, half // 16, 16)
+    return torch.stack((b & 0x0F, b >> 4), dim=2).reshape(n, half * 2)
