@@ -2,6 +2,9 @@
 // CUDA implementations (Triton) and fake (meta) implementations are registered from Python in
 // torch_lowbit/ops/.
 #include <torch/extension.h>
+#include <torch/version.h>
+
+#include <string>
 
 #include "common/dispatch.h"
 
@@ -57,6 +60,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("read_probe", &torch_lowbit::read_probe, "Streams a buffer with all threads (bandwidth probe)");
   m.def("clock_probe", &torch_lowbit::clock_probe, "Runs N dependent one-cycle steps (clock probe)");
   m.def("get_cpu_path", &torch_lowbit::get_cpu_path, "The CPU kernel path in use");
+  m.def("built_torch_version", []() { return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR); },
+        "The torch major.minor this extension was compiled against (its ABI)");
   m.def("cpu_has_avx512_vnni", &torch_lowbit::cpu_has_avx512_vnni, "AVX-512 VNNI (int8 kernels of the avx512 path)");
   m.def("cpu_has_avx512_vbmi", &torch_lowbit::cpu_has_avx512_vbmi, "AVX-512 VBMI (palette kernels of the avx512 path)");
 }

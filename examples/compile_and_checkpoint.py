@@ -10,14 +10,15 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import torch_lowbit as tl
+from torch_lowbit.eval import load_smollm2, smollm2_dir
 
-model, tok = tl.eval.load_smollm2()
+model, tok = load_smollm2()
 tl.quantize_(model, "int4_g64")
 path = Path(tempfile.mkdtemp()) / "smollm2_int4_g64.safetensors"
 tl.save_quantized(model, path)
 print(f"saved {path} ({path.stat().st_size / 1e6:.1f} MB)")
 
-config = AutoConfig.from_pretrained(tl.eval.smollm2_dir())
+config = AutoConfig.from_pretrained(smollm2_dir())
 with torch.device("meta"):
     skeleton = AutoModelForCausalLM.from_config(config)
 loaded = tl.load_quantized(skeleton, path).eval()
@@ -27,4 +28,6 @@ compiled = torch.compile(loaded, fullgraph=True)
 with torch.no_grad():
     eager = loaded(ids).logits
     comp = compiled(ids).logits
-print("max |compiled - eager| =", (comp - eager).abs().max().item())
+diff = (comp - eager).abs().max().item()
+print("max |compiled - eager| =", diff)
+assert diff < 0.05 * eager.abs().max().item(), "compiled output differs from eager"

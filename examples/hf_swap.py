@@ -7,7 +7,7 @@ import argparse
 import torch
 
 import torch_lowbit as tl
-from torch_lowbit.eval.assets import calibration_batches
+from torch_lowbit.eval.assets import calibration_batches, load_smollm2
 
 p = argparse.ArgumentParser()
 p.add_argument("--format", default="q4_0")
@@ -16,7 +16,7 @@ p.add_argument("--rounding", default="rtn", choices=["rtn", "imatrix", "gptq", "
 args = p.parse_args()
 
 if args.model == "smollm2":
-    model, tok = tl.eval.load_smollm2()
+    model, tok = load_smollm2()
 else:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model, tok = AutoModelForCausalLM.from_pretrained(args.model).eval(), AutoTokenizer.from_pretrained(args.model)

@@ -141,3 +141,36 @@ def test_gcb_learn_writes_a_loadable_codebook_file(tmp_path, monkeypatch):
     assert fmt.name == "gcb3_cb" and fmt.table().shape == (4, 8)
     w = torch.randn(8, 256, generator=gen)
     assert float(((fmt.dequantize(fmt.quantize(w)) - w) ** 2).mean()) < 0.05 * float((w ** 2).mean())
+
+
+def test_cli_checks_names_and_paths_before_any_work(tmp_path):
+    cases = [(["eval", "--format", "q4_O"], "unknown format 'q4_O'"),
+             (["eval", "--mix", "gcb2", "gcb9", "--target-bpw", "3"], "unknown format 'gcb9'"),
+             (["eval", "--checkpoint", str(tmp_path / "nope.safetensors")], "nope.safetensors: no such file"),
+             (["quantize", "--out", str(tmp_path / "missing" / "x.safetensors")], "does not exist or is not writable")]
+    for argv, message in cases:
+        r = subprocess.run([sys.executable, "-m", "torch_lowbit", *argv], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (argv, r.stderr[-500:])
+        assert "loading" not in r.stdout  # rejected before the model loads
+
+
+def test_cli_prints_library_errors_as_one_line(tmp_path, monkeypatch, capsys):
+    import pytest
+
+    from conftest import tiny_llama
+    from torch_lowbit import cli
+    corrupt = tmp_path / "corrupt.safetensors"
+    corrupt.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all" + bytes(range(64)))
+    monkeypatch.setattr(cli, "_load_model", lambda spec, dtype="float32": (tiny_llama(), None))
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["eval", "--checkpoint", str(corrupt)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("python -m torch_lowbit eval: error: ")
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_extension_names_the_torch_it_was_built_against():
+    import torch
+
+    from torch_lowbit.ops.library import cpu_extension
+    assert torch.__version__.startswith(cpu_extension().built_torch_version() + ".")

@@ -1,6 +1,7 @@
 """Model-level API on a small random Llama (real HF modules, no download): quantize_, fusion,
 torch.compile, checkpoints."""
 import json
+import logging
 import struct
 
 import pytest
@@ -146,13 +147,18 @@ def test_checkpoint_errors(tmp_path):
         tl.load_quantized(tiny_llama(), plain)
 
 
-def test_quantize_rejects_incompatible_layers_or_skips_them():
+def test_quantize_rejects_incompatible_layers_or_skips_them(caplog):
     model = tiny_llama(hidden_size=96, intermediate_size=160, num_attention_heads=3, num_key_value_heads=1)
     with pytest.raises(ValueError, match="not divisible by the group size.*skip_incompatible"):
         tl.quantize_(model, "int4_g64", progress=False)
     tl.quantize_(model, "int4_g32", progress=False)  # 96 and 160 are multiples of 32
     model2 = tiny_llama(hidden_size=96, intermediate_size=128, num_attention_heads=3, num_key_value_heads=1)
-    tl.quantize_(model2, "int4_g64", skip_incompatible=True, progress=False)
+    with caplog.at_level(logging.INFO, logger="torch_lowbit"):
+        tl.quantize_(model2, "int4_g64", skip_incompatible=True, progress=False)
+    left = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    # per layer q, k, v, o, gate, up read the 96-wide hidden state: 2 x 6 layers stay float, each named
+    assert len(left) == 12 and all(m.startswith("left in float:") and "in_features=96" in m for m in left), left
+    assert any(r.levelno == logging.INFO and "layout" in r.getMessage() for r in caplog.records)
     mlp = model2.model.layers[0].mlp
     assert isinstance(mlp.down_proj, QuantLinear)  # in=128
     assert isinstance(mlp.gate_proj, torch.nn.Linear)  # in=96 stays float

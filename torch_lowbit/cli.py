@@ -8,9 +8,17 @@ import sys
 import time
 
 
+class CliError(Exception):
+    """A problem to report as one line (exit code 2), not a traceback."""
+
+
 def _load_model(spec: str, dtype: str = "float32"):
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    try:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as e:
+        raise CliError(f"loading a model needs the eval extra ({e.name} is missing): "
+                       "pip install 'torch_lowbit[eval]'") from None
 
     from .eval.assets import load_smollm2
     if spec == "smollm2":
@@ -25,6 +33,9 @@ def _quantize(model, tok, args):
     from .nn import MixedBits, mix_summary
     calib = calibration_batches(tok, args.calib, args.ctx) if args.rounding != "rtn" else None
     fmt = MixedBits(args.mix, args.target_bpw, args.sensitivity) if args.mix else args.format
+    how = f"{args.rounding}, {args.calib} calibration windows of {args.ctx} tokens" if calib else "rtn, data-free"
+    print(f"quantizing to {_format_label(args)} ({how}); with calibration this takes minutes on a 2-core CPU...",
+          flush=True)
     quantize_(model, fmt, calibration=calib, rounding=args.rounding,
               skip_incompatible=args.skip_incompatible, include_lm_head=args.include_lm_head)
     if args.mix:
@@ -49,7 +60,7 @@ def cmd_demo(args) -> None:
     """The main job: SmolLM2 before/after quantization: size, perplexity, decode tokens/s."""
     from .eval import perplexity, wiki_text
     from .eval.speed import decode_tokens_per_s, model_nbytes
-    print(f"loading SmolLM2-135M-Instruct (converted once from the bundled GGUF, then cached)...", flush=True)
+    print("loading SmolLM2-135M-Instruct (converted once from the bundled GGUF, then cached)...", flush=True)
     model, tok = _load_model("smollm2")
     text = wiki_text(400)
     rows = []
@@ -288,13 +299,47 @@ def main(argv=None) -> None:
     sp.set_defaults(fn=cmd_lm_eval_tasks)
 
     args = p.parse_args(argv)
+    import logging
+    logging.basicConfig(format="%(name)s: %(message)s")
+    logging.getLogger("torch_lowbit").setLevel(logging.INFO)  # layers left in float, layouts chosen
+    _check_before_work(p, args)
     if getattr(args, "mix", None) and args.target_bpw is None:
         p.error("--mix needs --target-bpw (bits per weight, e.g. 3.2)")
     if (getattr(args, "target_bpw", None) is not None or getattr(args, "sensitivity", None)) and not args.mix:
         p.error("--target-bpw and --sensitivity go with --mix FMT FMT ...")
     if getattr(args, "mix", None) and getattr(args, "lm_eval", False):
         p.error("--mix is not available with --lm-eval yet; quantize with --mix to a checkpoint and pass --checkpoint")
-    args.fn(args)
+    from .io import CheckpointError
+    try:
+        args.fn(args)
+    except (CliError, CheckpointError, ValueError, FileNotFoundError) as e:
+        # the library's own errors name the fix: one line, like argparse's errors (TORCH_LOWBIT_TRACEBACK=1: all)
+        if os.environ.get("TORCH_LOWBIT_TRACEBACK"):
+            raise
+        print(f"{p.prog} {args.cmd}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _check_before_work(p: argparse.ArgumentParser, args) -> None:
+    """What can be checked before a model loads or a layer quantizes: format names, files, output folder."""
+    from .formats import get_format
+    names = list(args.mix or []) if getattr(args, "mix", None) else []
+    if getattr(args, "format", None) not in (None, "none") and not names and not getattr(args, "checkpoint", None):
+        names.append(args.format)
+    names += list(getattr(args, "formats", None) or []) if args.cmd == "bench" else []
+    for name in names:
+        try:
+            get_format(name)
+        except ValueError as e:
+            p.error(str(e))
+    checkpoint = getattr(args, "checkpoint", None)
+    if checkpoint and not os.path.isfile(checkpoint):
+        p.error(f"--checkpoint {checkpoint}: no such file")
+    out = getattr(args, "out", None)
+    if out:
+        folder = os.path.dirname(os.path.abspath(out))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            p.error(f"--out {out}: the folder {folder} does not exist or is not writable; create it first")
 
 
 if __name__ == "__main__":

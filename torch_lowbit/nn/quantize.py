@@ -1,6 +1,7 @@
 """quantize_(model, fmt): swap a model's nn.Linear layers for QuantLinear, in place."""
 from __future__ import annotations
 
+import logging
 from typing import Iterable, Mapping, Optional, Union
 
 from torch import Tensor, nn
@@ -11,6 +12,9 @@ from .allocate import MixedBits, allocate_and_collect
 from .fusion import fusion_jobs, install_fused, job_members
 from .linear import QuantLinear
 from .select import ROUNDINGS, FilterFn, FormatSpec, collect_stats, input_importance, rounding_for, select_linears
+
+log = logging.getLogger(__name__)
+
 
 def _set_child(model: nn.Module, fqn: str, new: nn.Module) -> None:
     parent_name, _, child = fqn.rpartition(".")
@@ -71,6 +75,8 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
     if bad and not skip_incompatible:
         raise ValueError(f"{label} cannot hold {len(bad)} layer(s): {'; '.join(bad[:3])}"
                          f"{' …' if len(bad) > 3 else ''}. Pass skip_incompatible=True to keep them in float")
+    for line in bad:
+        log.warning("left in float: %s", line)
     targets = {fqn: m for fqn, m in targets.items() if not problems[fqn]}
     jobs = fusion_jobs(model, targets, fuse, may_fuse=lambda fqns: len({plan[f] for f in fqns}) == 1)
 
@@ -96,6 +102,12 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
             fused = QuantLinear.from_linears([getattr(parent, n) for n in names], plan[first], layout=layout,
                                              **data_args(first))
             install_fused(parent, tuple(names), fused_name, fused)
+    chosen: dict[tuple[str, str], int] = {}
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            chosen[m.fmt.name, m.layout.name] = chosen.get((m.fmt.name, m.layout.name), 0) + 1
+    for (fmt_name, layout_name), count in sorted(chosen.items()):
+        log.info("%d module(s) in %s, layout %s", count, fmt_name, layout_name)
     return model
 
 

@@ -18,6 +18,11 @@ def cpu_extension():
     except ImportError as e:  # pragma: no cover - only on a broken install
         raise ImportError("torch_lowbit's C++ extension is not built; reinstall with "
                           "`pip install --no-build-isolation -e .` after installing torch") from e
+    running = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    if _C.built_torch_version() != running:  # the C++ ABI changes between torch minor releases
+        raise ImportError(f"torch_lowbit's C++ extension was built against torch {_C.built_torch_version()}, but torch "
+                          f"{torch.__version__} is installed: install torch=={_C.built_torch_version()}.* or rebuild "
+                          "torch_lowbit against this torch (`pip install --no-build-isolation -e .`)")
     return _C
 
 
