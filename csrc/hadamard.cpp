@@ -40,6 +40,9 @@ std::map<int64_t, std::shared_ptr<const BaseHadamard>>& registry() {
 
 bool is_power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
+}  // namespace
+
+// Bound to the op _hadamard_register_base in the op table (csrc/ops.cpp).
 void register_base(const at::Tensor& base) {
   TORCH_CHECK(base.dim() == 2 && base.size(0) == base.size(1),
               "_hadamard_register_base: base must be a square matrix, got shape ", base.sizes());
@@ -58,6 +61,8 @@ void register_base(const at::Tensor& base) {
   std::lock_guard<std::mutex> lock(registry_mutex);
   registry()[k] = std::move(entry);
 }
+
+namespace {
 
 // The registered base for n (largest k with n / k a power of two, as in Python's base_order);
 // nullptr when n is a power of two with no larger fitting base.
@@ -161,11 +166,6 @@ at::Tensor hadamard_transform_cpu(const at::Tensor& x, const c10::optional<at::T
 }
 
 }  // namespace torch_lowbit
-
-TORCH_LIBRARY_FRAGMENT(torch_lowbit, m) {
-  m.def("hadamard_transform(Tensor x, Tensor? signs, bool inverse) -> Tensor");
-  m.def("_hadamard_register_base(Tensor base) -> ()", &torch_lowbit::register_base);
-}
 
 TORCH_LIBRARY_IMPL(torch_lowbit, CPU, m) {
   m.impl("hadamard_transform", &torch_lowbit::hadamard_transform_cpu);

@@ -26,10 +26,15 @@ at::Tensor tcq_linear_cpu(const at::Tensor& x, const at::Tensor& codes, const at
                           int64_t shift_bits, const at::Tensor& row_scales, const c10::optional<at::Tensor>& bias);
 at::Tensor tcq_dequantize_cpu(const at::Tensor& codes, const at::Tensor& table, int64_t table_bits, int64_t shift_bits,
                               const at::Tensor& row_scales);
+void register_base(const at::Tensor& base);  // csrc/hadamard.cpp
 int64_t read_probe(const at::Tensor& buf);
 int64_t clock_probe(int64_t adds);
 }  // namespace torch_lowbit
 
+// The op table: every torch_lowbit op's schema, here and nowhere else. CPU kernels are bound below
+// and in hadamard.cpp / tcq_viterbi.cpp; fake (meta) impls, CUDA (Triton) impls and the CPU impls of
+// the ops that have no C++ kernel (lowbit_*, gcb_*: the layout's reference decoder, tcq_half_linear:
+// two tcq_linear calls) are registered from Python, torch_lowbit/ops/library.py.
 TORCH_LIBRARY(torch_lowbit, m) {
   m.def("lut4_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int group_size, "
         "Tensor? bias) -> Tensor");
@@ -41,6 +46,22 @@ TORCH_LIBRARY(torch_lowbit, m) {
   m.def("tcq_linear(Tensor x, Tensor codes, Tensor table, int table_bits, int shift_bits, Tensor row_scales, "
         "Tensor? bias) -> Tensor");
   m.def("tcq_dequantize(Tensor codes, Tensor table, int table_bits, int shift_bits, Tensor row_scales) -> Tensor");
+  // half-TCQ as one op, so a CUDA model runs both halves of K in one Triton launch
+  m.def("tcq_half_linear(Tensor x, Tensor codes_lo, Tensor table_lo, int table_bits_lo, int shift_bits_lo, "
+        "Tensor codes_hi, Tensor table_hi, int table_bits_hi, int shift_bits_hi, Tensor row_scales, "
+        "Tensor? bias) -> Tensor");
+  // the off-CPU layouts of the sub-4-bit group formats (layouts/lowbit.py, layouts/gcb.py gcb_rowmajor)
+  m.def("lowbit_linear(Tensor x, Tensor codes, int code_bits, Tensor scales, Tensor? mins, Tensor lut, "
+        "int group_size, Tensor? bias) -> Tensor");
+  m.def("lowbit_dequantize(Tensor codes, int code_bits, Tensor scales, Tensor? mins, Tensor lut, "
+        "int group_size) -> Tensor");
+  m.def("gcb_linear(Tensor x, Tensor codes, int code_bits, Tensor sub_groups, Tensor super_scales, "
+        "Tensor codebooks, Tensor? bias) -> Tensor");
+  m.def("gcb_dequantize(Tensor codes, int code_bits, Tensor sub_groups, Tensor super_scales, "
+        "Tensor codebooks) -> Tensor");
+  m.def("hadamard_transform(Tensor x, Tensor? signs, bool inverse) -> Tensor");
+  m.def("_hadamard_register_base(Tensor base) -> ()", &torch_lowbit::register_base);
+  m.def("tcq_viterbi(Tensor sequences, Tensor state_values, int shift_bits) -> (Tensor states, Tensor errors)");
 }
 
 TORCH_LIBRARY_IMPL(torch_lowbit, CPU, m) {

@@ -175,10 +175,6 @@ std::tuple<at::Tensor, at::Tensor> tcq_viterbi_cpu(const at::Tensor& sequences, 
 
 }  // namespace torch_lowbit
 
-TORCH_LIBRARY_FRAGMENT(torch_lowbit, m) {
-  m.def("tcq_viterbi(Tensor sequences, Tensor state_values, int shift_bits) -> (Tensor states, Tensor errors)");
-}
-
 TORCH_LIBRARY_IMPL(torch_lowbit, CPU, m) {
   m.impl("tcq_viterbi", &torch_lowbit::tcq_viterbi_cpu);
 }

@@ -180,6 +180,10 @@ def cmd_bench(args) -> None:
 
 def cmd_formats(args) -> None:
     from . import formats, get_format
+    if args.explain:
+        from .tools.format_index import explain
+        print(explain(args.explain))
+        return
     print(_table(["format", "group", "bits/weight"],
                  [[f, get_format(f).group_size, f"{get_format(f).bits_per_weight():.3f}"] for f in formats()]))
 
@@ -291,7 +295,8 @@ def main(argv=None) -> None:
     sp.add_argument("--out", required=True, help="output .safetensors file")
     sp.set_defaults(fn=cmd_gcb_learn)
 
-    sp = sub.add_parser("formats", help="list formats")
+    sp = sub.add_parser("formats", help="list formats, or explain one")
+    sp.add_argument("--explain", metavar="FORMAT", help="where one format's math, layouts, ops, kernels and tests are")
     sp.set_defaults(fn=cmd_formats)
 
     sp = sub.add_parser("lm-eval-tasks", help="print the folder of the local lm-eval task (for --include_path)")
@@ -327,6 +332,7 @@ def _check_before_work(p: argparse.ArgumentParser, args) -> None:
     if getattr(args, "format", None) not in (None, "none") and not names and not getattr(args, "checkpoint", None):
         names.append(args.format)
     names += list(getattr(args, "formats", None) or []) if args.cmd == "bench" else []
+    names += [args.explain] if getattr(args, "explain", None) else []
     for name in names:
         try:
             get_format(name)

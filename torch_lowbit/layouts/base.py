@@ -51,6 +51,11 @@ class Layout(ABC):
                backend: str, out_features: int) -> Tensor:
         """y = x @ W.T + bias with the kernels of `backend` ("cpu" or "triton")."""
 
+    def kernel_ops(self, fmt: Format) -> tuple[tuple[str, Optional[str]], ...]:
+        """(op, Triton module or None) of each torch_lowbit op this layout's forward runs for fmt, in
+        order (the format index reads it; empty: plain torch only)."""
+        return _ROTATION_OPS if getattr(fmt, "rotate", False) else ()
+
     def op_call(self, fmt: Format, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor]) -> tuple[str, str, tuple]:
         """(op, kernels, args) of the one fused op this layout's forward runs (x already rotated for
         rotated formats): torch.ops.torch_lowbit.<op>(*args), whose CUDA impl is the same-named
@@ -61,11 +66,18 @@ class Layout(ABC):
                          f"layout=\"{default_layout(fmt, 'cuda').name}\" (the CUDA default for {fmt.name})")
 
 
-def run_op(op: str, kernels: str, args: tuple, backend: str, x: Tensor) -> Tensor:
-    """torch.ops.torch_lowbit.<op>(*args) (its CPU / CUDA impl by device), or with backend "triton" on
-    CPU tensors the Triton function of the same name in triton_kernels/<kernels>.py (the eager-only
-    debugging route: the kernel under TRITON_INTERPRET=1; torch.ops would run the CPU impl)."""
+_ROTATION_OPS = (("hadamard_transform", "hadamard"),)  # x' = (x * s) @ H of the rotated formats
+
+
+def run_op(op: str, kernels: Optional[str], args: tuple, backend: str, x: Tensor) -> Tensor:
+    """The one route from a layout to a kernel: torch.ops.torch_lowbit.<op>(*args) (its CPU / CUDA impl
+    by device, its fake impl under compile), or with backend "triton" on CPU tensors the Triton function
+    of the same name in triton_kernels/<kernels>.py (the eager-only debugging route: the kernel under
+    TRITON_INTERPRET=1; torch.ops would run the CPU impl). kernels=None: a CPU-only op."""
     if backend == "triton" and x.device.type == "cpu":
+        if kernels is None:
+            raise RuntimeError(f"torch_lowbit::{op} has no Triton kernel; repack the module to a layout the "
+                               "triton backend reads")
         import importlib
         return getattr(importlib.import_module(f"torch_lowbit.triton_kernels.{kernels}"), op)(*args)
     return getattr(torch.ops.torch_lowbit, op)(*args)

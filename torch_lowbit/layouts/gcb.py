@@ -61,6 +61,9 @@ class GcbRowMajor(Layout):
                 "super_scales": ((out_features, in_features // fmt.superblock), torch.float16),
                 "codebooks": (tuple(fmt.table().shape), torch.int8)}
 
+    def kernel_ops(self, fmt) -> tuple:
+        return (("gcb_linear", "lowbit"),)
+
     def op_call(self, fmt: GroupCodebook, buffers: dict[str, Tensor], x: Tensor,
                 bias: Optional[Tensor]) -> tuple[str, str, tuple]:
         return "gcb_linear", "lowbit", (x, buffers["codes"], fmt.bits, buffers["sub_groups"], buffers["super_scales"],
@@ -115,14 +118,17 @@ class GcbI8Tiled(Layout):
     def reference_activations(self, x: Tensor, fmt=None, buffers=None) -> Tensor:
         return fake_quantize_q8_blocks(x)
 
+    def kernel_ops(self, fmt) -> tuple:
+        return (("lut_i8_linear", None),)
+
     def linear(self, fmt: GroupCodebook, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
                backend: str, out_features: int) -> Tensor:
         if backend != "cpu" or x.device.type != "cpu":
             raise RuntimeError(f"layout {self.name} runs on the CPU backend only; repack the module with "
                                "QuantLinear.repack(...) to gcb_rowmajor for other devices")
-        return torch.ops.torch_lowbit.lut_i8_linear(
-            x, buffers["qweight"], buffers["super_scales"], None, buffers["codebooks"].reshape(-1), fmt.bits,
-            fmt.superblock, out_features, bias, buffers["sub_groups"])
+        return run_op("lut_i8_linear", None, (x, buffers["qweight"], buffers["super_scales"], None,
+                                              buffers["codebooks"].reshape(-1), fmt.bits, fmt.superblock,
+                                              out_features, bias, buffers["sub_groups"]), backend, x)
 
 
 def _decode_rowmajor(in_features, codes, code_bits, sub_groups, super_scales, codebooks):

@@ -22,7 +22,7 @@ from ..formats.gaussian import NUQ
 from ..formats.scalar import ScalarCodebookFormat
 from ..packing import TILE, pack_codes, pad_rows, unpack_codes
 from ..rotations import hadamard_transform
-from .base import Layout, register_layout
+from .base import Layout, register_layout, run_op
 
 def _int8_table(fmt) -> Optional[Tensor]:
     v = fmt.code_values()
@@ -87,8 +87,11 @@ class LutI8Tiled(Layout):
             raise RuntimeError(f"layout {self.name} runs on the CPU backend only; repack the module with "
                                "QuantLinear.repack(...) to a portable layout (lut4_rowmajor, palette_dense) for "
                                "Triton/CUDA")
-        return torch.ops.torch_lowbit.lut_i8_linear(x, buffers["qweight"], buffers["scales"], buffers.get("mins"),
-                                                    buffers["lut_i8"], bits, group, out_features, bias)
+        return run_op("lut_i8_linear", None, (x, buffers["qweight"], buffers["scales"], buffers.get("mins"),
+                                              buffers["lut_i8"], bits, group, out_features, bias), backend, x)
+
+    def kernel_ops(self, fmt) -> tuple:
+        return super().kernel_ops(fmt) + (("lut_i8_linear", None),)  # nuq: the rotation first
 
     def linear(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
                backend: str, out_features: int) -> Tensor:

@@ -23,7 +23,14 @@ from torch import Tensor
 from ..formats import tcq
 from ..formats.gaussian import NUQ, TCQ, VQ, GaussianFormat, HalfTCQ
 from ..packing import pack_streams, stream_words, unpack_streams
-from .base import Layout, register_layout
+from .base import Layout, register_layout, run_op
+
+
+def _fused_op(fmt: GaussianFormat) -> str:
+    """The one fused decode-matmul op of a palette format (half-TCQ: both halves of K in one op)."""
+    if isinstance(fmt, HalfTCQ):
+        return "tcq_half_linear"
+    return "tcq_linear" if isinstance(fmt, TCQ) else "codebook_linear"
 
 
 def _code_bits(fmt: GaussianFormat) -> int:
@@ -96,42 +103,25 @@ class PalettePacked(Layout):
     def linear(self, fmt: GaussianFormat, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
                backend: str, out_features: int) -> Tensor:
         if backend == "triton":
-            return self._linear_triton(fmt, buffers, x, bias)
-        xr = fmt.rotate_activations(x.float(), buffers.get("signs"))  # fp32: no second rounding of bf16 inputs
-        scales = buffers["row_scales"]
-        if not isinstance(fmt, (TCQ, HalfTCQ)):
-            y = torch.ops.torch_lowbit.codebook_linear(xr, buffers["codes"], _code_bits(fmt), buffers["table"],
-                                                       scales, bias)
-            return y.to(x.dtype)
-        parts = list(self._tcq_parts(fmt).items())
-        width = x.shape[-1] // len(parts)
-        y = None
-        for i, (name, part) in enumerate(parts):  # half-TCQ: the two halves of K, bias added once
-            xs = xr[..., i * width:(i + 1) * width] if len(parts) > 1 else xr
-            yi = torch.ops.torch_lowbit.tcq_linear(xs, buffers[name], buffers[f"table{name[5:]}"],
-                                                   tcq.tcq_table_bits(part.bits), tcq.tcq_shift_bits(part.bits),
-                                                   scales, bias if i == len(parts) - 1 else None)
-            y = yi if y is None else y + yi
-        return y.to(x.dtype)
+            xr = self._rotate_for_triton(fmt, buffers, x)
+        else:  # the C++ kernels, fp32 end to end (no second rounding of bf16 inputs)
+            xr = fmt.rotate_activations(x.float(), buffers.get("signs"))
+        return run_op(*self.op_call(fmt, buffers, xr, bias), backend, x).to(x.dtype)
 
-    def _linear_triton(self, fmt: GaussianFormat, buffers: dict[str, Tensor], x: Tensor,
-                       bias: Optional[Tensor]) -> Tensor:
-        # CUDA (and meta/fake) tensors go through the custom ops (their CUDA impls are the Triton
-        # kernels; fake impls for compile). CPU tensors call the kernels directly under the
-        # interpreter: torch.ops on CPU tensors would run the C++ kernels.
-        from ..triton_kernels import palette as kernels
-        direct = x.device.type == "cpu"
-        ops = kernels if direct else torch.ops.torch_lowbit
+    @staticmethod
+    def _rotate_for_triton(fmt: GaussianFormat, buffers: dict[str, Tensor], x: Tensor) -> Tensor:
         # x' in x's dtype (the Hadamard kernel computes in fp32 and rounds once), so fp16/bf16 feed the
-        # tensor cores; the interpreter stores bf16 by truncation, so there bf16 rotates in fp32.
-        xr = x.float() if direct and x.dtype == torch.bfloat16 else x
-        if direct and fmt.rotate:
-            from ..triton_kernels.hadamard import hadamard_transform
-            xr = hadamard_transform(xr, buffers["signs"].float())
-        else:
-            xr = fmt.rotate_activations(xr, buffers.get("signs"))  # CUDA: the op's Triton impl
-        name, _, args = self.op_call(fmt, buffers, xr, bias)
-        return getattr(ops, name)(*args).to(x.dtype)
+        # tensor cores. CPU tensors (the interpreter) call the Triton Hadamard kernel directly, as run_op
+        # does the matmul kernel; the interpreter stores bf16 by truncation, so there bf16 rotates in fp32.
+        if x.device.type != "cpu":
+            return fmt.rotate_activations(x, buffers.get("signs"))  # CUDA: the op's Triton impl
+        xr = x.float() if x.dtype == torch.bfloat16 else x
+        if not fmt.rotate:
+            return xr
+        return run_op("hadamard_transform", "hadamard", (xr, buffers["signs"].float(), False), "triton", x)
+
+    def kernel_ops(self, fmt) -> tuple:
+        return super().kernel_ops(fmt) + ((_fused_op(fmt), "palette"),)
 
     def op_call(self, fmt: GaussianFormat, buffers: dict[str, Tensor], x: Tensor,
                 bias: Optional[Tensor]) -> tuple[str, str, tuple]:
@@ -142,12 +132,12 @@ class PalettePacked(Layout):
         """(op, weight args between x' and row_scales) of the Triton path's one fused op: codebook_linear,
         tcq_linear, or tcq_half_linear (both halves of K in one launch)."""
         if not isinstance(fmt, (TCQ, HalfTCQ)):
-            return "codebook_linear", [buffers["codes"], _code_bits(fmt), buffers["table"]]
+            return _fused_op(fmt), [buffers["codes"], _code_bits(fmt), buffers["table"]]
         args = []
         for name, part in self._tcq_parts(fmt).items():
             args += [buffers[name], buffers[f"table{name[5:]}"], tcq.tcq_table_bits(part.bits),
                      tcq.tcq_shift_bits(part.bits)]
-        return ("tcq_half_linear" if isinstance(fmt, HalfTCQ) else "tcq_linear"), args
+        return _fused_op(fmt), args
 
 
 PALETTE_PACKED = register_layout(PalettePacked(), default_for="palette", device="cpu")

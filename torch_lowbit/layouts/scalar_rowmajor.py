@@ -19,6 +19,9 @@ class ScalarRowMajor(Layout):
     op: str  # torch_lowbit::<op>, and the same-named function in triton_kernels/<kernels>.py
     kernels: str
 
+    def kernel_ops(self, fmt) -> tuple:
+        return ((self.op, self.kernels),)
+
     @abstractmethod
     def pack_codes(self, fmt: ScalarCodebookFormat, codes: Tensor) -> Tensor:
         """uint8 codes [N, K] -> the packed codes buffer."""

@@ -1,6 +1,7 @@
-"""The torch_lowbit custom ops: schemas and CPU kernels come from the C++ extension (csrc/ops.cpp);
-here they get fake implementations (shape/dtype validation for torch.compile and meta tensors) and
-their CUDA implementations (Triton kernels)."""
+"""The torch_lowbit custom ops: every schema and the CPU kernels come from the C++ extension (the op
+table in csrc/ops.cpp); here they get fake implementations (shape/dtype validation for torch.compile
+and meta tensors), their CUDA implementations (Triton kernels) and the Python CPU impls of the ops
+with no C++ kernel."""
 from __future__ import annotations
 
 import functools
@@ -8,7 +9,6 @@ import functools
 import torch
 
 _FLOAT_ACTS = (torch.float32, torch.bfloat16, torch.float16)
-_LIB = torch.library.Library("torch_lowbit", "FRAGMENT")  # ops defined from Python (kept alive here)
 
 
 @functools.lru_cache(maxsize=None)
@@ -120,25 +120,6 @@ def _dense_linear(op, x, w, bias):
     return torch.nn.functional.linear(x.float(), w, bias.float() if bias is not None else None).to(x.dtype)
 
 
-# The off-CPU layouts of the sub-4-bit group formats (layouts/lowbit.py, layouts/gcb.py gcb_rowmajor):
-# defined from Python; CUDA impls are triton_kernels/lowbit.py, CPU impls the reference decoders.
-_LOWBIT_SCHEMAS = (
-    "lowbit_linear(Tensor x, Tensor codes, int code_bits, Tensor scales, Tensor? mins, Tensor lut, int group_size, "
-    "Tensor? bias) -> Tensor",
-    "lowbit_dequantize(Tensor codes, int code_bits, Tensor scales, Tensor? mins, Tensor lut, int group_size) -> Tensor",
-    "gcb_linear(Tensor x, Tensor codes, int code_bits, Tensor sub_groups, Tensor super_scales, Tensor codebooks, "
-    "Tensor? bias) -> Tensor",
-    "gcb_dequantize(Tensor codes, int code_bits, Tensor sub_groups, Tensor super_scales, Tensor codebooks) -> Tensor",
-)
-
-
-# half-TCQ as one op, so a CUDA model runs both halves of K in one Triton launch (and compiles
-# through its fake impl). Defined here, not in csrc: its CPU impl is the two C++ tcq_linear calls.
-_TCQ_HALF_SCHEMA = ("tcq_half_linear(Tensor x, Tensor codes_lo, Tensor table_lo, int table_bits_lo, "
-                    "int shift_bits_lo, Tensor codes_hi, Tensor table_hi, int table_bits_hi, int shift_bits_hi, "
-                    "Tensor row_scales, Tensor? bias) -> Tensor")
-
-
 _CHECKS = {"lut4": _lut4_check, "tcq": _tcq_check, "lowbit": _lowbit_check, "gcb": _gcb_check}
 
 
@@ -176,9 +157,6 @@ def _register_fakes(name: str, check) -> None:
 
 def _register() -> None:
     cpu_extension()  # loads the schemas and CPU kernels
-    _LIB.define(_TCQ_HALF_SCHEMA)
-    for schema in _LOWBIT_SCHEMAS:
-        _LIB.define(schema)
 
     for name, check in _CHECKS.items():
         _register_fakes(name, check)
