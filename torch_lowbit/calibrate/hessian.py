@@ -2,12 +2,15 @@
 empirical Fisher diagonal E[(∂L/∂W)²] of the next-token loss for their weights."""
 from __future__ import annotations
 
+import logging
 from typing import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
+
+log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -39,7 +42,11 @@ def collect_hessians(model: nn.Module, batches: Iterable[Tensor], modules: dict[
     was_training = model.training
     model.eval()
     try:
-        for ids in tqdm(list(batches), desc="calibrate", disable=None if progress else True, leave=False):
+        batches = list(batches)
+        if progress:
+            log.info("calibration: %d batches through the float model (%s)", len(batches),
+                     "diagonals E[x^2]" if diagonal_only else "E[x x^T] for GPTQ")
+        for ids in tqdm(batches, desc="calibrate", disable=None if progress else True, leave=False):
             by_input.clear()
             device = next(model.parameters()).device
             model(ids.to(device), use_cache=False) if _accepts_use_cache(model) else model(ids.to(device))

@@ -91,7 +91,9 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
             return {"importance": input_importance(stats[fqn])}
         return {"hessian": stats[fqn]}
 
-    for job in tqdm(jobs, desc=f"quantize {label}", disable=None if progress else True, leave=False):
+    step = max(1, len(jobs) // 10)  # progress lines for logs, where tqdm's bar is off (no terminal)
+    bar = tqdm(jobs, desc=f"quantize {label}", disable=None if progress else True, leave=False)
+    for done, job in enumerate(bar, 1):
         pfqn, names, fused_name = job
         first = job_members(job)[0]  # fused members share one input, so one statistic and one format
         if fused_name is None:
@@ -102,6 +104,8 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
             fused = QuantLinear.from_linears([getattr(parent, n) for n in names], plan[first], layout=layout,
                                              **data_args(first))
             install_fused(parent, tuple(names), fused_name, fused)
+        if progress and (done % step == 0 or done == len(jobs)):
+            log.info("quantized %d/%d layer groups to %s", done, len(jobs), label)
     chosen: dict[tuple[str, str], int] = {}
     for m in model.modules():
         if isinstance(m, QuantLinear):
