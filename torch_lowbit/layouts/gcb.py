@@ -23,9 +23,9 @@ from torch import Tensor
 from ..formats.activations import fake_quantize_q8_blocks
 from ..formats.gcb import GroupCodebook, dequantize_subgroups
 from ..ops.library import register_reference_cpu_impls
-from .base import Layout, register_layout, run_op
 from ..packing import GCB_SUBGROUP as SUBGROUP
 from ..packing import TILE, pack_codes, pack_stream, pad_rows, unpack_codes, unpack_stream
+from .base import Layout, register_layout, run_op
 
 
 def _sub_group_bytes(q: dict[str, Tensor]) -> Tensor:
@@ -66,8 +66,9 @@ class GcbRowMajor(Layout):
 
     def op_call(self, fmt: GroupCodebook, buffers: dict[str, Tensor], x: Tensor,
                 bias: Optional[Tensor]) -> tuple[str, str, tuple]:
-        return "gcb_linear", "lowbit", (x, buffers["codes"], fmt.bits, buffers["sub_groups"], buffers["super_scales"],
-                                        buffers["codebooks"], bias)
+        (op, kernels), = self.kernel_ops(fmt)
+        return op, kernels, (x, buffers["codes"], fmt.bits, buffers["sub_groups"], buffers["super_scales"],
+                             buffers["codebooks"], bias)
 
     def linear(self, fmt: GroupCodebook, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
                backend: str, out_features: int) -> Tensor:

@@ -16,9 +16,6 @@ from .base import register_layout
 from .scalar_rowmajor import ScalarRowMajor
 
 
-
-
-
 class Lut4RowMajor(ScalarRowMajor):
     name = "lut4_rowmajor"
     version = 1

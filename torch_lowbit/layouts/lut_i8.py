@@ -24,6 +24,7 @@ from ..packing import TILE, pack_codes, pad_rows, unpack_codes
 from ..rotations import hadamard_transform
 from .base import Layout, register_layout, run_op
 
+
 def _int8_table(fmt) -> Optional[Tensor]:
     v = fmt.code_values()
     if bool((v == v.round()).all()) and v.min() >= -128 and v.max() <= 127 and v.max() - v.min() <= 255:
