@@ -53,18 +53,6 @@ def random_linear(k, n, bias, gen):
     return lin
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or platform.machine()
-
-
 # What each CPU path needs, and what its absence leaves untested on this machine.
 _PATH_NEEDS = {
     "avx512": "AVX-512 F/BW/VL (VNNI for the int8 kernels, VBMI for the palette kernels)",
@@ -74,10 +62,10 @@ _PATH_NEEDS = {
 
 def cpu_paths_report():
     """Which CPU kernel paths this machine tests and which it skips, and why (printed once per run)."""
-    from torch_lowbit.ops.library import cpu_extension
+    from torch_lowbit.ops.library import cpu_extension, cpu_model
     ext = cpu_extension()
     paths = ext.available_cpu_paths()
-    lines = [f"torch_lowbit: CPU {_cpu_model()}; kernel paths tested here: {', '.join(paths)} "
+    lines = [f"torch_lowbit: CPU {cpu_model()}; kernel paths tested here: {', '.join(paths)} "
              f"(each against the scalar reference path)"]
     cap = os.environ.get("TORCH_LOWBIT_CPU_MAX_PATH")
     for path, needs in _PATH_NEEDS.items():

@@ -58,12 +58,26 @@ def test_q4_0_rtn_is_a_real_4bit_model(smollm2, text, fp32_ppl):
     assert fp32_ppl < ppl < 1.4 * fp32_ppl
 
 
-def test_lm_eval_lowbit_model_runs_local_task_offline():
+def test_lm_eval_command_line_runs_the_local_task_offline(tmp_path):
+    """`python -m torch_lowbit lm-eval <lm_eval's own arguments>` runs lm-eval's CLI with the `lowbit`
+    model registered; its numbers equal the same evaluation run in-process."""
+    import json
+    import os
+
     from torch_lowbit.eval.lm_eval_model import run_lm_eval
-    res = run_lm_eval("pretrained=smollm2,format=q4_0", n_docs=8, limit=4)
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-m", "torch_lowbit", "lm-eval", "--model", "lowbit", "--model_args",
+                        "pretrained=smollm2,format=q4_0", "--tasks", "lowbit_wiki", "--limit", "4",
+                        "--output_path", str(tmp_path)], capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    files = list(tmp_path.rglob("results_*.json"))
+    assert len(files) == 1, files
+    cli = json.loads(files[0].read_text())["results"]["lowbit_wiki"]
+    res = run_lm_eval("pretrained=smollm2,format=q4_0", limit=4)
     wp = res["word_perplexity,none"]
     assert math.isfinite(wp) and 1 < wp < 1e4
-    assert "bits_per_byte,none" in res
+    for metric in ("word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none"):
+        assert cli[metric] == pytest.approx(res[metric], rel=1e-9), metric
 
 
 def test_cli_quantize_then_eval_checkpoint(tmp_path):

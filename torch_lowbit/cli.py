@@ -1,4 +1,4 @@
-"""Command line: python -m torch_lowbit {demo,quantize,eval,bench,formats,lm-eval-tasks}."""
+"""Command line: python -m torch_lowbit {demo,quantize,eval,bench,formats,lm-eval,lm-eval-tasks}."""
 from __future__ import annotations
 
 import argparse
@@ -158,6 +158,20 @@ def cmd_bench(args) -> None:
                   "(pip install fast-hadamard-transform)")
         else:
             print(gpu.format_hadamard_table(gpu.bench_hadamard(ms, fht=fht)))
+    elif args.what == "e2e":
+        import torch
+
+        from .bench.e2e import E2E_HEADERS, E2E_VARIANTS, bench_e2e
+        from .ops.library import cpu_extension, cpu_model
+        threads = max(args.threads)
+        rows, facts = bench_e2e(tuple(args.formats or E2E_VARIANTS), prompt_tokens=args.prompt_tokens,
+                                new_tokens=args.new_tokens, threads=threads, repeats=args.repeats,
+                                peers=not args.no_peers, modes=("eager",) if args.quick else ("eager", "compiled"))
+        paths = cpu_extension().available_cpu_paths()
+        print(f"SmolLM2-135M-Instruct, batch 1, {threads} threads, prompt {args.prompt_tokens} tokens, "
+              f"{args.new_tokens} new tokens greedy, median of {args.repeats}; torch {torch.__version__}, "
+              f"CPU {cpu_model()}, kernel path {paths[0]}; llama.cpp: {facts['llama.cpp']}")
+        print(_table(E2E_HEADERS, rows))
     elif args.what == "roofline":
         from .bench.roofline import ROOFLINE_FORMATS, bench_roofline, format_roofline
         n, k = (int(v) for v in (args.shapes or ["4096x4096"])[0].split("x"))
@@ -211,6 +225,16 @@ def cmd_gcb_learn(args) -> None:
     print(f"wrote {args.out}; use it as GroupCodebook(bits, codebooks={args.out!r})")
 
 
+def cmd_lm_eval(lm_eval_argv) -> None:
+    try:
+        from .eval.lm_eval_model import run_lm_eval_cli
+    except ImportError as e:
+        print(f"python -m torch_lowbit lm-eval: error: needs the eval extra ({e.name} is missing): "
+              "pip install 'torch_lowbit[eval]'", file=sys.stderr)
+        raise SystemExit(2) from None
+    run_lm_eval_cli(lm_eval_argv)
+
+
 def cmd_lm_eval_tasks(args) -> None:
     from .eval.lm_eval_model import tasks_dir
     print(tasks_dir(args.docs))
@@ -262,12 +286,13 @@ def main(argv=None) -> None:
     sp.set_defaults(fn=cmd_eval)
 
     sp = sub.add_parser("bench", help="benchmarks")
-    sp.add_argument("what", choices=["cpu", "roofline", "gpu", "distortion", "weights"],
-                    help="cpu: kernels vs PyTorch, DRAM-streamed; roofline: M=1 compute vs memory ceilings of the "
+    sp.add_argument("what", choices=["cpu", "e2e", "roofline", "gpu", "distortion", "weights"],
+                    help="cpu: kernels vs PyTorch, DRAM-streamed; e2e: SmolLM2 prefill and decode tok/s, eager and "
+                    "compiled, fp32 / bf16 / --formats, next to llama.cpp on the same GGUF (with the [peers] extra); roofline: M=1 compute vs memory ceilings of the "
                     "int8 CPU kernels (max --threads); gpu: Triton kernels vs fp16 F.linear, "
                     "HBM-streamed (needs CUDA); distortion: palette formats on a Gaussian; weights: formats on a "
                     "real model's linear weights (--model)")
-    sp.add_argument("--quick", action="store_true", help="first shape only, M in {1, 8}")
+    sp.add_argument("--quick", action="store_true", help="first shape only, M in {1, 8}; e2e: eager only")
     sp.add_argument("--model", default="smollm2", choices=["smollm2", "minilm"],
                     help="weights: whose linear layers (minilm: the all-MiniLM-L6-v2 encoder)")
     sp.add_argument("--shapes", nargs="+", help="weights as NxK (out x in); cpu default: "
@@ -283,6 +308,10 @@ def main(argv=None) -> None:
                     help="total size of the weight copies each contender cycles through (> L3 / the GPU's L2 "
                     "streams from DRAM / HBM)")
     sp.add_argument("--decode", action="store_true", help="also SmolLM2 decode tok/s: fp32, bf16, first format")
+    sp.add_argument("--prompt-tokens", type=int, default=256, help="e2e: prompt length (prefill)")
+    sp.add_argument("--new-tokens", type=int, default=64, help="e2e: greedy new tokens (decode)")
+    sp.add_argument("--repeats", type=int, default=3, help="e2e: timed runs per row (median)")
+    sp.add_argument("--no-peers", action="store_true", help="e2e: leave llama.cpp out even if installed")
     sp.add_argument("--png", help="write the plot (cpu: roofline at the largest thread count; distortion: MSE "
                     "vs bits) to this PNG file")
     sp.set_defaults(fn=cmd_bench)
@@ -299,10 +328,18 @@ def main(argv=None) -> None:
     sp.add_argument("--explain", metavar="FORMAT", help="where one format's math, layouts, ops, kernels and tests are")
     sp.set_defaults(fn=cmd_formats)
 
+    sub.add_parser("lm-eval", help="lm-eval's own command line with the `lowbit` model, the torch_lowbit HF "
+                   "quantizer and the local `lowbit_wiki` task registered: python -m torch_lowbit lm-eval "
+                   "--model lowbit --model_args pretrained=smollm2,format=q4_0 --tasks lowbit_wiki (any lm_eval "
+                   "arguments)", add_help=False)
+
     sp = sub.add_parser("lm-eval-tasks", help="print the folder of the local lm-eval task (for --include_path)")
     sp.add_argument("--docs", type=int, default=64)
     sp.set_defaults(fn=cmd_lm_eval_tasks)
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["lm-eval"]:  # every argument is lm-eval's: hand them over unparsed
+        return cmd_lm_eval(argv[1:])
     args = p.parse_args(argv)
     import logging
     logging.basicConfig(format="%(name)s: %(message)s")
@@ -331,7 +368,8 @@ def _check_before_work(p: argparse.ArgumentParser, args) -> None:
     names = list(args.mix or []) if getattr(args, "mix", None) else []
     if getattr(args, "format", None) not in (None, "none") and not names and not getattr(args, "checkpoint", None):
         names.append(args.format)
-    names += list(getattr(args, "formats", None) or []) if args.cmd == "bench" else []
+    float_rows = ("fp32", "bf16") if getattr(args, "what", None) == "e2e" else ()
+    names += [f for f in getattr(args, "formats", None) or [] if f not in float_rows] if args.cmd == "bench" else []
     names += [args.explain] if getattr(args, "explain", None) else []
     for name in names:
         try:

@@ -1,51 +1,69 @@
-"""lm-evaluation-harness integration: the `lowbit` model (an HFLM that quantizes on load) and an
-offline local perplexity task, `lowbit_wiki`, over the bundled Wikipedia lead sections.
+"""lm-evaluation-harness integration: the `lowbit` model (an HFLM handed a quantized model instance)
+and an offline local perplexity task, `lowbit_wiki`, over the bundled Wikipedia lead sections.
 
-    python -m torch_lowbit eval --lm-eval --format q4_0           # CLI
+    python -m torch_lowbit lm-eval --model lowbit --model_args pretrained=smollm2,format=q4_0 \
+        --tasks lowbit_wiki --limit 8                     # any lm_eval arguments, lm-eval's own CLI
+    python -m torch_lowbit lm-eval --model hf --model_args pretrained=<saved dir> --tasks ...
     torch_lowbit.eval.lm_eval_model.run_lm_eval("pretrained=smollm2,format=q4_0")   # Python
-    lm_eval --model lowbit --model_args pretrained=smollm2,format=q4_0 \
-            --include_path "$(python -m torch_lowbit lm-eval-tasks)" --tasks lowbit_wiki
-      (the last needs `import torch_lowbit.eval.lm_eval_model` registered, e.g. via the CLI above)
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from ..io import load_quantized
-from ..nn import quantize_
 from .assets import cache_dir, smollm2_dir, wiki_articles
 
 TASK_NAME = "lowbit_wiki"
 
 
+def _flag(value) -> bool:
+    return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+
+
+def build_quantized_model(pretrained: str = "smollm2", format: str = "q4_0", checkpoint: Optional[str] = None,
+                          fuse: bool = True, skip_incompatible: bool = False, dtype: str = "float32"):
+    """(model, tokenizer) for evaluation: `pretrained` (an HF folder, "smollm2") quantized to `format`
+    ("none": float), or a save_quantized `checkpoint` loaded into a meta-device skeleton of
+    `pretrained`'s architecture (no float weights are loaded on that route)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from ..io import load_quantized
+    from ..nn import quantize_
+    if pretrained == "smollm2":
+        pretrained = str(smollm2_dir())
+    tokenizer = AutoTokenizer.from_pretrained(pretrained)
+    if checkpoint:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(pretrained),
+                                                     dtype=getattr(torch, dtype))
+        return load_quantized(model, checkpoint).eval(), tokenizer
+    model = AutoModelForCausalLM.from_pretrained(pretrained, dtype=getattr(torch, dtype)).eval()
+    if format and format.lower() != "none":
+        quantize_(model, format, fuse=_flag(fuse), progress=False, skip_incompatible=_flag(skip_incompatible))
+    return model, tokenizer
+
+
 @register_model("lowbit")
 class LowbitLM(HFLM):
-    """HFLM whose Linear layers are quantized right after loading.
+    """HFLM over a torch_lowbit-quantized model, handed to HFLM as an instance.
 
-    model_args: pretrained (HF dir or "smollm2"), format (default q4_0), checkpoint (a
-    save_quantized file to load instead of quantizing), fuse (default True), skip_incompatible,
-    plus HFLM's own (dtype, batch_size, ...). format=none evaluates the float model.
+    model_args: pretrained (HF folder or "smollm2"), format (default q4_0; none: float), checkpoint (a
+    save_quantized file, loaded without the float weights), fuse (default true), skip_incompatible,
+    dtype, plus HFLM's own (batch_size, max_length, ...).
     """
 
     def __init__(self, pretrained: str = "smollm2", format: str = "q4_0", checkpoint: Optional[str] = None,
-                 fuse: bool = True, skip_incompatible: bool = False, **kwargs):
-        if pretrained == "smollm2":
-            pretrained = str(smollm2_dir())
-        kwargs.setdefault("device", "cpu")
-        super().__init__(pretrained=pretrained, **kwargs)
-        fuse = fuse if isinstance(fuse, bool) else str(fuse).lower() == "true"
-        if checkpoint:
-            load_quantized(self._model, checkpoint)
-        elif format and format.lower() != "none":
-            quantize_(self._model, format, fuse=fuse, progress=False,
-                      skip_incompatible=str(skip_incompatible).lower() == "true")
-        self.lowbit_format = format
+                 fuse: bool = True, skip_incompatible: bool = False, dtype: str = "float32", **kwargs):
+        model, tokenizer = build_quantized_model(pretrained, format, checkpoint, fuse, skip_incompatible, dtype)
+        super().__init__(pretrained=model, tokenizer=tokenizer, **kwargs)
+        self.lowbit_format = "checkpoint" if checkpoint else format
 
 
 def tasks_dir(n_docs: int = 64) -> Path:
@@ -68,6 +86,23 @@ def tasks_dir(n_docs: int = 64) -> Path:
     }
     (d / f"{TASK_NAME}.yaml").write_text(json.dumps(config, indent=1))  # JSON is valid YAML
     return d
+
+
+def run_lm_eval_cli(argv: Sequence[str]) -> None:
+    """lm-eval's own command line (`lm_eval ...` with these arguments) in this process, where the
+    `lowbit` model and the torch_lowbit HF quantizer are registered. Without --include_path, the
+    folder of the local `lowbit_wiki` task is included."""
+    from lm_eval.__main__ import cli_evaluate
+    argv = list(argv)
+    if not any(a == "--include_path" or a.startswith("--include_path=") for a in argv) and \
+            any(a.startswith("--tasks") or a == "-t" for a in argv) and TASK_NAME in " ".join(argv):
+        argv += ["--include_path", str(tasks_dir())]
+    saved = sys.argv
+    sys.argv = ["lm_eval", *argv]
+    try:
+        cli_evaluate()
+    finally:
+        sys.argv = saved
 
 
 def run_lm_eval(model_args: str, *, n_docs: int = 64, limit: Optional[int] = None, batch_size: int = 1) -> dict:

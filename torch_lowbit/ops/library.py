@@ -12,6 +12,20 @@ _FLOAT_ACTS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @functools.lru_cache(maxsize=None)
+def cpu_model() -> str:
+    """The CPU's model name (for benchmark rows and test reports)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+
+
+@functools.lru_cache(maxsize=None)
 def cpu_extension():
     try:
         from .. import _C

@@ -1,0 +1,72 @@
+"""CompiledGenerator: a static KV cache and torch.compile'd (fullgraph) prefill/decode steps give the
+tokens of transformers' own greedy generate, compile once (no recompilation per token or per prompt
+length), and run the torch_lowbit int8 CPU kernels inside the compiled graph."""
+import pytest
+import torch
+
+import torch_lowbit as tl
+from conftest import tiny_llama
+
+
+@pytest.fixture(scope="module")
+def quantized_tiny():
+    torch.manual_seed(1234)
+    model = tiny_llama()
+    tl.quantize_(model, "q4_0", progress=False)
+    return model
+
+
+@pytest.fixture(scope="module")
+def compiled(quantized_tiny):
+    torch._dynamo.reset()
+    gen = tl.CompiledGenerator(quantized_tiny, max_cache_len=48)
+    gen.generate(torch.randint(0, 256, (1, 5)), 3)  # compiles prefill and decode once
+    return gen
+
+
+def _hf_greedy(model, ids, n):
+    return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+
+
+@pytest.mark.parametrize("prompt_len", [1, 6, 13])
+def test_compiled_generation_equals_transformers_greedy_without_recompiling(quantized_tiny, compiled, prompt_len):
+    gen = torch.Generator().manual_seed(prompt_len)
+    ids = torch.randint(0, quantized_tiny.config.vocab_size, (1, prompt_len), generator=gen)
+    want = _hf_greedy(quantized_tiny, ids, 9)
+    with torch._dynamo.config.patch(error_on_recompile=True):  # every length reuses the first graphs
+        got = compiled.generate(ids, 9)
+    assert torch.equal(got, want)
+    assert compiled.times.new_tokens == 9 and len(compiled.times.per_token_s) == 8
+
+
+def test_eager_generation_equals_transformers_greedy(quantized_tiny):
+    ids = torch.randint(0, quantized_tiny.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(7))
+    got = tl.CompiledGenerator(quantized_tiny, max_cache_len=32, compile=False).generate(ids, 6)
+    assert torch.equal(got, _hf_greedy(quantized_tiny, ids, 6))
+
+
+def test_int8_kernels_run_inside_the_compiled_decode_step(quantized_tiny, compiled):
+    ids = torch.randint(0, quantized_tiny.config.vocab_size, (1, 4), generator=torch.Generator().manual_seed(3))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        compiled.generate(ids, 3)
+    names = {e.name for e in prof.events()}
+    assert "torch_lowbit::lut_i8_linear" in names, sorted(n for n in names if "lowbit" in n)
+    assert any("Torch-Compiled Region" in n or "CompiledFunction" in n for n in names), "ran eagerly"
+
+
+def test_eos_stops_every_row(quantized_tiny):
+    ids = torch.randint(0, quantized_tiny.config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(11))
+    free = tl.CompiledGenerator(quantized_tiny, max_cache_len=32, compile=False).generate(ids, 8)
+    eos = int(free[0, 7])  # the third new token
+    stopped = tl.CompiledGenerator(quantized_tiny, max_cache_len=32, compile=False).generate(ids, 8, eos_token_id=eos)
+    assert torch.equal(stopped, free[:, :8])
+
+
+def test_bad_input_is_rejected_with_the_fix(quantized_tiny):
+    gen = tl.CompiledGenerator(quantized_tiny, max_cache_len=16, compile=False)
+    with pytest.raises(ValueError, match="max_cache_len"):
+        gen.generate(torch.zeros(1, 10, dtype=torch.long), 8)
+    with pytest.raises(ValueError, match="LongTensor"):
+        gen.generate(torch.zeros(1, 4), 2)
+    with pytest.raises(TypeError, match="causal LM"):
+        tl.CompiledGenerator(torch.nn.Linear(2, 2))

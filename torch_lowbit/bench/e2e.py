@@ -1,0 +1,120 @@
+"""End-to-end speed of a whole model, as users feel it: prefill tokens/s of a prompt and greedy decode
+tokens/s at batch 1, for SmolLM2-135M in fp32, bf16 and low-bit formats, eager and compiled (static
+KV cache, torch.compile fullgraph: torch_lowbit.generation.CompiledGenerator), next to llama.cpp on
+the same GGUF file in the same run when llama-cpp-python is installed (the optional [peers] extra).
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+import sys
+import time
+from typing import Callable, Optional
+
+import torch
+
+from ..eval.assets import load_smollm2, smollm2_gguf, wiki_text
+from ..eval.speed import model_nbytes
+from ..generation import CompiledGenerator
+
+E2E_VARIANTS = ("fp32", "bf16", "int4_g32", "q4_0")
+E2E_HEADERS = ["model", "mode", "size MB", "prefill tok/s", "decode tok/s", "prefill vs llama.cpp",
+               "decode vs llama.cpp", "decode vs fp32 eager"]
+
+
+def llama_cpp_available() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _median(values) -> float:
+    return statistics.median(values)
+
+
+def _variant(name: str, base, tokenizer):
+    """(model, label) of one variant: fp32 / bf16 copies of SmolLM2, or the fp32 model quantized (RTN)
+    to a format name."""
+    from ..nn import quantize_
+    if name == "fp32":
+        return base, "fp32"
+    if name == "bf16":
+        return copy.deepcopy(base).to(torch.bfloat16), "bf16"
+    return quantize_(copy.deepcopy(base), name, progress=False), name
+
+
+def _time_torch(model, ids: torch.Tensor, new_tokens: int, compiled: bool, repeats: int) -> tuple[float, float, float]:
+    """(prefill tok/s, decode tok/s, compile-and-first-run seconds) of CompiledGenerator, medians."""
+    gen = CompiledGenerator(model, max_cache_len=ids.shape[1] + new_tokens + 8, compile=compiled)
+    t0 = time.perf_counter()
+    gen.generate(ids, new_tokens)  # compiles (or warms up eager kernels)
+    first = time.perf_counter() - t0
+    prefill, decode = [], []
+    for _ in range(repeats):
+        gen.generate(ids, new_tokens)
+        prefill.append(gen.times.prefill_tokens_per_s)
+        decode.append(gen.times.decode_tokens_per_s)
+    return _median(prefill), _median(decode), first
+
+
+def _time_llama_cpp(ids: list[int], new_tokens: int, threads: int, repeats: int) -> tuple[float, float]:
+    """(prefill tok/s, decode tok/s) of llama.cpp on the bundled GGUF, same token ids, greedy, medians."""
+    import llama_cpp
+    llm = llama_cpp.Llama(model_path=str(smollm2_gguf()), n_ctx=len(ids) + new_tokens + 8, n_threads=threads,
+                          n_threads_batch=threads, n_batch=max(512, len(ids)), verbose=False)
+    prefill, decode = [], []
+    for i in range(repeats + 1):  # the first run warms up
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        t1 = time.perf_counter()
+        for _ in range(new_tokens - 1):
+            llm.eval([llm.sample(temp=0.0)])
+        t2 = time.perf_counter()
+        if i:
+            prefill.append(len(ids) / (t1 - t0))
+            decode.append((new_tokens - 1) / (t2 - t1))
+    return _median(prefill), _median(decode)
+
+
+def bench_e2e(variants=E2E_VARIANTS, *, prompt_tokens: int = 256, new_tokens: int = 64, threads: int = 2,
+              repeats: int = 3, modes=("eager", "compiled"), peers: bool = True,
+              progress: Optional[Callable[[str], None]] = None) -> tuple[list[list[str]], dict]:
+    """Rows [model, mode, size MB, prefill tok/s, decode tok/s, prefill and decode vs llama.cpp, decode vs
+    fp32 eager]
+    and a dict of run facts (threads, prompt, llama.cpp version or why it is missing)."""
+    progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    torch.set_num_threads(threads)
+    base, tok = load_smollm2()
+    ids = tok(wiki_text(40), return_tensors="pt").input_ids[:, :prompt_tokens]
+    if ids.shape[1] < prompt_tokens:
+        raise ValueError(f"the prompt text has only {ids.shape[1]} tokens; ask for fewer prompt tokens")
+    facts = {"threads": threads, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "repeats": repeats}
+    results = []  # (label, mode, MB, prefill, decode)
+    if peers and llama_cpp_available():
+        import llama_cpp
+        p, d = _time_llama_cpp(ids[0].tolist(), new_tokens, threads, repeats)
+        facts["llama.cpp"] = f"llama-cpp-python {llama_cpp.__version__}"
+        results.append(("llama.cpp (GGUF Q4_1, Q8_0 embedding/head)", "llama.cpp",
+                        smollm2_gguf().stat().st_size / 1e6, p, d))
+        progress(f"  llama.cpp: prefill {p:.1f} tok/s, decode {d:.1f} tok/s")
+    else:
+        facts["llama.cpp"] = ("not installed (pip install 'torch_lowbit[peers]': builds llama.cpp from source, "
+                              "~10-20 min)" if peers else "not asked")
+    for name in variants:
+        model, label = _variant(name, base, tok)
+        mb = model_nbytes(model)["total"] / 1e6
+        for mode in modes:
+            p, d, first = _time_torch(model, ids, new_tokens, mode == "compiled", repeats)
+            results.append((label, mode, mb, p, d))
+            progress(f"  {label} {mode}: prefill {p:.1f} tok/s, decode {d:.1f} tok/s (first run {first:.0f} s)")
+        del model
+    peer = next((r for r in results if r[1] == "llama.cpp"), None)
+    fp32 = next((r for r in results if r[0] == "fp32" and r[1] == "eager"), None)
+    rows = []
+    for label, mode, mb, p, d in results:
+        rows.append([label, mode, f"{mb:.1f}", f"{p:.1f}", f"{d:.1f}", f"{p / peer[3]:.2f}x" if peer else "-",
+                     f"{d / peer[4]:.2f}x" if peer else "-", f"{d / fp32[4]:.2f}x" if fp32 else "-"])
+    return rows, facts
