@@ -70,3 +70,24 @@ def test_bad_input_is_rejected_with_the_fix(quantized_tiny):
         gen.generate(torch.zeros(1, 4), 2)
     with pytest.raises(TypeError, match="causal LM"):
         tl.CompiledGenerator(torch.nn.Linear(2, 2))
+
+
+def test_bench_e2e_rows_on_a_tiny_model(monkeypatch):
+    """The e2e table's rows and ratios (SmolLM2 swapped for the tiny Llama; llama.cpp left out)."""
+    from types import SimpleNamespace
+
+    from torch_lowbit.bench import e2e
+    torch.manual_seed(5)
+    tiny = tiny_llama()
+    tokenizer = lambda text, return_tensors: SimpleNamespace(  # noqa: E731
+        input_ids=torch.randint(0, tiny.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(0)))
+    monkeypatch.setattr(e2e, "load_smollm2", lambda: (tiny, tokenizer))
+    rows, facts = e2e.bench_e2e(("fp32", "q4_0"), prompt_tokens=24, new_tokens=5, threads=1, repeats=1,
+                                modes=("eager",), peers=False, progress=lambda msg: None)
+    assert [r[:2] for r in rows] == [["fp32", "eager"], ["q4_0", "eager"]]
+    assert rows[0][-1] == "1.00x" and rows[0][-2] == "-"
+    assert float(rows[1][2]) < float(rows[0][2])  # the q4_0 model is smaller
+    assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in rows)
+    assert facts["llama.cpp"] == "not asked"
+    with pytest.raises(ValueError, match="fewer prompt tokens"):
+        e2e.bench_e2e(("fp32",), prompt_tokens=64, modes=("eager",), peers=False, progress=lambda msg: None)
