@@ -33,8 +33,10 @@ class Q8_0(FixedBlockFormat):
     id = 1 / d (0 when d = 0), q = roundf(x * id) in fp32 with the unrounded d, fp16(d) stored.
     Dequantized values equal gguf's reference dequantizer bit for bit.
 
-    importance (imatrix) is accepted and, as llama.cpp does for Q8_0, does not change the rounding:
-    at 8 bits a weighted scale search has nothing to win over amax / 127."""
+    importance (imatrix; llama.cpp ignores it for Q8_0): each block's d is refit by weighted least
+    squares on its codes (d = sum w q x / sum w q^2, re-encoded, twice), a block keeping the refit
+    only where it lowers the block's weighted error with the stored fp16 d; never worse than rtn.
+    The codes are then encoded against the fp16 d (still any int8 q, so still a valid Q8_0 block)."""
 
     kind: ClassVar[str] = "q8_0"
     code_bits: ClassVar[int] = 8
@@ -43,7 +45,24 @@ class Q8_0(FixedBlockFormat):
         return torch.arange(256, dtype=torch.float32) - Q8_OFFSET
 
     def fit_groups(self, x: Tensor, importance: Optional[Tensor] = None) -> tuple[Tensor, None]:
-        return x.abs().amax(dim=-1, keepdim=True) / 127.0, None
+        d = x.abs().amax(dim=-1, keepdim=True) / 127.0
+        if importance is None:
+            return d, None
+        w = importance.expand_as(x)
+
+        def stored_err(scale):  # weighted error of the codes encoded against the fp16 scale
+            s16 = scale.half().float()
+            q = self.encode(x, s16).float() - Q8_OFFSET
+            return (w * (q * s16 - x) ** 2).sum(-1, keepdim=True), q
+
+        err, q = stored_err(d)
+        for _ in range(2):
+            wqq = (w * q * q).sum(-1, keepdim=True)
+            refit = torch.where(wqq > 0, (w * q * x).sum(-1, keepdim=True) / wqq.clamp_min(1e-30), d)
+            new_err, new_q = stored_err(refit)
+            better = new_err < err
+            d, err, q = torch.where(better, refit, d), torch.where(better, new_err, err), torch.where(better, new_q, q)
+        return d, None
 
     def encode(self, x: Tensor, scale: Tensor, mn: None = None) -> Tensor:
         inv_d = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
@@ -52,7 +71,7 @@ class Q8_0(FixedBlockFormat):
 
     def quantize(self, weight: Tensor, importance: Optional[Tensor] = None) -> dict[str, Tensor]:
         if importance is not None:
-            self._importance_groups(importance, weight.shape[1])  # still reject malformed importance
+            return super().quantize(weight, importance)
         # ggml encodes with the unrounded fp32 d and stores fp16(d): keep that order for bit-compatibility.
         x = self._groups(weight)
         d, _ = self.fit_groups(x)
