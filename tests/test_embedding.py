@@ -172,3 +172,43 @@ def test_compile_fullgraph_equals_eager():
         eager, comp = model(ids), compiled(ids)
     # int8 activations: inductor's fused norm can move an activation across an int8 rounding boundary
     assert ((comp - eager).norm() / eager.norm()).item() < 5e-3
+
+
+@pytest.mark.slow
+def test_smollm2_tied_embedding_in_q8_0_is_the_gguf_token_embd():
+    """SmolLM2's GGUF stores token_embd in Q8_0; its dequantized values (the cached fp32 model) quantize
+    back to exactly those blocks, the GGUF tensors build the same module without re-quantizing, and
+    the model with the shared q8_0 embedding/head stays close to fp32."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    from torch_lowbit.eval.assets import load_smollm2, smollm2_gguf, wiki_text
+
+    model, tok = load_smollm2()
+    emb_weight = model.model.embed_tokens.weight
+    assert model.lm_head.weight is emb_weight
+    raw = next(t for t in GGUFReader(str(smollm2_gguf())).tensors if t.name == "token_embd.weight")
+    assert raw.tensor_type.name == "Q8_0"
+    blocks = np.asarray(raw.data).reshape(49152, 18, 34)
+    gguf_q = {"codes": torch.from_numpy((blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+                                        .reshape(49152, 576)),
+              "scales": torch.from_numpy(blocks[..., :2].copy().view(np.float16).reshape(49152, 18))}
+    q = tl.get_format("q8_0").quantize(emb_weight.detach())
+    assert torch.equal(q["codes"], gguf_q["codes"]) and torch.equal(q["scales"], gguf_q["scales"])
+
+    ids = tok(wiki_text(1)[:2000], return_tensors="pt").input_ids[:, :128]
+    with torch.no_grad():
+        ref = model(ids).logits
+    tl.quantize_embeddings_(model, "q8_0")
+    emb, head = model.model.embed_tokens, model.lm_head
+    assert head.qweight.data_ptr() == emb.qweight.data_ptr()
+    assert emb.weight_nbytes() == 49152 * 576 + 49152 * 18 * 2  # 30.1 MB instead of 113 MB
+    from_gguf = QuantEmbedding.from_quantized("q8_0", gguf_q, 49152, 576)
+    assert all(torch.equal(getattr(from_gguf, n), getattr(emb, n)) for n in emb._buffer_names)
+    with torch.no_grad():
+        out = model(ids).logits
+        with tl.use_backend("reference"):
+            exact = model(ids).logits
+    # the embedding/head values are the fp32 model's own: only the head's int8 activations differ
+    torch.testing.assert_close(exact, ref, rtol=1e-4, atol=1e-4)
+    assert ((out - ref).norm() / ref.norm()).item() < 2e-2
