@@ -52,13 +52,10 @@ TLB_AVX2_I8 inline void decode_quads(const uint8_t* p, __m256i q[8]) {
   }
 }
 
-// Signed table bytes of the 8 quads of one half tile; sub: that half's 8 sub-group bytes (gcb) or nullptr.
+// Signed table bytes of the 8 quads of one half tile from the <= 16-entry table (or gcb's per-row
+// codebooks); sub: that half's 8 sub-group bytes (gcb) or nullptr.
 template <int B>
-TLB_AVX2_I8 inline void lookup_quads(__m256i q[8], const int8_t* signed_table, const uint8_t* sub) {
-  if constexpr (B == 8) {  // q8_0 (table code - 128, checked by the op): the signed value is the byte ^ 0x80
-    for (int qd = 0; qd < 8; ++qd) q[qd] = _mm256_xor_si256(q[qd], _mm256_set1_epi8(static_cast<char>(0x80)));
-    return;
-  }
+TLB_AVX2_I8 inline void lookup_table_quads(__m256i q[8], const int8_t* signed_table, const uint8_t* sub) {
   if (!sub) {
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(signed_table)));
     for (int qd = 0; qd < 8; ++qd) q[qd] = _mm256_shuffle_epi8(table, q[qd]);
@@ -81,13 +78,24 @@ TLB_AVX2_I8 inline void lookup_quads(__m256i q[8], const int8_t* signed_table, c
   }
 }
 
+// Signed weight bytes of the 8 quads of one half tile (q8_0: the bytes themselves, flipped).
+template <int B>
+TLB_AVX2_I8 inline void lookup_quads(__m256i q[8], const int8_t* signed_table, const uint8_t* sub) {
+  if constexpr (B == 8) {  // q8_0 (table code - 128, checked by the op): the signed value is the byte ^ 0x80
+    for (int qd = 0; qd < 8; ++qd) q[qd] = _mm256_xor_si256(q[qd], _mm256_set1_epi8(static_cast<char>(0x80)));
+  } else {
+    lookup_table_quads<B>(q, signed_table, sub);
+  }
+}
+
 template <int B, int MT>
 TLB_AVX2_I8 void tile_tokens(const LutI8Weights& w, const Q8Acts& a, int64_t t, int64_t m0, float* out,
                              int64_t ldo) {
   const int64_t kb_count = w.K / 32, groups = w.K / w.group, blocks_per_group = w.group / 32;
-  int8_t signed_table[kI8MaxTable];
-  if constexpr (B != 8)  // 8-bit codes need no table (lookup_quads)
-    for (int i = 0; i < kI8MaxTable; ++i) signed_table[i] = static_cast<int8_t>(w.utable[i] - w.offset);
+  constexpr int kTableBytes = 128;  // the most a <= 4-bit lookup reads (gcb3: 16 codebooks x 8); 8-bit reads none
+  int8_t signed_table[kTableBytes];
+  if constexpr (B != 8)
+    for (int i = 0; i < kTableBytes; ++i) signed_table[i] = static_cast<int8_t>(w.utable[i] - w.offset);
   const uint8_t* tile = w.qweight + t * kb_count * (64 * B);
   const int64_t rows = std::min(kI8TileRows, w.N - t * kI8TileRows);
   for (int half = 0; half < 2; ++half) {
