@@ -161,17 +161,31 @@ class _TinyLM(nn.Module):
         return self.head(self.norm(self.embed(ids)))
 
 
-def test_compile_fullgraph_equals_eager():
+def test_plain_module_with_embedding_accessors():
+    """Any module with get_input_embeddings / get_output_embeddings, not only transformers models."""
     model = _TinyLM().eval()
+    weight = model.embed.weight.detach().clone()
     tl.quantize_embeddings_(model, "q8_0")
     assert model.head.qweight.data_ptr() == model.embed.qweight.data_ptr()
     ids = torch.randint(0, 100, (2, 5))
+    table = tl.get_format("q8_0").dequantize(tl.get_format("q8_0").quantize(weight))
+    with torch.no_grad(), tl.use_backend("reference"):
+        expected = torch.nn.functional.layer_norm(table[ids], (64,), model.norm.weight, model.norm.bias) @ table.T
+        torch.testing.assert_close(model(ids), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_compile_fullgraph_equals_eager():
+    model = tiny_llama(num_hidden_layers=1)  # one layer: the compile time is per layer
+    tl.quantize_(model, "q4_0", progress=False)
+    tl.quantize_embeddings_(model, "q8_0")
+    ids = _ids()
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)  # a graph break would raise
     with torch.no_grad():
-        eager, comp = model(ids), compiled(ids)
-    # int8 activations: inductor's fused norm can move an activation across an int8 rounding boundary
+        eager, comp = model(ids).logits, compiled(ids).logits
+    # int8 activations: inductor's fused norms can move an activation across an int8 rounding boundary
     assert ((comp - eager).norm() / eager.norm()).item() < 5e-3
+    assert model.generate(ids[:1, :5], max_new_tokens=3, do_sample=False).shape == (1, 8)
 
 
 @pytest.mark.slow
