@@ -30,7 +30,8 @@ at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, con
                              const c10::optional<at::Tensor>& mins, const at::Tensor& lut, int64_t code_bits,
                              int64_t group, int64_t out_features, const c10::optional<at::Tensor>& bias,
                              const c10::optional<at::Tensor>& sub_groups) {
-  TORCH_CHECK(code_bits >= 1 && code_bits <= 4, "lut_i8_linear: code_bits must be 1..4, got ", code_bits);
+  TORCH_CHECK((code_bits >= 1 && code_bits <= 4) || code_bits == 8, "lut_i8_linear: code_bits must be 1..4 or 8, got ",
+              code_bits);
   const int64_t block_bytes = lut_i8_block_bytes(static_cast<int>(code_bits));
   TORCH_CHECK(qweight.scalar_type() == at::kByte && qweight.dim() == 3 && qweight.size(2) == block_bytes,
               "lut_i8_linear: qweight must be uint8 [N/16, K/32, ", block_bytes, "] for ", code_bits, "-bit codes");
@@ -71,6 +72,9 @@ at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, con
   for (int i = 0; i < entries; ++i) {
     TORCH_CHECK(table[i] + w.offset <= 255, "lut_i8_linear: table spans more than 256 values");
     w.utable[i] = static_cast<uint8_t>(table[i] + w.offset);
+    // 8-bit codes are read as the bytes themselves (no 256-entry lookup on the SIMD paths): q8_0's code - 128
+    TORCH_CHECK(code_bits != 8 || table[i] == i - 128, "lut_i8_linear: 8-bit codes need the table code - 128 (q8_0), "
+                "entry ", i, " is ", static_cast<int>(table[i]));
   }
 
   // The activation buffer: the only allocation on the hot path besides the output.

@@ -66,7 +66,7 @@ CASES = [(fmt, backend, path, layout, shape_idx, bias, dtype)
          # one Triton kernel per sub-4-bit family whatever the group size: g64 and the gcb defaults there
          # (tests/test_triton_kernels.py forces every kernel path for g32/g128 and other superblocks)
          if backend != "triton" or layout not in ("lowbit_rowmajor", "gcb_rowmajor") or fmt.endswith("_g64")
-         or fmt in ("gcb2", "gcb3")]
+         or fmt in ("gcb2", "gcb3", "q8_0")]
 
 
 @pytest.mark.parametrize("fmt,backend,path,layout,shape_idx,bias,dtype", CASES,
@@ -100,7 +100,7 @@ def test_kernel_matches_reference(fmt, backend, path, layout, shape_idx, bias, d
 
 @pytest.mark.parametrize("fmt,layout", [(f, "lut4_i8_n16") for f in tl.formats()
                                         if get_layout("lut4_i8_n16").supports(tl.get_format(f))]
-                         + [(f, "gcb_i8_n16") for f in ("gcb2", "gcb3", "gcb3_sb64")])
+                         + [(f, "gcb_i8_n16") for f in ("gcb2", "gcb3", "gcb3_sb64")] + [("q8_0", "lut8_i8_n16")])
 def test_int8_paths_are_bit_exact_with_scalar_path(fmt, layout):
     """The integer kernels perform the same operations in the same order on every ISA path."""
     lin = random_linear(tl.get_format(fmt).group_size * 4, 53, True, torch.Generator().manual_seed(5))

@@ -3,6 +3,7 @@
     import torch_lowbit as tl
     tl.formats()                                   # registered format names
     tl.quantize_(model, "q4_0")                    # swap nn.Linear -> QuantLinear (fused q/k/v, gate/up)
+    tl.quantize_embeddings_(model, "q8_0")         # embedding -> QuantEmbedding, tied head shares it
     tl.quantize_(model, tl.MixedBits(["gcb2_sb192", "gcb3_sb192"], 3.2), calibration=batches)  # per-layer mix
     tl.save_quantized(model, "m.safetensors"); tl.load_quantized(skeleton, "m.safetensors")
     with tl.use_backend("reference"): ...          # pure torch; "cpu" compiled kernels; "triton"
@@ -10,16 +11,16 @@
 """
 from . import layouts as _layouts  # noqa: F401  (registers layouts)
 from . import ops as _ops  # noqa: F401  (loads the C++ extension, registers fake/CUDA impls)
-from .formats import (IQ4_NL, NUQ, VQ, Format, GaussianFormat, Int4, IntAsym, IntSym, Q4_0, ScalarCodebookFormat,
+from .formats import (IQ4_NL, NUQ, VQ, Format, GaussianFormat, Int4, IntAsym, IntSym, Q4_0, Q8_0, ScalarCodebookFormat,
                       format_from_json, formats, get_format, register_format)
 from .generation import CompiledGenerator
 from .io import CheckpointError, load_quantized, save_quantized
-from .nn import MixedBits, ProjectionSlot, QuantLinear, allocate_formats, quantize_
+from .nn import MixedBits, ProjectionSlot, QuantEmbedding, QuantLinear, allocate_formats, quantize_, quantize_embeddings_
 from .ops import current_backend, use_backend
 from . import rotations  # noqa: F401  (Hadamard rotations; registers torch_lowbit::hadamard_transform impls)
 
 from .version import __version__
 
-__all__ = ["Format", "ScalarCodebookFormat", "GaussianFormat", "Int4", "IntAsym", "IntSym", "Q4_0", "IQ4_NL", "NUQ", "VQ", "formats", "get_format", "register_format", "format_from_json",
-           "QuantLinear", "ProjectionSlot", "quantize_", "allocate_formats", "MixedBits", "use_backend", "current_backend",
+__all__ = ["Format", "ScalarCodebookFormat", "GaussianFormat", "Int4", "IntAsym", "IntSym", "Q4_0", "Q8_0", "IQ4_NL", "NUQ", "VQ", "formats", "get_format", "register_format", "format_from_json",
+           "QuantLinear", "QuantEmbedding", "ProjectionSlot", "quantize_", "quantize_embeddings_", "allocate_formats", "MixedBits", "use_backend", "current_backend",
            "save_quantized", "load_quantized", "CheckpointError", "CompiledGenerator", "__version__"]

@@ -4,7 +4,8 @@ Three arrangements, each the one place its bit order is defined (the C++ and Tri
 exactly these bytes):
 - MSB-first bit streams (`pack_stream(s)`): one stream per row, or 16 round-robin streams per row
   (code j to stream j % 16, word w of stream l at column 16 w + l; csrc/common/palette.h);
-- 16-row tiles of 32-code blocks split into bit planes (`pack_codes`; csrc/common/lut_i8.h);
+- 16-row tiles of 32-code blocks split into bit planes (`pack_codes`, `tile_rows_codes`;
+  csrc/common/lut_i8.h);
 - nibbles in ggml's Q4_0 half-split order (`pack_nibbles`; csrc/common/lut4.h).
 """
 from __future__ import annotations
@@ -21,6 +22,10 @@ STREAMS = 16  # a row's codes dealt round-robin to 16 bit streams (csrc/common/p
 def pack_stream(codes: Tensor, bits: int) -> Tensor:
     """Codes [N, C] (values < 2^bits) -> int32 [N, W]: one MSB-first bit stream per row, padded to a word."""
     n, c = codes.shape
+    if bits == 8:  # whole bytes: the same stream, built bytewise (the bitwise route takes 64 B a code)
+        b = torch.cat([codes.to(torch.int64), codes.new_zeros(n, -c % 4, dtype=torch.int64)], 1).reshape(n, -1, 4)
+        w = (b[..., 0] << 24) | (b[..., 1] << 16) | (b[..., 2] << 8) | b[..., 3]
+        return torch.where(w >= 1 << 31, w - (1 << 32), w).to(torch.int32)
     words = -(-c * bits // 32)
     shifts = torch.arange(bits - 1, -1, -1, device=codes.device)
     stream = ((codes.to(torch.int64)[..., None] >> shifts) & 1).reshape(n, c * bits)
@@ -32,6 +37,9 @@ def pack_stream(codes: Tensor, bits: int) -> Tensor:
 def unpack_stream(words: Tensor, bits: int, count: int) -> Tensor:
     """Inverse of pack_stream: int64 codes [N, count]."""
     u = words.to(torch.int64) & 0xFFFFFFFF
+    if bits == 8:
+        return ((u[..., None] >> torch.tensor([24, 16, 8, 0], device=words.device)) & 255).reshape(
+            words.shape[0], -1)[:, :count]
     stream = (u[..., None] >> torch.arange(31, -1, -1, device=words.device)) & 1
     stream = stream.reshape(words.shape[0], -1)[:, :count * bits].reshape(words.shape[0], count, bits)
     return (stream << torch.arange(bits - 1, -1, -1, device=words.device)).sum(-1)
@@ -64,7 +72,7 @@ def unpack_streams(words: Tensor, bits: int, count: int) -> Tensor:
 
 TILE = 16
 # (width, shift) of each plane a b-bit code is split into, in storage order.
-PLANES = {4: ((4, 0),), 3: ((2, 0), (1, 2)), 2: ((2, 0),), 1: ((1, 0),)}
+PLANES = {8: ((8, 0),), 4: ((4, 0),), 3: ((2, 0), (1, 2)), 2: ((2, 0),), 1: ((1, 0),)}
 
 
 def pad_rows(t: Tensor, rows: int) -> Tensor:
@@ -84,17 +92,31 @@ def pack_codes(codes: Tensor, bits: int) -> Tensor:
     return torch.cat(chunks, dim=2).reshape(tiles, kb, 64 * bits).to(torch.uint8).contiguous()
 
 
-def unpack_codes(qweight: Tensor, bits: int, out_features: int) -> Tensor:
-    tiles, kb, _ = qweight.shape
-    b = qweight.reshape(tiles, kb, bits, TILE, 4)
-    codes = torch.zeros(tiles, TILE, kb, 8, 4, dtype=torch.uint8, device=qweight.device)
+def _row_codes(b: Tensor, bits: int) -> Tensor:
+    """A row's bytes per block [..., K/32, bits (chunk), 4 (j)] -> its uint8 codes [..., K]."""
+    *lead, kb, _, _ = b.shape
+    codes = torch.zeros(*lead, kb, 8, 4, dtype=torch.uint8, device=b.device)
     at = 0
     for w, shift in PLANES[bits]:
-        plane = b[:, :, at:at + w].permute(0, 3, 1, 2, 4)  # t, r, block, chunk, j
+        plane = b[..., at:at + w, :]  # block, chunk, j
         at += w
-        fields = torch.stack([(plane >> (w * f)) & ((1 << w) - 1) for f in range(8 // w)], dim=3)
-        codes |= fields.reshape(tiles, TILE, kb, 8, 4) << shift
-    return codes.reshape(tiles * TILE, kb * 32)[:out_features]
+        fields = torch.stack([(plane >> (w * f)) & ((1 << w) - 1) for f in range(8 // w)], dim=-3)
+        codes |= fields.reshape(*lead, kb, 8, 4) << shift  # quad = field * w + chunk
+    return codes.reshape(*lead, kb * 32)
+
+
+def unpack_codes(qweight: Tensor, bits: int, out_features: int) -> Tensor:
+    tiles, kb, _ = qweight.shape
+    b = qweight.reshape(tiles, kb, bits, TILE, 4).permute(0, 3, 1, 2, 4)  # t, r, block, chunk, j
+    return _row_codes(b, bits).reshape(tiles * TILE, kb * 32)[:out_features]
+
+
+def tile_rows_codes(qweight: Tensor, bits: int, rows: Tensor) -> Tensor:
+    """The uint8 codes [len(rows), K] of the given rows of pack_codes' tiles, reading only their bytes
+    (an embedding lookup's gather)."""
+    tiles, kb, _ = qweight.shape
+    b = qweight.reshape(tiles, kb, bits, TILE, 4)[rows // TILE, :, :, rows % TILE, :]  # n, block, chunk, j
+    return _row_codes(b, bits)
 
 
 def pack_nibbles(codes: Tensor) -> Tensor:

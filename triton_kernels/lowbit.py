@@ -2,7 +2,7 @@
 
 Both layouts store a row's b-bit codes as one MSB-first bit stream (layouts.palette_packed.pack_stream:
 code j at bits [j b, j b + b) of the row, int32 words, the row padded to a word):
-- lowbit_rowmajor (int1_g*, int2_g*, int2_sym_g*, int3_g*; layouts/lowbit.py): W[n, k] =
+- lowbit_rowmajor (int1_g*, int2_g*, int2_sym_g*, int3_g*, q8_0; layouts/lowbit.py): W[n, k] =
   lut[code] * scale[n, k // group] (+ min), fp16 scales / mins [N, K / group], the format's fp32
   table of 2^b code values.
 - gcb_rowmajor (gcb2, gcb3; layouts/gcb.py): W[n, k] = codebooks[c][code] * (s * d) with the
@@ -174,8 +174,8 @@ def stream_words(in_features: int, code_bits: int) -> int:
 
 
 def _codes_check(op, codes, code_bits, n, k):
-    if not 1 <= code_bits <= 4:
-        raise ValueError(f"{op} (triton): code_bits must be 1..4, got {code_bits}")
+    if not (1 <= code_bits <= 4 or code_bits == 8):
+        raise ValueError(f"{op} (triton): code_bits must be 1..4 or 8, got {code_bits}")
     words = stream_words(k, code_bits)
     if codes.dtype != torch.int32 or tuple(codes.shape) != (n, words):
         raise ValueError(f"{op} (triton): codes must be int32 [{n}, {words}] (one {code_bits}-bit MSB-first stream "
@@ -258,7 +258,8 @@ def lowbit_linear(x, codes, code_bits, scales, mins, lut, group_size, bias=None,
     check_x(op, x, k, n, bias)
     has_min = mins is not None
     # fp32 activations gather exact table values (the bit trick's GEMV sums are ~1e-5 relative)
-    form = table_form(lut) if x.dtype != torch.float32 else None
+    # 8-bit codes (q8_0) gather too: the trick's t - sum x cancellation grows with 2^BITS
+    form = table_form(lut) if x.dtype != torch.float32 and code_bits <= 4 else None
     launches = _word_launches(_lowbit_weights(codes, scales, mins, lut), code_bits, words, GROUP=group_size,
                               HAS_MIN=has_min, AFFINE=form is not None, LUT_A=form[0] if form else 1.0,
                               LUT_B=form[1] if form else 0.0, CODEBOOKS=False)

@@ -1,9 +1,11 @@
-// Kernels for formats whose b-bit codes (b = 1..4) index a table of integers (q4_0, int4_g*,
-// iq4_nl, nuq*, ...) over int8 activations.
+// Kernels for formats whose b-bit codes (b = 1..4, or 8) index a table of integers (q4_0, int4_g*,
+// iq4_nl, nuq*, ...; b = 8: q8_0, whose byte is q + 128 and whose table is code - 128) over int8
+// activations.
 //
 // Layouts "lut{b}_i8_n16" (torch_lowbit/layouts/lut_i8.py packs them): rows in tiles of 16 (N
 // padded), K in blocks of 32. qweight [N/16, K/32, 64 b] uint8. A code splits into planes of
-// width 4 (b = 4), 2 (b = 2), 2 + 1 (b = 3: low two bits, then the high bit) or 1 (b = 1); a plane
+// width 4 (b = 4), 2 (b = 2), 2 + 1 (b = 3: low two bits, then the high bit), 1 (b = 1) or 8 (b = 8:
+// chunk qd is quad qd, plain bytes, so 8 loads feed vpdpbusd with no shift or mask); a plane
 // of width w takes w chunks of 64 bytes, and "quad" qd (codes 4qd .. 4qd+3 of each row, qd < 8)
 // sits in chunk qd % w at bit offset w * (qd / w): byte r*4 + j of that chunk holds row r's code
 // 4qd + j. So one 64-byte load, a shift and a mask give, per 32-bit lane, 4 consecutive codes of
@@ -36,7 +38,7 @@
 namespace torch_lowbit {
 
 constexpr int64_t kI8TileRows = 16;
-constexpr int kI8MaxTable = 128;  // 16 codebooks x 8 entries (gcb3)
+constexpr int kI8MaxTable = 256;  // 8-bit codes (q8_0); 16 codebooks x 8 entries (gcb3) need 128
 
 struct LutI8Weights {
   const uint8_t* qweight;   // [N/16, K/32, 64 * bits]
@@ -47,7 +49,7 @@ struct LutI8Weights {
   int32_t offset;
   int64_t N, K, group;
   const float* bias;         // [N] fp32 or nullptr: accumulators start from it (bias fused)
-  int bits;                  // code width, 1..4
+  int bits;                  // code width, 1..4 or 8
 };
 
 inline int64_t lut_i8_block_bytes(int bits) { return 64 * bits; }
@@ -74,13 +76,14 @@ inline float lut_i8_block_factor(const uint8_t* sub, int r, float xd) {
   return sub ? static_cast<float>(sub[r] & 15) * xd : xd;
 }
 
-// Calls f(std::integral_constant<int, B>{}) with B = bits (1..4), so kernels specialize on the width.
+// Calls f(std::integral_constant<int, B>{}) with B = bits (1..4, 8), so kernels specialize on the width.
 template <typename F>
 inline void with_code_bits(int bits, F&& f) {
   switch (bits) {
     case 1: return f(std::integral_constant<int, 1>{});
     case 2: return f(std::integral_constant<int, 2>{});
     case 3: return f(std::integral_constant<int, 3>{});
+    case 8: return f(std::integral_constant<int, 8>{});
     default: return f(std::integral_constant<int, 4>{});
   }
 }

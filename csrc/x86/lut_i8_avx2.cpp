@@ -2,7 +2,8 @@
 // vpmaddubsw (unsigned x signed bytes -> saturating int16 pairs): to stay clear of saturation it
 // multiplies |t| by sign(t)*x, both within +-127 (the sign trick), then vpmaddwd sums 4 products
 // into each int32 lane. That yields sum t*x, which equals the other paths' sum u*x - offset*sum x
-// exactly, so the float epilogue (same ops, same order) gives bit-identical results. A 16-row tile
+// exactly, so the float epilogue (same ops, same order) gives bit-identical results. (q8_0's byte 0,
+// t = -128, which ggml never writes, still works: vpsignb leaves 0x80, read as the unsigned 128.) A 16-row tile
 // is two 8-lane halves (bytes 0..31 and 32..63 of each 64-byte chunk). Group codebooks (gcb): a
 // 32-bit gather per block fetches each row's 4-entry codebook (gcb3: two, entries 0-3 and 4-7) into
 // the row's own lane, so vpshufb looks codes up within the lane (blend on bit 2 for gcb3).
@@ -37,7 +38,9 @@ TLB_AVX2_I8 inline void plane_quads(const uint8_t* p, __m256i q[8]) {
 
 template <int B>
 TLB_AVX2_I8 inline void decode_quads(const uint8_t* p, __m256i q[8]) {
-  if constexpr (B == 3) {
+  if constexpr (B == 8) {  // chunk qd is quad qd: the code bytes as they are
+    for (int qd = 0; qd < 8; ++qd) q[qd] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * qd));
+  } else if constexpr (B == 3) {
     plane_quads<2>(p, q);
     const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128)), bit2 = _mm256_set1_epi8(4);
     for (int f = 0; f < 8; ++f) {
@@ -49,9 +52,10 @@ TLB_AVX2_I8 inline void decode_quads(const uint8_t* p, __m256i q[8]) {
   }
 }
 
-// Signed table bytes of the 8 quads of one half tile; sub: that half's 8 sub-group bytes (gcb) or nullptr.
+// Signed table bytes of the 8 quads of one half tile from the <= 16-entry table (or gcb's per-row
+// codebooks); sub: that half's 8 sub-group bytes (gcb) or nullptr.
 template <int B>
-TLB_AVX2_I8 inline void lookup_quads(__m256i q[8], const int8_t* signed_table, const uint8_t* sub) {
+TLB_AVX2_I8 inline void lookup_table_quads(__m256i q[8], const int8_t* signed_table, const uint8_t* sub) {
   if (!sub) {
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(signed_table)));
     for (int qd = 0; qd < 8; ++qd) q[qd] = _mm256_shuffle_epi8(table, q[qd]);
@@ -74,12 +78,24 @@ TLB_AVX2_I8 inline void lookup_quads(__m256i q[8], const int8_t* signed_table, c
   }
 }
 
+// Signed weight bytes of the 8 quads of one half tile (q8_0: the bytes themselves, flipped).
+template <int B>
+TLB_AVX2_I8 inline void lookup_quads(__m256i q[8], const int8_t* signed_table, const uint8_t* sub) {
+  if constexpr (B == 8) {  // q8_0 (table code - 128, checked by the op): the signed value is the byte ^ 0x80
+    for (int qd = 0; qd < 8; ++qd) q[qd] = _mm256_xor_si256(q[qd], _mm256_set1_epi8(static_cast<char>(0x80)));
+  } else {
+    lookup_table_quads<B>(q, signed_table, sub);
+  }
+}
+
 template <int B, int MT>
 TLB_AVX2_I8 void tile_tokens(const LutI8Weights& w, const Q8Acts& a, int64_t t, int64_t m0, float* out,
                              int64_t ldo) {
   const int64_t kb_count = w.K / 32, groups = w.K / w.group, blocks_per_group = w.group / 32;
-  int8_t signed_table[kI8MaxTable];
-  for (int i = 0; i < kI8MaxTable; ++i) signed_table[i] = static_cast<int8_t>(w.utable[i] - w.offset);
+  constexpr int kTableBytes = 128;  // the most a <= 4-bit lookup reads (gcb3: 16 codebooks x 8); 8-bit reads none
+  int8_t signed_table[kTableBytes];
+  if constexpr (B != 8)
+    for (int i = 0; i < kTableBytes; ++i) signed_table[i] = static_cast<int8_t>(w.utable[i] - w.offset);
   const uint8_t* tile = w.qweight + t * kb_count * (64 * B);
   const int64_t rows = std::min(kI8TileRows, w.N - t * kI8TileRows);
   for (int half = 0; half < 2; ++half) {

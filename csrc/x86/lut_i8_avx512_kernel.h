@@ -43,7 +43,9 @@ TLB_KERNEL inline void plane_quads(const uint8_t* p, __m512i q[8]) {
 
 template <int B>
 TLB_KERNEL inline void decode_quads(const uint8_t* p, __m512i q[8]) {
-  if constexpr (B == 3) {  // low two bits from the 2-bit plane, bit 2 from the 1-bit plane
+  if constexpr (B == 8) {  // chunk qd is quad qd: the code bytes as they are
+    for (int qd = 0; qd < 8; ++qd) q[qd] = _mm512_loadu_si512(p + 64 * qd);
+  } else if constexpr (B == 3) {  // low two bits from the 2-bit plane, bit 2 from the 1-bit plane
     plane_quads<2>(p, q);
     const __m512i hi = _mm512_loadu_si512(p + 128), bit2 = _mm512_set1_epi8(4);
     for (int f = 0; f < 8; ++f) {

@@ -1,4 +1,4 @@
-// AVX-512 VNNI lut x int8 kernel (identity and 16-entry tables); the tile kernel itself is
+// AVX-512 VNNI lut x int8 kernel (identity and 16-entry tables, q8_0's bytes); the tile kernel itself is
 // x86/lut_i8_avx512_kernel.h.
 #if defined(TORCH_LOWBIT_X86)
 #define TLB_KERNEL __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
@@ -9,12 +9,16 @@ namespace {
 
 template <int B>
 TLB_KERNEL void run_bits(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out, int64_t ldo) {
-  bool identity = true;
-  for (int i = 0; i < (1 << B); ++i) identity &= w.utable[i] == i;
-  if (identity)
-    run_range<Lookup::Identity, B>(w, a, t0, t1, out, ldo);
-  else
-    run_range<Lookup::Table16, B>(w, a, t0, t1, out, ldo);
+  if constexpr (B == 8) {  // q8_0: the table is code - 128 (checked by the op), the offset undoes it
+    run_range<Lookup::Identity, 8>(w, a, t0, t1, out, ldo);
+  } else {
+    bool identity = true;
+    for (int i = 0; i < (1 << B); ++i) identity &= w.utable[i] == i;
+    if (identity)
+      run_range<Lookup::Identity, B>(w, a, t0, t1, out, ldo);
+    else
+      run_range<Lookup::Table16, B>(w, a, t0, t1, out, ldo);
+  }
 }
 
 }  // namespace

@@ -71,6 +71,17 @@ class Format(ABC):
                     "layer with filter_fn")
         return None
 
+    def check_quantized(self, q: dict[str, Tensor], out_features: int, in_features: int) -> None:
+        """Rejects already-quantized tensors (as quantize() returns them, e.g. read from a GGUF file)
+        that this format cannot hold for an [out_features, in_features] weight, naming the fix. The
+        base checks the shape and that q is a dict of tensors; formats add their tensors' shapes."""
+        problem = self.shape_problem(out_features, in_features)
+        if problem:
+            raise ValueError(f"{self.name}: a weight of {out_features}x{in_features} {problem}")
+        if not isinstance(q, dict) or not q or not all(isinstance(t, Tensor) for t in q.values()):
+            raise TypeError(f"{self.name}: quantized tensors must be a non-empty dict of tensors as "
+                            f"{type(self).__name__}.quantize() returns, got {type(q).__name__}")
+
     def to_json(self) -> dict:
         return {"kind": self.kind, "version": self.version, "params": dataclasses.asdict(self)}
 

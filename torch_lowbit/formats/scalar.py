@@ -88,6 +88,26 @@ class ScalarCodebookFormat(Format):
             q["mins"] = mn16.reshape(shape[0], -1)
         return q
 
+    def check_quantized(self, q: dict[str, Tensor], out_features: int, in_features: int) -> None:
+        super().check_quantized(q, out_features, in_features)
+        groups = in_features // self.group_size
+        expected = {"codes": ((out_features, in_features), torch.uint8),
+                    "scales": ((out_features, groups), torch.float16)}
+        if self.has_mins:
+            expected["mins"] = ((out_features, groups), torch.float16)
+        if set(q) != set(expected):
+            raise ValueError(f"{self.name}: quantized tensors must be exactly {sorted(expected)}, got {sorted(q)}")
+        for name, (shape, dtype) in expected.items():
+            t = q[name]
+            if tuple(t.shape) != shape or t.dtype != dtype:
+                raise ValueError(f"{self.name}: {name} must be {dtype} {list(shape)}, got {t.dtype} "
+                                 f"{list(t.shape)}; convert it (e.g. codes as uint8, scales with .half())")
+        if self.code_bits < 8 and int(q["codes"].max()) >= 1 << self.code_bits:
+            raise ValueError(f"{self.name}: codes must be below {1 << self.code_bits} ({self.code_bits}-bit), "
+                             f"got {int(q['codes'].max())}")
+        if not all(bool(torch.isfinite(q[n]).all()) for n in expected if n != "codes"):
+            raise ValueError(f"{self.name}: scales/mins hold NaN/Inf; fix the source tensors")
+
     def bits_per_weight(self) -> float:
         params = 16 * (2 if self.has_mins else 1)
         return self.code_bits + params / self.group_size

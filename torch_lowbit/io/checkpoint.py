@@ -1,8 +1,10 @@
 """Quantized checkpoints: one safetensors file (no pickle) whose JSON metadata says, per quantized
 module, its format config, layout (name + version), shapes and fusion, plus a CRC32 per tensor.
 
-Loading rebuilds the QuantLinear modules on a float (or meta-device) skeleton of the same
-architecture and assigns every tensor, so nothing is quantized or repacked again.
+Loading rebuilds the QuantLinear and QuantEmbedding modules (entries with "module": "embedding")
+on a float (or meta-device) skeleton of the same architecture and assigns every tensor, so nothing
+is quantized or repacked again. Tensors sharing storage (a head tied to a QuantEmbedding) are
+stored once and listed as aliases; loading hands both modules the same tensor.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from torch import Tensor, nn
 
 from ..formats import format_from_json
 from ..layouts import get_layout
+from ..nn.embedding import QuantEmbedding
 from ..nn.fusion import ProjectionSlot, install_fused
 from ..nn.linear import QuantLinear
 
@@ -41,6 +44,13 @@ def _module_entries(model: nn.Module) -> dict[str, dict]:
         for names, fused_name in getattr(parent, "_lowbit_fusions", []):
             fused_parents[f"{pfqn}.{fused_name}" if pfqn else fused_name] = list(names)
     for fqn, m in model.named_modules():
+        if isinstance(m, QuantEmbedding):
+            entries[fqn] = {
+                "module": "embedding", "format": m.fmt.to_json(), "layout": m.layout.name,
+                "layout_version": m.layout.version, "num_embeddings": m.num_embeddings,
+                "embedding_dim": m.embedding_dim, "padding_idx": m.padding_idx,
+                "out_dtype": str(m.out_dtype).removeprefix("torch."),
+            }
         if not isinstance(m, QuantLinear):
             continue
         entries[fqn] = {
@@ -134,15 +144,25 @@ def _install_shells(model: nn.Module, modules: dict[str, dict], path: str) -> No
         if layout.version != e["layout_version"]:
             raise CheckpointError(f"{path}: module {fqn} uses layout {layout.name} v{e['layout_version']}, this "
                                   f"torch_lowbit has v{layout.version}; re-quantize and save again")
-        shell = QuantLinear.empty(e["in_features"], e["out_features"], fmt, bias=e["bias"],
-                                  bias_dtype=getattr(torch, e["bias_dtype"]) if e["bias"] else torch.float32,
-                                  layout=layout, split_sizes=e["split_sizes"])
         pfqn, _, child = fqn.rpartition(".")
         try:
             parent = model.get_submodule(pfqn) if pfqn else model
         except AttributeError as err:
             raise CheckpointError(f"{path}: the model has no module {pfqn!r}; load into a skeleton of the "
                                   "architecture that was saved") from err
+        if e.get("module") == "embedding":
+            old = getattr(parent, child, None)
+            size = (getattr(old, "num_embeddings", None), getattr(old, "embedding_dim", None))
+            if not isinstance(old, (nn.Embedding, QuantEmbedding)) or size != (e["num_embeddings"], e["embedding_dim"]):
+                raise CheckpointError(f"{path}: {fqn} in the model is {type(old).__name__}, not an Embedding of "
+                                      f"{e['num_embeddings']}x{e['embedding_dim']}; wrong skeleton")
+            setattr(parent, child, QuantEmbedding.empty(e["num_embeddings"], e["embedding_dim"], fmt, layout=layout,
+                                                        padding_idx=e["padding_idx"],
+                                                        out_dtype=getattr(torch, e["out_dtype"])))
+            continue
+        shell = QuantLinear.empty(e["in_features"], e["out_features"], fmt, bias=e["bias"],
+                                  bias_dtype=getattr(torch, e["bias_dtype"]) if e["bias"] else torch.float32,
+                                  layout=layout, split_sizes=e["split_sizes"])
         if e["fused_from"]:
             originals = [getattr(parent, n, None) for n in e["fused_from"]]
             sizes = [getattr(o, "out_features", None) for o in originals]

@@ -38,6 +38,12 @@ class Layout(ABC):
     def unpack(self, fmt: Format, buffers: dict[str, Tensor], out_features: int, in_features: int) -> dict[str, Tensor]:
         """Inverse of pack: the format-level tensors that fmt.dequantize() reads."""
 
+    def gather_rows(self, fmt: Format, buffers: dict[str, Tensor], rows: Tensor) -> dict[str, Tensor]:
+        """The format-level tensors (as unpack's) of the given output rows only, reading only their
+        packed bytes: what an embedding lookup dequantizes (nn.QuantEmbedding)."""
+        raise ValueError(f"layout {self.name} cannot gather single rows; use a layout that can "
+                         "(lut{{b}}_i8_n16, lut4_rowmajor, lowbit_rowmajor) for an embedding")
+
     @abstractmethod
     def buffer_shapes(self, fmt: Format, out_features: int, in_features: int) -> dict[str, tuple]:
         """Shapes and dtypes of the persistent buffers, to build empty modules before loading."""

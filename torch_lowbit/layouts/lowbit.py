@@ -1,5 +1,6 @@
-"""lowbit_rowmajor: the off-CPU layout of the 1-, 2- and 3-bit scalar-codebook formats (int1_g*,
-int2_g*, int2_sym_g*, int3_g*); on the CPU they default to the int8-activation tiles lut{b}_i8_n16.
+"""lowbit_rowmajor: the off-CPU layout of the 1-, 2-, 3- and 8-bit scalar-codebook formats (int1_g*,
+int2_g*, int2_sym_g*, int3_g*, q8_0); on the CPU they default to the int8-activation tiles lut{b}_i8_n16.
+(8-bit streams are the code bytes in order, each int32 word holding 4 codes, the first in its top byte.)
 
 codes: int32 [N, ceil(K b / 32)], one MSB-first b-bit stream per row (torch_lowbit.packing.pack_stream,
 the packing gcb_rowmajor uses too); scales / mins: fp16 [N, K / group]. The op
@@ -17,7 +18,7 @@ from ..packing import pack_stream, unpack_stream
 from .base import register_layout
 from .scalar_rowmajor import ScalarRowMajor
 
-BITS = (1, 2, 3)
+BITS = (1, 2, 3, 8)
 
 
 class LowbitRowMajor(ScalarRowMajor):

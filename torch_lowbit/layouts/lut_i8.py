@@ -1,14 +1,20 @@
-"""lut{b}_i8_n16 (b = 1..4): the x86 CPU layouts of formats whose b-bit codes index a table of
-integers (q4_0, int4_g*, iq4_nl; nuq* through nuq_i8_n16), run by int8-activation kernels
-(AVX-512 VNNI, AVX2, portable scalar).
+"""lut{b}_i8_n16 (b = 1..4, 8): the x86 CPU layouts of formats whose b-bit codes index a table of
+integers (q4_0, int4_g*, iq4_nl; nuq* through nuq_i8_n16; b = 8: q8_0), run by int8-activation
+kernels (AVX-512 VNNI, AVX2, portable scalar).
 
 Rows are tiled by 16 (N padded with zero codes and scales), K by blocks of 32. A (tile, block) is
-64 b bytes: the code splits into planes of width 4 (b = 4), 2 (b = 2), 2 + 1 (b = 3) or 1 (b = 1);
-a width-w plane takes w chunks of 64 bytes, and quad qd (codes 4qd .. 4qd+3, qd < 8) lies in chunk
-qd % w at bit offset w * (qd // w), byte r*4 + j holding row r's code 4qd + j. One 64-byte load, a
-shift and a mask thus feed vpdpbusd with 4 codes of each of 16 rows. Group params are
-[N/16, K/group, 16] fp16: a tile's 16 scales of one group convert in one op.
-See csrc/common/lut_i8.h for the kernel's integer math.
+64 b bytes: the code splits into planes of width 4 (b = 4), 2 (b = 2), 2 + 1 (b = 3), 1 (b = 1)
+or 8 (b = 8); a width-w plane takes w chunks of 64 bytes, and quad qd (codes 4qd .. 4qd+3, qd < 8)
+lies in chunk qd % w at bit offset w * (qd // w), byte r*4 + j holding row r's code 4qd + j. One
+64-byte load, a shift and a mask thus feed vpdpbusd with 4 codes of each of 16 rows.
+
+lut8_i8_n16 (q8_0) is the b = 8 case: qweight [N/16, K/32, 512] uint8, chunk qd of a (tile, block)
+= quad qd, its byte r*4 + j = row r's code 4qd + j = q + 128 (the unsigned operand of vpdpbusd;
+the kernel subtracts 128 * sum(x) per block, AVX2 flips the byte back to q for its sign trick), so a
+decode GEMV streams each weight byte once, 8 plain 64-byte loads per (tile, block), no shifts. A
+row's bytes are 4 of every 64, so an embedding lookup gathers exactly a row's K bytes
+(`gather_rows`). Group params are [N/16, K/group, 16] fp16 (q8_0: one d per block): a tile's 16
+scales of one group convert in one op. See csrc/common/lut_i8.h for the kernel's integer math.
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from torch import Tensor
 from ..formats.activations import fake_quantize_q8_blocks
 from ..formats.gaussian import NUQ
 from ..formats.scalar import ScalarCodebookFormat
-from ..packing import TILE, pack_codes, pad_rows, unpack_codes
+from ..packing import TILE, pack_codes, pad_rows, tile_rows_codes, unpack_codes
 from ..rotations import hadamard_transform
 from .base import Layout, register_layout, run_op
 
@@ -67,6 +73,13 @@ class LutI8Tiled(Layout):
             q[name] = buffers[name].permute(0, 2, 1).reshape(tiles * TILE, -1)[:out_features]
         return q
 
+    def gather_rows(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], rows: Tensor) -> dict[str, Tensor]:
+        # no _check here: it reads the table's values, which compile cannot trace (pack checked the format)
+        q = {"codes": tile_rows_codes(buffers["qweight"], self.bits, rows)}
+        for name in ("scales", "mins") if fmt.has_mins else ("scales",):
+            q[name] = buffers[name][rows // TILE, :, rows % TILE]  # [n, groups]
+        return q
+
     def buffer_shapes(self, fmt: ScalarCodebookFormat, out_features: int, in_features: int):
         tiles, groups = -(-out_features // TILE), in_features // fmt.group_size
         shapes = {"qweight": ((tiles, in_features // 32, 64 * self.bits), torch.uint8),
@@ -109,6 +122,8 @@ class NuqI8Tiled(LutI8Tiled):
 
     def supports(self, fmt) -> bool:
         return isinstance(fmt, NUQ)
+
+    gather_rows = Layout.gather_rows  # one scale per row of rotated codes: no embedding use
 
     def _check(self, fmt):
         if not self.supports(fmt):
@@ -160,5 +175,5 @@ class NuqI8Tiled(LutI8Tiled):
 
 
 LUT_I8 = {b: register_layout(LutI8Tiled(b), default_for=f"lut{b}", device="cpu")
-          for b in (4, 3, 2, 1)}
+          for b in (8, 4, 3, 2, 1)}
 NUQ_I8 = register_layout(NuqI8Tiled(), default_for="nuq", device="cpu")

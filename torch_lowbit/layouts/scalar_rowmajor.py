@@ -51,6 +51,14 @@ class ScalarRowMajor(Layout):
             q["mins"] = buffers["mins"]
         return q
 
+    def gather_rows(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], rows: Tensor) -> dict[str, Tensor]:
+        in_features = buffers["scales"].shape[1] * fmt.group_size
+        q = {"codes": self.unpack_codes(fmt, buffers[self.codes_key][rows], in_features),
+             "scales": buffers["scales"][rows]}
+        if fmt.has_mins:
+            q["mins"] = buffers["mins"][rows]
+        return q
+
     def buffer_shapes(self, fmt: ScalarCodebookFormat, out_features: int, in_features: int):
         groups = in_features // fmt.group_size
         shapes = {self.codes_key: self.codes_shape(fmt, out_features, in_features),

@@ -1,9 +1,11 @@
-"""Modules: QuantLinear, fused projections, the model-level quantize_ and per-layer format allocation."""
+"""Modules: QuantLinear, QuantEmbedding (and a tied head), fused projections, the model-level quantize_
+and per-layer format allocation."""
 from .allocate import MixedBits, allocate_formats, mix_summary, quantized_bpw
+from .embedding import QuantEmbedding, quantize_embeddings_
 from .fusion import ProjectionSlot
 from .linear import QuantLinear
 from .quantize import quantize_
 from .select import default_filter
 
-__all__ = ["QuantLinear", "ProjectionSlot", "quantize_", "default_filter", "allocate_formats", "MixedBits",
+__all__ = ["QuantLinear", "QuantEmbedding", "quantize_embeddings_", "ProjectionSlot", "quantize_", "default_filter", "allocate_formats", "MixedBits",
            "mix_summary", "quantized_bpw"]

@@ -94,6 +94,23 @@ class QuantLinear(nn.Module):
                    split_sizes=[w.shape[0] for w in weights] if split else None)
 
     @classmethod
+    def from_quantized(cls, fmt: Union[str, Format], q: dict[str, Tensor], out_features: int, in_features: int,
+                       bias: Optional[Tensor] = None, layout: Union[None, str, Layout] = None,
+                       split_sizes: Optional[Sequence[int]] = None) -> "QuantLinear":
+        """A module from a format's already-quantized tensors q (exactly what fmt.quantize() returns,
+        e.g. q8_0 {"codes": uint8 [N, K], "scales": fp16 [N, K/32]} read from a GGUF file), packed into
+        `layout` (default: the best one for q's device) without re-quantizing: dequantize() equals
+        fmt.dequantize(q) bit for bit. bias: float [out_features] or None."""
+        fmt = get_format(fmt)
+        fmt.check_quantized(q, out_features, in_features)
+        if bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (out_features,)
+                                 or not bias.is_floating_point()):
+            raise ValueError(f"from_quantized: bias must be a float tensor of shape [{out_features}] or None")
+        layout = _resolve_layout(layout, fmt, next(iter(q.values())).device.type)
+        return cls(in_features, out_features, fmt, layout.pack(fmt, q),
+                   bias.detach().clone() if bias is not None else None, layout=layout, split_sizes=split_sizes)
+
+    @classmethod
     def empty(cls, in_features: int, out_features: int, fmt: Union[str, Format], *, bias: bool,
               bias_dtype: torch.dtype = torch.float32, layout: Optional[Layout] = None,
               split_sizes: Optional[Sequence[int]] = None, device="meta") -> "QuantLinear":

@@ -101,7 +101,7 @@ def _stream_check(op, codes, code_bits, n, k):
 
 def _lowbit_check(codes, code_bits, scales, mins, lut, group_size):
     """lowbit_rowmajor (int1/2/3): one code stream per row, fp16 group scales (and mins)."""
-    _check(1 <= code_bits <= 3, f"lowbit: code_bits must be 1..3, got {code_bits}")
+    _check(1 <= code_bits <= 3 or code_bits == 8, f"lowbit: code_bits must be 1..3 or 8, got {code_bits}")
     _check(group_size > 0 and group_size % 32 == 0, f"lowbit: group size {group_size} must be a multiple of 32")
     _check(scales.dtype == torch.float16 and scales.dim() == 2, "lowbit: scales must be 2-D fp16 [N, K/group]")
     n, k = scales.shape[0], scales.shape[1] * group_size
@@ -178,7 +178,7 @@ def _register() -> None:
     @torch.library.register_fake("torch_lowbit::lut_i8_linear")
     def _lut_i8_linear_fake(x, qweight, scales, mins, lut, code_bits, group_size, out_features, bias,
                             sub_groups=None):
-        _check(1 <= code_bits <= 4, f"lut_i8: code_bits must be 1..4, got {code_bits}")
+        _check(1 <= code_bits <= 4 or code_bits == 8, f"lut_i8: code_bits must be 1..4 or 8, got {code_bits}")
         _check(qweight.dtype == torch.uint8 and qweight.dim() == 3 and qweight.shape[2] == 64 * code_bits,
                f"lut_i8: qweight must be uint8 [N/16, K/32, {64 * code_bits}] for {code_bits}-bit codes")
         tiles, k = qweight.shape[0], qweight.shape[1] * 32
