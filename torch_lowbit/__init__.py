@@ -5,13 +5,14 @@
     tl.quantize_(model, "q4_0")                    # swap nn.Linear -> QuantLinear (fused q/k/v, gate/up)
     tl.quantize_(model, tl.MixedBits(["gcb2_sb192", "gcb3_sb192"], 3.2), calibration=batches)  # per-layer mix
     tl.save_quantized(model, "m.safetensors"); tl.load_quantized(skeleton, "m.safetensors")
+    model, tok = tl.from_gguf("m.Q4_0.gguf"); tl.to_gguf(model, "out.gguf")   # llama.cpp files, blocks kept
     with tl.use_backend("reference"): ...          # pure torch; "cpu" compiled kernels; "triton"
 """
 from . import layouts as _layouts  # noqa: F401  (registers layouts)
 from . import ops as _ops  # noqa: F401  (loads the C++ extension, registers fake/CUDA impls)
 from .formats import (IQ4_NL, NUQ, VQ, Format, GaussianFormat, Int4, IntAsym, IntSym, Q4_0, ScalarCodebookFormat,
                       format_from_json, formats, get_format, register_format)
-from .io import CheckpointError, load_quantized, save_quantized
+from .io import CheckpointError, GGUFError, from_gguf, load_quantized, save_quantized, to_gguf
 from .nn import MixedBits, ProjectionSlot, QuantLinear, allocate_formats, quantize_
 from .ops import current_backend, use_backend
 from . import rotations  # noqa: F401  (Hadamard rotations; registers torch_lowbit::hadamard_transform impls)
@@ -20,4 +21,4 @@ from .version import __version__
 
 __all__ = ["Format", "ScalarCodebookFormat", "GaussianFormat", "Int4", "IntAsym", "IntSym", "Q4_0", "IQ4_NL", "NUQ", "VQ", "formats", "get_format", "register_format", "format_from_json",
            "QuantLinear", "ProjectionSlot", "quantize_", "allocate_formats", "MixedBits", "use_backend", "current_backend",
-           "save_quantized", "load_quantized", "CheckpointError", "__version__"]
+           "save_quantized", "load_quantized", "CheckpointError", "from_gguf", "to_gguf", "GGUFError", "__version__"]
