@@ -7,7 +7,7 @@ import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 # small arguments where a script takes them: the point is that it runs, not its numbers
-ARGS = {"lm_eval_run.py": ["--docs", "4", "--limit", "4"]}
+ARGS = {"lm_eval_run.py": ["--docs", "4", "--limit", "4"], "gguf_import.py": ["--tokens", "512"]}
 
 
 @pytest.mark.slow

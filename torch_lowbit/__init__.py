@@ -6,6 +6,7 @@
     tl.quantize_embeddings_(model, "q8_0")         # embedding -> QuantEmbedding, tied head shares it
     tl.quantize_(model, tl.MixedBits(["gcb2_sb192", "gcb3_sb192"], 3.2), calibration=batches)  # per-layer mix
     tl.save_quantized(model, "m.safetensors"); tl.load_quantized(skeleton, "m.safetensors")
+    model, tok = tl.from_gguf("m.Q4_0.gguf"); tl.to_gguf(model, "out.gguf")   # llama.cpp files, blocks kept
     with tl.use_backend("reference"): ...          # pure torch; "cpu" compiled kernels; "triton"
     tl.CompiledGenerator(model).generate(ids, 64)  # static KV cache + torch.compile'd steps
 """
@@ -14,7 +15,7 @@ from . import ops as _ops  # noqa: F401  (loads the C++ extension, registers fak
 from .formats import (IQ4_NL, NUQ, VQ, Format, GaussianFormat, Int4, IntAsym, IntSym, Q4_0, Q8_0, ScalarCodebookFormat,
                       format_from_json, formats, get_format, register_format)
 from .generation import CompiledGenerator
-from .io import CheckpointError, load_quantized, save_quantized
+from .io import CheckpointError, GGUFError, from_gguf, load_quantized, save_quantized, to_gguf
 from .nn import MixedBits, ProjectionSlot, QuantEmbedding, QuantLinear, allocate_formats, quantize_, quantize_embeddings_
 from .ops import current_backend, use_backend
 from . import rotations  # noqa: F401  (Hadamard rotations; registers torch_lowbit::hadamard_transform impls)
@@ -23,4 +24,4 @@ from .version import __version__
 
 __all__ = ["Format", "ScalarCodebookFormat", "GaussianFormat", "Int4", "IntAsym", "IntSym", "Q4_0", "Q8_0", "IQ4_NL", "NUQ", "VQ", "formats", "get_format", "register_format", "format_from_json",
            "QuantLinear", "QuantEmbedding", "ProjectionSlot", "quantize_", "quantize_embeddings_", "allocate_formats", "MixedBits", "use_backend", "current_backend",
-           "save_quantized", "load_quantized", "CheckpointError", "CompiledGenerator", "__version__"]
+           "save_quantized", "load_quantized", "CheckpointError", "from_gguf", "to_gguf", "GGUFError", "CompiledGenerator", "__version__"]

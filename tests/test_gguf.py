@@ -1,0 +1,428 @@
+"""GGUF import / export: files are written here with gguf's own GGUFWriter and quantizers (and read back
+with its GGUFReader and dequantizer), so every check compares against an independent implementation."""
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+import torch_lowbit as tl
+from torch_lowbit.io.gguf_blocks import rope_rows
+
+gguf = pytest.importorskip("gguf")
+from conftest import tiny_llama  # noqa: E402
+
+Q = gguf.GGMLQuantizationType
+EPS = 2.0 ** -20  # an rms_norm_eps that fp32 GGUF metadata holds exactly
+
+
+def llama(**kw):
+    return tiny_llama(rms_norm_eps=EPS, **kw)
+
+
+def tiny_qwen2(**kw):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    cfg = dict(vocab_size=256, hidden_size=128, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=EPS, tie_word_embeddings=False)
+    cfg.update(kw)
+    model = Qwen2ForCausalLM(Qwen2Config(**cfg)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)  # HF initializes biases to zero: make them count
+    return model
+
+
+# ---- an independent GGUF writer (llama.cpp's convert step, in numpy) ------------------------------
+
+def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf.py LlamaModel.permute, verbatim."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def iq4_nl_blocks(w: np.ndarray) -> np.ndarray:
+    """IQ4_NL block bytes (gguf has no IQ4_NL quantizer): torch_lowbit's codes and scales, laid out here
+    as ggml's block_iq4_nl (fp16 d, then 16 bytes: low nibbles = codes 0..15, high = 16..31)."""
+    q = tl.get_format("iq4_nl").quantize(torch.from_numpy(w))
+    n, k = w.shape
+    codes = q["codes"].numpy().reshape(n, k // 32, 32)
+    qs = codes[..., :16] | (codes[..., 16:] << 4)
+    d = q["scales"].numpy().reshape(n, k // 32, 1).view(np.uint8)
+    return np.concatenate([d, qs.astype(np.uint8)], axis=-1).reshape(n, -1)
+
+
+def write_gguf(model, path, qtype_of, arch="llama"):
+    """model's tensors as a GGUF file; qtype_of(gguf_name, ndim) -> GGMLQuantizationType."""
+    cfg = model.config
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_vocab_size(cfg.vocab_size)
+    names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch),
+                                     cfg.num_hidden_layers)
+    for hf_name, p in model.named_parameters():
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        data = p.detach().numpy()
+        if arch == "llama" and (".attn_q." in name or ".attn_k." in name):
+            data = llamacpp_permute(data, cfg.num_attention_heads if ".attn_q." in name else cfg.num_key_value_heads)
+        qtype = qtype_of(name, data.ndim) if data.ndim == 2 else Q.F32
+        if qtype == Q.IQ4_NL:
+            w.add_tensor(name, iq4_nl_blocks(data), raw_dtype=qtype)
+        elif qtype in (Q.F32, Q.F16):
+            w.add_tensor(name, gguf.quants.quantize(data, qtype))
+        else:
+            w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def expected_weights(path, config, permuted=True):
+    """{gguf name: fp32 HF-ordered weight}: gguf's dequantizer, q/k rows un-permuted by transformers."""
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+    proc = LlamaTensorProcessor({"num_attention_heads": config.num_attention_heads,
+                                 "num_key_value_heads": config.num_key_value_heads})
+    out = {}
+    for t in gguf.GGUFReader(path).tensors:
+        w = gguf.quants.dequantize(t.data, t.tensor_type)
+        if permuted:
+            w = proc.process(w, t.name).weights
+        out[t.name] = torch.from_numpy(np.array(w, dtype=np.float32))
+    return out
+
+
+def module_weights(model):
+    """{HF Linear fqn: fp32 weight} of an imported model (QuantLinear dequantized, fused ones split)."""
+    fused = {}
+    for pfqn, parent in model.named_modules():
+        for names, fused_name in getattr(parent, "_lowbit_fusions", []):
+            fused[f"{pfqn}.{fused_name}"] = [f"{pfqn}.{n}" for n in names]
+    out = {}
+    for fqn, m in model.named_modules():
+        if isinstance(m, tl.QuantLinear):
+            parts = m.dequantize().split(m.split_sizes or [m.out_features])
+            out.update(zip(fused.get(fqn, [fqn]), parts))
+        elif isinstance(m, torch.nn.Linear):
+            out[fqn] = m.weight.detach()
+    return out
+
+
+def hf_reference(model_fn, path, permuted=True):
+    """The HF model with exactly the GGUF's dequantized weights (what transformers' loader builds)."""
+    ref = model_fn()
+    exp = expected_weights(path, ref.config, permuted)
+    arch = "llama" if permuted else ref.config.model_type
+    names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch),
+                                     ref.config.num_hidden_layers)
+    with torch.no_grad():
+        for hf_name, p in ref.named_parameters():
+            p.copy_(exp[names.get_name(hf_name, try_suffixes=(".weight", ".bias"))].reshape(p.shape))
+    return ref, exp, names
+
+
+# ---- the q/k row permutation ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("rows,heads", [(128, 4), (64, 2), (96, 3), (40, 5)])
+def test_rope_rows_are_llamacpps_permutation_and_transformers_inverse(rows, heads):
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+    w = torch.randn(rows, 7)
+    to = w[rope_rows(rows, heads, to_gguf=True)]
+    assert torch.equal(to, torch.from_numpy(llamacpp_permute(w.numpy(), heads)))
+    back = LlamaTensorProcessor()._reverse_permute_weights(to.numpy(), heads, heads)
+    assert torch.equal(to[rope_rows(rows, heads, to_gguf=False)], torch.from_numpy(back))
+    assert torch.equal(to[rope_rows(rows, heads, to_gguf=False)], w)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0], ids=lambda q: q.name)
+def test_block_codec_round_trips_gguf_bytes(qtype):
+    """decode_blocks / encode_blocks against gguf's quantizer and dequantizer, on odd shapes (q8_0
+    through a stand-in config: the codec must be right before that format lands)."""
+    from types import SimpleNamespace
+    from torch_lowbit.formats.scalar import dequantize_groups
+    from torch_lowbit.io.gguf_blocks import decode_blocks, encode_blocks
+    w = (torch.randn(13, 96) * torch.rand(13, 1)).numpy()
+    raw = gguf.quants.quantize(w, qtype)
+    q = decode_blocks(raw, qtype.name)
+    table = {Q.Q4_0: torch.arange(16.) - 8, Q.Q4_1: torch.arange(16.), Q.Q8_0: torch.arange(256.) - 128}[qtype]
+    values = dequantize_groups(table, q["codes"], q["scales"], q.get("mins"), 32)
+    assert torch.equal(values, torch.from_numpy(gguf.quants.dequantize(raw, qtype)))
+    fmt = tl.get_format({Q.Q4_0: "q4_0", Q.Q4_1: "int4_g32"}[qtype]) if qtype != Q.Q8_0 else \
+        SimpleNamespace(name="q8_0", kind="q8_0", group_size=32)
+    type_name, back = encode_blocks(fmt, q)
+    assert type_name == qtype.name and np.array_equal(back, raw)
+
+
+# ---- from_gguf ---------------------------------------------------------------------------------
+
+IMPORTS = {Q.Q4_0: "q4_0", Q.Q4_1: "int4_g32", Q.IQ4_NL: "iq4_nl", Q.Q8_0: "q8_0"}
+
+
+@pytest.mark.parametrize("qtype", list(IMPORTS), ids=lambda q: q.name)
+def test_from_gguf_keeps_the_blocks_bit_for_bit_and_the_logits(tmp_path, qtype):
+    path = write_gguf(llama(), tmp_path / "m.gguf", lambda name, nd: qtype)
+    model, tok = tl.from_gguf(path)
+    assert tok is None  # no tokenizer metadata in this file
+    ref, exp, names = hf_reference(llama, path)
+    native = IMPORTS[qtype] in tl.formats()  # q8_0: only once that format is registered
+    got = module_weights(model)
+    for fqn, w in got.items():
+        assert torch.equal(w, exp[names.get_name(fqn + ".weight", try_suffixes=(".weight",))]), fqn
+    quant = [m for m in model.modules() if isinstance(m, tl.QuantLinear)]
+    assert (len(quant) == 2 * 4 + 1) == native  # qkv, o, gate_up, down per block + the head
+    assert all(m.fmt.name == IMPORTS[qtype] for m in quant)
+    ids = torch.randint(0, 256, (2, 19))
+    with torch.no_grad(), tl.use_backend("reference"):
+        got_logits, want = model(ids).logits, ref(ids).logits
+    torch.testing.assert_close(got_logits, want, rtol=1e-5, atol=1e-5)
+
+
+def test_from_gguf_default_cpu_backend_runs_the_kernels_close_to_float(tmp_path):
+    path = write_gguf(llama(), tmp_path / "m.gguf", lambda name, nd: Q.Q4_1)
+    model, _ = tl.from_gguf(path)
+    ref, _, _ = hf_reference(llama, path)
+    ids = torch.randint(0, 256, (1, 23))
+    with torch.no_grad():
+        got, want = model(ids).logits, ref(ids).logits
+    rel = ((got - want).norm() / want.norm()).item()
+    assert rel < 0.02, rel  # the int8-activation kernels: close, not equal
+
+
+def test_from_gguf_mixed_types_dequantizes_or_requantizes_the_others(tmp_path, caplog):
+    types = {"attn_q": Q.Q4_0, "attn_k": Q.Q4_1, "attn_v": Q.Q5_0, "attn_output": Q.F16, "ffn_gate": Q.IQ4_NL,
+             "ffn_up": Q.IQ4_NL, "ffn_down": Q.BF16, "output": Q.Q5_1, "token_embd": Q.Q4_0}
+    path = write_gguf(llama(), tmp_path / "m.gguf", lambda name, nd: types[name.split(".")[-2]])
+    with caplog.at_level(logging.INFO, logger="torch_lowbit.io.gguf"):
+        model, _ = tl.from_gguf(path)
+    _, exp, names = hf_reference(llama, path)
+    for fqn, w in module_weights(model).items():
+        assert torch.equal(w, exp[names.get_name(fqn + ".weight", try_suffixes=(".weight",))]), fqn
+    attn = model.model.layers[0].self_attn
+    assert isinstance(attn.q_proj, tl.QuantLinear) and attn.q_proj.fmt.name == "q4_0"  # not fused: formats differ
+    assert attn.k_proj.fmt.name == "int4_g32" and type(attn.v_proj) is torch.nn.Linear
+    assert model.model.layers[0].mlp.gate_up_proj.fmt.name == "iq4_nl"  # fused: both IQ4_NL
+    assert type(model.model.embed_tokens) is torch.nn.Embedding
+    logged = caplog.text
+    for name in ("blk.0.attn_v.weight: GGUF Q5_0", "blk.1.ffn_down.weight: GGUF BF16", "output.weight: GGUF Q5_1",
+                 "token_embd.weight: GGUF Q4_0"):
+        assert name in logged, name
+
+    requant, _ = tl.from_gguf(path, requantize="int4_g64", fuse=False)
+    v = requant.model.layers[1].self_attn.v_proj
+    assert v.fmt.name == "int4_g64"
+    float_v = exp["blk.1.attn_v.weight"]
+    assert torch.equal(v.dequantize(), tl.get_format("int4_g64").dequantize(tl.get_format("int4_g64").quantize(float_v)))
+    assert type(requant.lm_head) is torch.nn.Linear  # the head is never requantized
+    assert requant.model.layers[0].self_attn.q_proj.fmt.name == "q4_0"  # native blocks stay as they are
+
+
+def test_from_gguf_qwen2_biases_and_no_permutation(tmp_path):
+    path = write_gguf(tiny_qwen2(), tmp_path / "q.gguf", lambda name, nd: Q.Q4_0, arch="qwen2")
+    model, _ = tl.from_gguf(path, layout="lut4_rowmajor")
+    ref, exp, _ = hf_reference(tiny_qwen2, path, permuted=False)
+    qkv = model.model.layers[1].self_attn.qkv_proj
+    assert qkv.layout.name == "lut4_rowmajor" and qkv.bias is not None
+    assert torch.equal(qkv.bias, torch.cat([exp[f"blk.1.attn_{x}.bias"] for x in "qkv"]))
+    ids = torch.randint(0, 256, (1, 17))
+    with torch.no_grad(), tl.use_backend("reference"):
+        torch.testing.assert_close(model(ids).logits, ref(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_from_gguf_tied_embedding(tmp_path):
+    make = lambda: llama(tie_word_embeddings=True)  # noqa: E731
+    path = write_gguf(make(), tmp_path / "t.gguf", lambda name, nd: Q.Q4_0)
+    assert "output.weight" not in {t.name for t in gguf.GGUFReader(path).tensors}
+    model, _ = tl.from_gguf(path)
+    _, exp, _ = hf_reference(make, path)
+    head = model.lm_head  # Q4_0 token_embd: the head holds its blocks, the embedding their float values
+    assert isinstance(head, tl.QuantLinear) and torch.equal(head.dequantize(), exp["token_embd.weight"])
+    assert torch.equal(model.model.embed_tokens.weight, exp["token_embd.weight"])
+    path = write_gguf(make(), tmp_path / "f.gguf", lambda name, nd: Q.F32 if name == "token_embd.weight" else Q.Q4_0)
+    model, _ = tl.from_gguf(path)
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # a float head stays tied
+
+
+def test_from_gguf_rejects_bad_input(tmp_path):
+    good = write_gguf(llama(), tmp_path / "m.gguf", lambda name, nd: Q.Q4_0)
+    with pytest.raises(ValueError, match="unknown format 'q9_9'"):
+        tl.from_gguf(good, requantize="q9_9")
+    with pytest.raises(FileNotFoundError):
+        tl.from_gguf(tmp_path / "missing.gguf")
+    not_gguf = tmp_path / "x.gguf"
+    not_gguf.write_bytes(b"PK\x03\x04" + bytes(range(256)) * 8)
+    with pytest.raises(tl.GGUFError, match="not a readable GGUF"):
+        tl.from_gguf(not_gguf)
+    data = good.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    with pytest.raises(tl.GGUFError, match="not a readable GGUF"):
+        tl.from_gguf(cut)
+    w = gguf.GGUFWriter(str(tmp_path / "g.gguf"), "gpt2")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.ones((4, 8), np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()  # noqa: E702
+    with pytest.raises(tl.GGUFError, match="'gpt2' model; from_gguf supports the architectures llama, qwen2, qwen3"):
+        tl.from_gguf(tmp_path / "g.gguf")
+    with pytest.raises(ValueError, match="cannot hold format q4_0"):
+        tl.from_gguf(good, layout="palette_dense")
+    with pytest.raises(TypeError, match="floating"):
+        tl.from_gguf(good, dtype=torch.int8)
+
+
+# ---- to_gguf -------------------------------------------------------------------------------------
+
+def quantized(fmt, fuse=True, **kw):
+    model = llama(**kw)
+    tl.quantize_(model, fmt, fuse=fuse, progress=False)
+    return model
+
+
+PLAN = {f"model.layers.{i}.{n}": f for i in range(2) for n, f in
+        (("self_attn.q_proj", "iq4_nl"), ("self_attn.k_proj", "iq4_nl"), ("self_attn.v_proj", "iq4_nl"),
+         ("self_attn.o_proj", "q4_0"), ("mlp.gate_proj", "int4_g32"), ("mlp.up_proj", "int4_g32"),
+         ("mlp.down_proj", "int4_g64"))}
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "int4_g32", "iq4_nl", "q8_0", "mixed"])
+def test_to_gguf_writes_the_modules_blocks_and_reads_back_exactly(tmp_path, fmt):
+    if fmt not in tl.formats() and fmt != "mixed":
+        pytest.skip(f"the {fmt} format is not registered in this torch_lowbit")
+    model = quantized(PLAN if fmt == "mixed" else fmt)
+    path = tl.to_gguf(model, tmp_path / "o.gguf")
+    reader = gguf.GGUFReader(path)
+    want_type = {"q4_0": Q.Q4_0, "int4_g32": Q.Q4_1, "iq4_nl": Q.IQ4_NL, "int4_g64": Q.Q4_1, "q8_0": Q.Q8_0}
+    _, exp, names = hf_reference(llama, path)
+    got = module_weights(model)
+    types = {t.name: t.tensor_type for t in reader.tensors}
+    for fqn, w in got.items():
+        name = names.get_name(fqn + ".weight", try_suffixes=(".weight",))
+        assert torch.equal(exp[name], w), fqn
+        m_fmt = (PLAN.get(fqn) if fmt == "mixed" else fmt) if fqn != "lm_head" else None
+        assert types[name] == (want_type[m_fmt] if m_fmt else Q.F32), fqn
+    back, _ = tl.from_gguf(path)
+    assert module_weights(back).keys() == got.keys()
+    for fqn, w in module_weights(back).items():
+        assert torch.equal(w, got[fqn]), fqn
+    kept = {f: m for f, m in model.named_modules() if isinstance(m, tl.QuantLinear) and m.fmt.name != "int4_g64"}
+    for fqn, m in kept.items():  # same format: the very same packed buffers
+        twin = back.get_submodule(fqn)
+        assert (twin.fmt, twin.layout, twin.split_sizes) == (m.fmt, m.layout, m.split_sizes), fqn
+        assert m.packed.keys() == twin.packed.keys()
+        assert all(torch.equal(m.packed[k], twin.packed[k]) for k in m.packed), fqn
+    for fqn, m in model.named_modules():  # int4_g64 is written as Q4_1 pairs and comes back as int4_g32
+        if isinstance(m, tl.QuantLinear) and m.fmt.name == "int4_g64":
+            assert back.get_submodule(fqn).fmt.name == "int4_g32"
+    if fmt != "mixed":
+        ids = torch.randint(0, 256, (1, 13))
+        with torch.no_grad():
+            assert torch.equal(back(ids).logits, model(ids).logits)
+
+
+def test_to_gguf_unfused_bias_and_other_formats(tmp_path):
+    model = tiny_qwen2()
+    tl.quantize_(model, {**{k: "q4_0" for k in PLAN if "mlp" not in k}, **{k: "int3_g32" for k in PLAN if "mlp" in k}},
+                 fuse=False, progress=False)
+    with pytest.raises(ValueError, match="int3_g32"):
+        tl.to_gguf(model, tmp_path / "o.gguf")
+    path = tl.to_gguf(model, tmp_path / "o.gguf", other_formats="f32")
+    _, exp, names = hf_reference(tiny_qwen2, path, permuted=False)
+    for fqn, w in module_weights(model).items():
+        assert torch.equal(exp[names.get_name(fqn + ".weight", try_suffixes=(".weight",))], w), fqn
+    assert torch.equal(exp["blk.0.attn_k.bias"], model.model.layers[0].self_attn.k_proj.bias)
+    back, _ = tl.from_gguf(path, fuse=False)
+    ids = torch.randint(0, 256, (1, 11))
+    with torch.no_grad(), tl.use_backend("reference"):
+        assert torch.equal(back(ids).logits, model(ids).logits)
+
+
+def test_qwen3_round_trip(tmp_path):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    cfg = Qwen3Config(vocab_size=256, hidden_size=128, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=64, max_position_embeddings=128, rms_norm_eps=EPS,
+                      tie_word_embeddings=False)
+    model = Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)  # q_norm / k_norm must land on their own tensors
+    tl.quantize_(model, "iq4_nl", progress=False)
+    path = tl.to_gguf(model, tmp_path / "q3.gguf")
+    assert "blk.1.attn_k_norm.weight" in {t.name for t in gguf.GGUFReader(path).tensors}
+    back, _ = tl.from_gguf(path)
+    assert back.config.head_dim == 64 and back.model.layers[0].self_attn.qkv_proj.split_sizes == [256, 128, 128]
+    ids = torch.randint(0, 256, (1, 9))
+    with torch.no_grad(), tl.use_backend("reference"):
+        assert torch.equal(back(ids).logits, model(ids).logits)
+
+
+def test_to_gguf_rejects_bad_input(tmp_path):
+    model = quantized("q4_0")
+    with pytest.raises(ValueError, match="other_formats"):
+        tl.to_gguf(model, tmp_path / "o.gguf", other_formats="q4")
+    with pytest.raises(ValueError, match="float_type"):
+        tl.to_gguf(model, tmp_path / "o.gguf", float_type="bf8")
+    with pytest.raises(ValueError, match="template="):
+        tl.to_gguf(model, tmp_path / "o.gguf", tokenizer=object())
+    with pytest.raises(ValueError, match="model_type"):
+        tl.to_gguf(torch.nn.Linear(4, 4), tmp_path / "o.gguf")
+    with pytest.raises(ValueError, match="no tokenizer"):
+        tl.to_gguf(model, tmp_path / "o.gguf", template=tl.to_gguf(model, tmp_path / "n.gguf"))
+    assert not (tmp_path / "o.gguf").exists()
+
+
+# ---- SmolLM2's bundled Q4_1 GGUF -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smollm2_imported():
+    from torch_lowbit.eval.assets import smollm2_gguf
+    return tl.from_gguf(smollm2_gguf())
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_imports_losslessly(smollm2_imported):
+    from torch_lowbit.eval import load_smollm2, perplexity, wiki_text
+    model, tok = smollm2_imported
+    ref, ref_tok = load_smollm2()  # transformers' own GGUF load: every tensor dequantized to fp32
+    ref_w = ref.state_dict()  # (with the tied head's name too)
+    got = module_weights(model)
+    assert sum(isinstance(m, tl.QuantLinear) for m in model.modules()) == 30 * 4
+    assert all(m.fmt.name == "int4_g32" for m in model.modules() if isinstance(m, tl.QuantLinear))
+    for fqn, w in got.items():
+        assert torch.equal(w, ref_w[f"{fqn}.weight"]), fqn
+    text = wiki_text(40)
+    assert tok(text).input_ids == ref_tok(text).input_ids
+    with tl.use_backend("reference"):
+        ppl = perplexity(model, tok, text, ctx=512, max_tokens=2048, progress=False)
+        ppl_ref = perplexity(ref, ref_tok, text, ctx=512, max_tokens=2048, progress=False)
+    assert ppl == ppl_ref
+    ppl_cpu = perplexity(model, tok, text, ctx=512, max_tokens=2048, progress=False)
+    print(f"SmolLM2 Q4_1 GGUF: fp32 {ppl_ref:.4f}, imported (reference) {ppl:.4f}, imported (cpu kernels) {ppl_cpu:.4f}")
+    assert abs(ppl_cpu - ppl_ref) < 0.02 * ppl_ref
+
+
+@pytest.mark.slow
+def test_smollm2_to_gguf_writes_the_source_blocks_back(smollm2_imported, tmp_path):
+    from torch_lowbit.eval.assets import smollm2_gguf
+    from transformers import AutoTokenizer
+    model, tok = smollm2_imported
+    path = tl.to_gguf(model, tmp_path / "s.gguf", template=smollm2_gguf())
+    src = {t.name: t for t in gguf.GGUFReader(smollm2_gguf()).tensors}
+    out = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    assert sorted(src) == sorted(out)
+    for name, t in src.items():
+        if t.tensor_type == Q.Q4_1:  # every block byte back where llama.cpp put it (q/k rope order included)
+            assert out[name].tensor_type == Q.Q4_1 and np.array_equal(out[name].data, t.data), name
+        else:  # F32 norms; the Q8_0 embedding was imported as float
+            assert np.array_equal(gguf.quants.dequantize(out[name].data, out[name].tensor_type),
+                                  gguf.quants.dequantize(t.data, t.tensor_type)), name
+    tok2 = AutoTokenizer.from_pretrained(tmp_path, gguf_file="s.gguf")
+    text = "GGUF files carry their tokenizer: Ünïcödé, digits 12345, and <|im_start|> tokens."
+    assert tok2(text).input_ids == tok(text).input_ids

@@ -1,0 +1,288 @@
+"""GGUF import: a llama.cpp model file -> a Hugging Face model whose Linear layers are QuantLinear
+modules holding the file's own blocks (Q4_0 -> q4_0, Q4_1 -> int4_g32, IQ4_NL -> iq4_nl, Q8_0 -> q8_0
+where that format is registered), decoded byte for byte, never requantized. Other tensor types are
+dequantized to float (or, with requantize=, quantized to a named format), one log line per tensor.
+
+The config (and the tokenizer) come from transformers' GGUF metadata conversion; the weights never
+go through its loader (which dequantizes everything). Export: gguf_export.to_gguf.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..formats import Format, get_format
+from ..layouts import Layout, default_layout, get_layout
+from ..nn.fusion import fusion_jobs, install_fused, job_members
+from ..nn.linear import QuantLinear
+from .gguf_blocks import decode_blocks, native_format, rope_rows
+
+log = logging.getLogger(__name__)
+
+# GGUF general.architecture -> whether llama.cpp's converter permuted the q/k rows (rope layout).
+# Mistral GGUFs are written as "llama" (transformers tells them apart by general.name).
+ARCHITECTURES = {"llama": True, "qwen2": False, "qwen3": False}
+
+
+class GGUFError(ValueError):
+    """A GGUF file that cannot be imported: not GGUF, truncated, unsupported architecture, missing tensors."""
+
+
+def require_gguf():
+    try:
+        import gguf
+    except ImportError as e:
+        raise ImportError("GGUF import/export needs the gguf package: pip install 'torch_lowbit[eval]' "
+                          "(or pip install gguf transformers accelerate)") from e
+    return gguf
+
+
+def tensor_name_map(arch: str, n_layers: int):
+    """gguf's HF-module -> GGUF-tensor name map of an architecture (get_name(fqn + '.weight'))."""
+    gguf = require_gguf()
+    enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    return gguf.get_tensor_name_map(enum, n_layers)
+
+
+def gguf_name(name_map, hf_name: str) -> Optional[str]:
+    return name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+
+
+def qk_heads(gguf_tensor_name: str, config, arch: str) -> Optional[int]:
+    """The head count of llama.cpp's row permutation of this tensor (attn_q / attn_k of an
+    architecture whose converter permutes them), else None."""
+    if not ARCHITECTURES[arch]:
+        return None
+    if ".attn_q." in gguf_tensor_name:
+        return config.num_attention_heads
+    if ".attn_k." in gguf_tensor_name:
+        return config.num_key_value_heads
+    return None
+
+
+def resolve_layout(layout: Union[None, str, Layout], fmt: Format) -> Layout:
+    if layout is None:
+        return default_layout(fmt, "cpu")
+    layout = get_layout(layout) if isinstance(layout, str) else layout
+    if not layout.supports(fmt):
+        raise ValueError(f"layout {layout.name} cannot hold format {fmt.name} (this GGUF has {fmt.name} "
+                         f"tensors); pass layout=None for each format's CPU default")
+    return layout
+
+
+def _from_quantized(fmt: Format, q: dict[str, Tensor], out_features: int, in_features: int,
+                    bias: Optional[Tensor], layout: Layout, split_sizes=None) -> QuantLinear:
+    """A QuantLinear holding given codes / scales (/ mins): packed as they are, not requantized."""
+    return QuantLinear(in_features, out_features, fmt, layout.pack(fmt, q), bias, layout=layout,
+                       split_sizes=split_sizes)
+
+
+def open_gguf(path: Union[str, os.PathLike]):
+    """A gguf.GGUFReader of path, or a GGUFError saying why the file is not a readable GGUF."""
+    gguf = require_gguf()
+    path = Path(os.fspath(path))
+    if not path.is_file():
+        raise FileNotFoundError(f"no GGUF file at {path}")
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # bad magic, truncated header or tensor data: numpy / struct errors
+        raise GGUFError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); pass a complete "
+                        "llama.cpp .gguf model file") from e
+    return reader
+
+
+def _field(reader, key: str):
+    f = reader.fields.get(key)
+    return None if f is None else f.contents()
+
+
+def _architecture(reader, path) -> str:
+    arch = _field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise GGUFError(f"{path} holds a {arch!r} model; from_gguf supports the architectures "
+                        f"{', '.join(sorted(ARCHITECTURES))} (Mistral GGUFs are 'llama')")
+    return arch
+
+
+# ---- reading one tensor ----------------------------------------------------------------------------
+
+def _float_weight(t, config, arch: str) -> Tensor:
+    """fp32 HF-ordered weight of any GGUF tensor type (gguf's own dequantizer)."""
+    gguf = require_gguf()
+    w = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
+    heads = qk_heads(t.name, config, arch)
+    if heads is not None:
+        w = w[rope_rows(w.shape[0], heads, to_gguf=False)]
+    return w
+
+
+def _native_q(t, config, arch: str) -> dict[str, Tensor]:
+    """The tensor's blocks as its format's codes / scales (/ mins), rows in HF order."""
+    q = decode_blocks(t.data, t.tensor_type.name)
+    heads = qk_heads(t.name, config, arch)
+    if heads is not None:
+        idx = rope_rows(q["codes"].shape[0], heads, to_gguf=False)
+        q = {k: v[idx] for k, v in q.items()}
+    return q
+
+
+def _plan_format(t, fqn: str, requantize: Optional[Format], is_head: bool) -> Optional[Format]:
+    """The format a Linear layer's GGUF tensor becomes (None: float), with one log line if not native."""
+    native = native_format(t.tensor_type.name)
+    if native is not None:
+        return get_format(native)
+    kind = t.tensor_type.name
+    rows, cols = int(t.shape[1]) if len(t.shape) > 1 else 1, int(t.shape[0])
+    if requantize is not None and not is_head:
+        problem = requantize.shape_problem(rows, cols)
+        if problem is None:
+            log.info("%s: GGUF %s is not a torch_lowbit format; dequantized and requantized to %s (lossy)",
+                     t.name, kind, requantize.name)
+            return requantize
+        log.warning("%s: GGUF %s kept in float: %s %s", t.name, kind, requantize.name, problem)
+        return None
+    why = " (the q8_0 format is not in this torch_lowbit)" if kind == "Q8_0" else ""
+    log.info("%s: GGUF %s%s dequantized to float (%s)", t.name, kind, why, fqn)
+    return None
+
+
+# ---- from_gguf -------------------------------------------------------------------------------------
+
+def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float32,
+              requantize: Union[None, str, Format] = None, layout: Union[None, str, Layout] = None,
+              fuse: bool = True):
+    """(model, tokenizer) from a llama.cpp GGUF file (architectures llama (incl. Mistral), qwen2, qwen3).
+
+    Linear weights stored as Q4_0 / Q4_1 / IQ4_NL (/ Q8_0 once the q8_0 format exists) become
+    QuantLinear modules in q4_0 / int4_g32 / iq4_nl (/ q8_0) holding exactly the file's blocks (their
+    dequantize() equals gguf.quants.dequantize of the tensor, bit for bit). Every other tensor is
+    dequantized to `dtype`; requantize="FORMAT" quantizes the other Linear weights (not the LM head)
+    to that format instead. layout: one layout for every QuantLinear (default: each format's CPU
+    default). fuse: q/k/v and gate/up of one block become one QuantLinear where they share a format
+    (rows concatenated: lossless). tokenizer is None when the file has no tokenizer metadata.
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    requantize = get_format(requantize) if requantize is not None else None
+    if layout is not None and not isinstance(layout, (str, Layout)):
+        raise TypeError(f"layout must be a layout name or a Layout, got {type(layout).__name__}")
+    path = Path(os.fspath(path))
+    reader = open_gguf(path)
+    arch = _architecture(reader, path)
+    config, model = _skeleton(path, dtype, _field(reader, f"{arch}.attention.key_length"))
+    name_map = tensor_name_map(arch, config.num_hidden_layers)
+    tensors = {t.name: t for t in reader.tensors}
+    used: set[str] = set()
+
+    def tensor_of(hf_name: str, required: bool = True):
+        name = gguf_name(name_map, hf_name)
+        if name is None or name not in tensors:
+            if required:
+                raise GGUFError(f"{path} has no tensor for {hf_name} (GGUF name {name}); the file does not "
+                                f"match its {arch} metadata")
+            return None
+        used.add(name)
+        return tensors[name]
+
+    head = model.get_output_embeddings()
+    head_fqn = next((n for n, m in model.named_modules() if m is head), None)
+    tied = bool(getattr(config, "tie_word_embeddings", False)) and tensor_of(f"{head_fqn}.weight", False) is None
+    embed_fqn = next(n for n, m in model.named_modules() if m is model.get_input_embeddings())
+
+    linears = {fqn: m for fqn, m in model.named_modules() if isinstance(m, nn.Linear)}
+    sources = {fqn: tensor_of(f"{embed_fqn if tied and fqn == head_fqn else fqn}.weight") for fqn in linears}
+    plan = {fqn: _plan_format(t, fqn, requantize, fqn == head_fqn) for fqn, t in sources.items()}
+    layouts = {fqn: resolve_layout(layout, f) for fqn, f in plan.items() if f is not None}
+    targets = [fqn for fqn, f in plan.items() if f is not None]
+    jobs = fusion_jobs(model, targets, fuse, may_fuse=lambda fqns: len({plan[f] for f in fqns}) == 1)
+
+    for job in jobs:
+        members = job_members(job)
+        fmt, lay = plan[members[0]], layouts[members[0]]
+        qs, biases = [], []
+        for fqn in members:
+            t = sources[fqn]
+            qs.append(_native_q(t, config, arch) if native_format(t.tensor_type.name) else
+                      fmt.quantize(_float_weight(t, config, arch)))
+            b = tensor_of(f"{fqn}.bias", False) if fqn != head_fqn or not tied else None
+            biases.append(_float_weight(b, config, arch).to(dtype) if b is not None else None)
+        q = {k: torch.cat([p[k] for p in qs]) for k in qs[0]}
+        sizes = [p["codes"].shape[0] for p in qs]
+        bias = None if all(b is None for b in biases) else torch.cat(
+            [b if b is not None else torch.zeros(n, dtype=dtype) for b, n in zip(biases, sizes)])
+        in_features = q["codes"].shape[1]
+        pfqn, names, fused_name = job
+        if fused_name is None:
+            _set_child(model, pfqn, _from_quantized(fmt, q, sum(sizes), in_features, bias, lay))
+        else:
+            parent = model.get_submodule(pfqn) if pfqn else model
+            install_fused(parent, tuple(names), fused_name,
+                          _from_quantized(fmt, q, sum(sizes), in_features, bias, lay, split_sizes=sizes))
+
+    state = {}
+    skip = {f"{fqn}.weight" for fqn in targets} | {f"{fqn}.bias" for fqn in targets}
+    for hf_name, t in model.state_dict(keep_vars=True).items():
+        if hf_name in skip or t.device.type != "meta":
+            continue  # QuantLinear buffers are filled; real buffers (rotary tables) are computed
+        if tied and hf_name == f"{head_fqn}.weight":
+            continue
+        src = tensor_of(hf_name)
+        w = _float_weight(src, config, arch).reshape(t.shape).to(dtype)
+        if src.tensor_type.name not in ("F32", "F16", "BF16") or w.dim() > 1:
+            log.info("%s: GGUF %s -> %s %s", src.name, src.tensor_type.name, str(dtype).removeprefix("torch."),
+                     hf_name)
+        state[hf_name] = w
+    model.load_state_dict(state, strict=False, assign=True)
+    if tied and not isinstance(model.get_output_embeddings(), QuantLinear):
+        model.get_output_embeddings().weight = model.get_input_embeddings().weight
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.device.type == "meta"]
+    if left:
+        raise GGUFError(f"{path}: no GGUF tensor filled {left[:5]}; the file does not match its metadata")
+    ignored = sorted(set(tensors) - used)
+    if ignored:
+        log.warning("%s: %d GGUF tensor(s) have no place in the %s model and were ignored: %s", path.name,
+                    len(ignored), type(model).__name__, ", ".join(ignored[:5]))
+    counts: dict[str, int] = {}
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            counts[f"{m.fmt.name}/{m.layout.name}"] = counts.get(f"{m.fmt.name}/{m.layout.name}", 0) + 1
+    log.info("from_gguf %s: %s QuantLinear module(s) %s", path.name, sum(counts.values()), counts)
+    return model.eval(), _tokenizer(reader, path)
+
+
+def _set_child(model: nn.Module, fqn: str, new: nn.Module) -> None:
+    parent_name, _, child = fqn.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+
+
+def _skeleton(path: Path, dtype: torch.dtype, head_dim: Optional[int]):
+    """(config, model with parameters on the meta device and real buffers) of the GGUF's metadata.
+    head_dim: {arch}.attention.key_length, which transformers does not read for every architecture."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+    try:
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as e:
+        raise GGUFError(f"{path}: transformers cannot build a config from this GGUF's metadata "
+                        f"({type(e).__name__}: {e})") from e
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    if head_dim is not None:
+        config.head_dim = int(head_dim)
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return config, model
+
+
+def _tokenizer(reader, path: Path):
+    if "tokenizer.ggml.model" not in reader.fields:
+        log.info("%s has no tokenizer metadata: no tokenizer returned", path.name)
+        return None
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

@@ -1,0 +1,120 @@
+"""GGUF block bytes <-> torch_lowbit format tensors, without requantizing, and llama.cpp's q/k row order.
+
+A GGUF tensor of ggml shape [K, N] is stored as N rows of K/32 blocks; each block is the same
+fp16 scale (and min) plus 32 codes that the matching torch_lowbit format stores, so a block decodes
+into that format's quantize() output ({"codes": uint8 [N, K], "scales": fp16 [N, K/32] (, "mins")})
+and encodes back byte for byte:
+
+| GGUF   | block bytes                     | format    | value                       |
+|--------|---------------------------------|-----------|-----------------------------|
+| Q4_0   | fp16 d, 16 B nibbles            | q4_0      | (code - 8) * d              |
+| Q4_1   | fp16 d, fp16 m, 16 B nibbles    | int4_g32  | code * d + m                |
+| IQ4_NL | fp16 d, 16 B nibbles            | iq4_nl    | kvalues_iq4nl[code] * d     |
+| Q8_0   | fp16 d, 32 int8 q               | q8_0      | (code - 128) * d, code = q + 128 |
+
+Nibbles are in ggml's half-split order (low nibbles = codes 0..15 of the block, high = 16..31),
+which is torch_lowbit.packing's pack_nibbles order.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..formats import Format, get_format
+from ..formats.registry import formats
+from ..formats.uniform import IntAsym
+from ..packing import pack_nibbles, unpack_nibbles
+
+BLOCK = 32  # weights per block of every type handled here
+
+# GGUF type name -> (torch_lowbit format name, block bytes, bytes before the codes)
+NATIVE = {"Q4_0": ("q4_0", 18, 2), "Q4_1": ("int4_g32", 20, 4), "IQ4_NL": ("iq4_nl", 18, 2),
+          "Q8_0": ("q8_0", 34, 2)}
+
+
+def native_format(type_name: str) -> Optional[str]:
+    """The registered torch_lowbit format a GGUF type imports into losslessly, or None (q8_0 only once
+    that format is registered)."""
+    entry = NATIVE.get(type_name)
+    if entry is None or entry[0] not in formats():
+        return None
+    return entry[0]
+
+
+def gguf_type_for(fmt: Format) -> Optional[str]:
+    """The GGUF type whose blocks hold this format's values exactly, or None. 4-bit asymmetric formats
+    of any group size 32k are Q4_1 (a group of 64 is two blocks with the same d and m)."""
+    by_name = {"q4_0": "Q4_0", "iq4_nl": "IQ4_NL", "q8_0": "Q8_0"}
+    if fmt.name in by_name:
+        return by_name[fmt.name]
+    if isinstance(fmt, IntAsym) and fmt.bits == 4 and fmt.group % BLOCK == 0:
+        return "Q4_1"
+    return None
+
+
+def _fp16_column(blocks: np.ndarray, offset: int) -> Tensor:
+    """fp16 [N, blocks] from bytes offset..offset+2 of every block (a bit-exact copy)."""
+    raw = np.ascontiguousarray(blocks[:, :, offset:offset + 2])
+    return torch.from_numpy(raw.view(np.float16)[..., 0].copy())
+
+
+def decode_blocks(raw: np.ndarray, type_name: str) -> dict[str, Tensor]:
+    """uint8 [N, K/32 * block bytes] of a GGUF tensor -> the format's codes / scales (/ mins)."""
+    fmt_name, nbytes, head = NATIVE[type_name]
+    rows = raw.shape[0]
+    blocks = np.asarray(raw, dtype=np.uint8).reshape(rows, -1, nbytes)
+    payload = torch.from_numpy(np.array(blocks[:, :, head:]).reshape(rows, -1))
+    if type_name == "Q8_0":
+        codes = (payload.view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
+    else:
+        codes = unpack_nibbles(payload)
+    q = {"codes": codes, "scales": _fp16_column(blocks, 0)}
+    if type_name == "Q4_1":
+        q["mins"] = _fp16_column(blocks, 2)
+    return q
+
+
+def encode_blocks(fmt: Format, q: dict[str, Tensor]) -> tuple[str, np.ndarray]:
+    """A format's codes / scales (/ mins) -> (GGUF type name, uint8 [N, K/32 * block bytes])."""
+    type_name = gguf_type_for(fmt)
+    if type_name is None:
+        raise ValueError(f"format {fmt.name} has no GGUF block type")
+    codes = q["codes"].to(torch.uint8)
+    rows, k = codes.shape
+    repeat = fmt.group_size // BLOCK  # int4_g64/g128: each group's d, m serve 2/4 blocks
+
+    def per_block(t: Tensor) -> np.ndarray:
+        t = t.to(torch.float16).repeat_interleave(repeat, dim=1) if repeat > 1 else t.to(torch.float16)
+        return t.contiguous().numpy().view(np.uint8).reshape(rows, k // BLOCK, 2)
+
+    parts = [per_block(q["scales"])]
+    if type_name == "Q4_1":
+        parts.append(per_block(q["mins"]))
+    if type_name == "Q8_0":
+        payload = (codes.to(torch.int16) - 128).to(torch.int8).view(torch.uint8)
+    else:
+        payload = pack_nibbles(codes)
+    parts.append(payload.numpy().reshape(rows, k // BLOCK, -1))
+    return type_name, np.concatenate(parts, axis=-1).reshape(rows, -1)
+
+
+def format_of(type_name: str) -> Format:
+    return get_format(NATIVE[type_name][0])
+
+
+# ---- llama.cpp's rope row order for q/k projections ---------------------------------------------
+
+def rope_rows(rows: int, n_head: int, *, to_gguf: bool) -> Tensor:
+    """Row indices of llama.cpp's q/k permutation (convert_hf_to_gguf.py LlamaModel.permute): HF keeps
+    each head's rotary halves apart, llama.cpp interleaves them. to_gguf: gguf = hf[idx]; else
+    hf = gguf[idx]. Rows are whole: permuting codes, scales and mins rows is lossless."""
+    if rows % (2 * n_head):
+        raise ValueError(f"{rows} q/k rows do not split into {n_head} heads of rotary pairs")
+    half = rows // n_head // 2
+    idx = torch.arange(rows)
+    if to_gguf:
+        return idx.reshape(n_head, 2, half).transpose(1, 2).reshape(-1)
+    return idx.reshape(n_head, half, 2).transpose(1, 2).reshape(-1)
