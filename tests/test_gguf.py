@@ -209,7 +209,8 @@ def test_from_gguf_mixed_types_dequantizes_or_requantizes_the_others(tmp_path, c
     assert isinstance(attn.q_proj, tl.QuantLinear) and attn.q_proj.fmt.name == "q4_0"  # not fused: formats differ
     assert attn.k_proj.fmt.name == "int4_g32" and type(attn.v_proj) is torch.nn.Linear
     assert model.model.layers[0].mlp.gate_up_proj.fmt.name == "iq4_nl"  # fused: both IQ4_NL
-    assert type(model.model.embed_tokens) is torch.nn.Embedding
+    emb = model.model.embed_tokens  # Q4_0 token_embd: its blocks, not their float values
+    assert isinstance(emb, tl.QuantEmbedding) and torch.equal(emb.dequantize(), exp["token_embd.weight"])
     logged = caplog.text
     for name in ("blk.0.attn_v.weight: GGUF Q5_0", "blk.1.ffn_down.weight: GGUF BF16", "output.weight: GGUF Q5_1",
                  "token_embd.weight: GGUF Q4_0"):
@@ -242,9 +243,22 @@ def test_from_gguf_tied_embedding(tmp_path):
     assert "output.weight" not in {t.name for t in gguf.GGUFReader(path).tensors}
     model, _ = tl.from_gguf(path)
     _, exp, _ = hf_reference(make, path)
-    head = model.lm_head  # Q4_0 token_embd: the head holds its blocks, the embedding their float values
+    head, emb = model.lm_head, model.model.embed_tokens  # Q4_0 token_embd: one copy of its blocks, shared
     assert isinstance(head, tl.QuantLinear) and torch.equal(head.dequantize(), exp["token_embd.weight"])
-    assert torch.equal(model.model.embed_tokens.weight, exp["token_embd.weight"])
+    assert isinstance(emb, tl.QuantEmbedding) and torch.equal(emb.dequantize(), exp["token_embd.weight"])
+    assert all(a.data_ptr() == b.data_ptr() for a, b in zip(head.packed.values(), emb.packed.values()))
+    ids = torch.randint(0, 256, (1, 9))
+    ref, _, _ = hf_reference(make, path)
+    with torch.no_grad(), tl.use_backend("reference"):
+        torch.testing.assert_close(model(ids).logits, ref(ids).logits, rtol=1e-5, atol=1e-5)
+    out = tl.to_gguf(model, tmp_path / "again.gguf")  # the shared blocks are written once, as token_embd
+    names = {t.name: t for t in gguf.GGUFReader(out).tensors}
+    assert "output.weight" not in names and names["token_embd.weight"].tensor_type == Q.Q4_0
+    again, _ = tl.from_gguf(out)
+    assert torch.equal(again.model.embed_tokens.dequantize(), exp["token_embd.weight"])
+    floats, _ = tl.from_gguf(path, quantized_embedding=False)
+    assert type(floats.model.embed_tokens) is torch.nn.Embedding
+    assert torch.equal(floats.model.embed_tokens.weight, exp["token_embd.weight"])
     path = write_gguf(make(), tmp_path / "f.gguf", lambda name, nd: Q.F32 if name == "token_embd.weight" else Q.Q4_0)
     model, _ = tl.from_gguf(path)
     assert model.lm_head.weight is model.model.embed_tokens.weight  # a float head stays tied
@@ -393,8 +407,12 @@ def test_smollm2_gguf_imports_losslessly(smollm2_imported):
     ref, ref_tok = load_smollm2()  # transformers' own GGUF load: every tensor dequantized to fp32
     ref_w = ref.state_dict()  # (with the tied head's name too)
     got = module_weights(model)
-    assert sum(isinstance(m, tl.QuantLinear) for m in model.modules()) == 30 * 4
-    assert all(m.fmt.name == "int4_g32" for m in model.modules() if isinstance(m, tl.QuantLinear))
+    assert sum(isinstance(m, tl.QuantLinear) for m in model.modules()) == 30 * 4 + 1  # + the tied head
+    assert all(m.fmt.name == "int4_g32" for m in model.modules() if isinstance(m, tl.QuantLinear)
+               and m is not model.lm_head)
+    emb = model.model.embed_tokens  # the Q8_0 token_embd, shared with the head as llama.cpp runs it
+    assert isinstance(emb, tl.QuantEmbedding) and emb.fmt.name == "q8_0" and model.lm_head.fmt.name == "q8_0"
+    assert torch.equal(emb.dequantize(), ref_w["model.embed_tokens.weight"])
     for fqn, w in got.items():
         assert torch.equal(w, ref_w[f"{fqn}.weight"]), fqn
     text = wiki_text(40)
@@ -420,9 +438,8 @@ def test_smollm2_to_gguf_writes_the_source_blocks_back(smollm2_imported, tmp_pat
     for name, t in src.items():
         if t.tensor_type == Q.Q4_1:  # every block byte back where llama.cpp put it (q/k rope order included)
             assert out[name].tensor_type == Q.Q4_1 and np.array_equal(out[name].data, t.data), name
-        else:  # F32 norms; the Q8_0 embedding was imported as float
-            assert np.array_equal(gguf.quants.dequantize(out[name].data, out[name].tensor_type),
-                                  gguf.quants.dequantize(t.data, t.tensor_type)), name
+        else:  # F32 norms, the Q8_0 embedding: same type, same bytes
+            assert out[name].tensor_type == t.tensor_type and np.array_equal(out[name].data, t.data), name
     tok2 = AutoTokenizer.from_pretrained(tmp_path, gguf_file="s.gguf")
     text = "GGUF files carry their tokenizer: Ünïcödé, digits 12345, and <|im_start|> tokens."
     assert tok2(text).input_ids == tok(text).input_ids

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from ..formats import Format, get_format
 from ..layouts import Layout, default_layout, get_layout
 from ..nn.fusion import fusion_jobs, install_fused, job_members
+from ..nn.embedding import QuantEmbedding
 from ..nn.linear import QuantLinear
 from .gguf_blocks import decode_blocks, native_format, rope_rows
 
@@ -74,13 +75,6 @@ def resolve_layout(layout: Union[None, str, Layout], fmt: Format) -> Layout:
         raise ValueError(f"layout {layout.name} cannot hold format {fmt.name} (this GGUF has {fmt.name} "
                          f"tensors); pass layout=None for each format's CPU default")
     return layout
-
-
-def _from_quantized(fmt: Format, q: dict[str, Tensor], out_features: int, in_features: int,
-                    bias: Optional[Tensor], layout: Layout, split_sizes=None) -> QuantLinear:
-    """A QuantLinear holding given codes / scales (/ mins): packed as they are, not requantized."""
-    return QuantLinear(in_features, out_features, fmt, layout.pack(fmt, q), bias, layout=layout,
-                       split_sizes=split_sizes)
 
 
 def open_gguf(path: Union[str, os.PathLike]):
@@ -156,12 +150,14 @@ def _plan_format(t, fqn: str, requantize: Optional[Format], is_head: bool) -> Op
 
 def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float32,
               requantize: Union[None, str, Format] = None, layout: Union[None, str, Layout] = None,
-              fuse: bool = True):
+              fuse: bool = True, quantized_embedding: bool = True):
     """(model, tokenizer) from a llama.cpp GGUF file (architectures llama (incl. Mistral), qwen2, qwen3).
 
-    Linear weights stored as Q4_0 / Q4_1 / IQ4_NL (/ Q8_0 once the q8_0 format exists) become
-    QuantLinear modules in q4_0 / int4_g32 / iq4_nl (/ q8_0) holding exactly the file's blocks (their
-    dequantize() equals gguf.quants.dequantize of the tensor, bit for bit). Every other tensor is
+    Linear weights stored as Q4_0 / Q4_1 / IQ4_NL / Q8_0 become QuantLinear modules in q4_0 / int4_g32 /
+    iq4_nl / q8_0 holding exactly the file's blocks (their dequantize() equals gguf.quants.dequantize
+    of the tensor, bit for bit). A token embedding in one of those types becomes a QuantEmbedding of
+    its blocks (quantized_embedding=False: float), and a head tied to it shares its packed buffers,
+    as llama.cpp runs SmolLM2's Q8_0 embedding/head. Every other tensor is
     dequantized to `dtype`; requantize="FORMAT" quantizes the other Linear weights (not the LM head)
     to that format instead. layout: one layout for every QuantLinear (default: each format's CPU
     default). fuse: q/k/v and gate/up of one block become one QuantLinear where they share a format
@@ -195,7 +191,12 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
     tied = bool(getattr(config, "tie_word_embeddings", False)) and tensor_of(f"{head_fqn}.weight", False) is None
     embed_fqn = next(n for n, m in model.named_modules() if m is model.get_input_embeddings())
 
-    linears = {fqn: m for fqn, m in model.named_modules() if isinstance(m, nn.Linear)}
+    qemb = _quantized_embedding(tensor_of(f"{embed_fqn}.weight"), model, config, arch, dtype, layout) \
+        if quantized_embedding else None
+    if qemb is not None:
+        _set_child(model, embed_fqn, qemb)
+    linears = {fqn: m for fqn, m in model.named_modules() if isinstance(m, nn.Linear)
+               and not (qemb is not None and tied and fqn == head_fqn)}
     sources = {fqn: tensor_of(f"{embed_fqn if tied and fqn == head_fqn else fqn}.weight") for fqn in linears}
     plan = {fqn: _plan_format(t, fqn, requantize, fqn == head_fqn) for fqn, t in sources.items()}
     layouts = {fqn: resolve_layout(layout, f) for fqn, f in plan.items() if f is not None}
@@ -219,12 +220,15 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
         in_features = q["codes"].shape[1]
         pfqn, names, fused_name = job
         if fused_name is None:
-            _set_child(model, pfqn, _from_quantized(fmt, q, sum(sizes), in_features, bias, lay))
+            _set_child(model, pfqn, QuantLinear.from_quantized(fmt, q, sum(sizes), in_features, bias=bias, layout=lay))
         else:
             parent = model.get_submodule(pfqn) if pfqn else model
             install_fused(parent, tuple(names), fused_name,
-                          _from_quantized(fmt, q, sum(sizes), in_features, bias, lay, split_sizes=sizes))
+                          QuantLinear.from_quantized(fmt, q, sum(sizes), in_features, bias=bias, layout=lay,
+                                                       split_sizes=sizes))
 
+    if qemb is not None and tied:
+        _set_child(model, head_fqn, qemb.tied_head())
     state = {}
     skip = {f"{fqn}.weight" for fqn in targets} | {f"{fqn}.bias" for fqn in targets}
     for hf_name, t in model.state_dict(keep_vars=True).items():
@@ -239,7 +243,7 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
                      hf_name)
         state[hf_name] = w
     model.load_state_dict(state, strict=False, assign=True)
-    if tied and not isinstance(model.get_output_embeddings(), QuantLinear):
+    if tied and not isinstance(model.get_output_embeddings(), QuantLinear) and qemb is None:
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.device.type == "meta"]
     if left:
@@ -254,6 +258,21 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
             counts[f"{m.fmt.name}/{m.layout.name}"] = counts.get(f"{m.fmt.name}/{m.layout.name}", 0) + 1
     log.info("from_gguf %s: %s QuantLinear module(s) %s", path.name, sum(counts.values()), counts)
     return model.eval(), _tokenizer(reader, path)
+
+
+def _quantized_embedding(t, model: nn.Module, config, arch: str, dtype: torch.dtype,
+                         layout: Union[None, str, Layout]) -> Optional[QuantEmbedding]:
+    """The token embedding as a QuantEmbedding of the file's own blocks, or None if its type has no
+    torch_lowbit format (then it is dequantized like any float tensor)."""
+    native = native_format(t.tensor_type.name)
+    if native is None:
+        return None
+    fmt, old = get_format(native), model.get_input_embeddings()
+    log.info("%s: GGUF %s kept as %s blocks (QuantEmbedding; rows dequantized as they are looked up)",
+             t.name, t.tensor_type.name, fmt.name)
+    return QuantEmbedding.from_quantized(fmt, _native_q(t, config, arch), old.num_embeddings, old.embedding_dim,
+                                         layout=resolve_layout(layout, fmt), padding_idx=old.padding_idx,
+                                         out_dtype=dtype)
 
 
 def _set_child(model: nn.Module, fqn: str, new: nn.Module) -> None:

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..nn.embedding import QuantEmbedding
 from ..nn.linear import QuantLinear
 from .gguf import open_gguf, qk_heads, require_gguf, tensor_name_map
 from .gguf_blocks import encode_blocks, gguf_type_for, rope_rows
@@ -74,9 +75,21 @@ def to_gguf(model: nn.Module, path: Union[str, os.PathLike], tokenizer=None, *,
 
     fused = _fused_members(model)
     bad = []
+    embedding_buffers = set()
+    for fqn, m in model.named_modules():
+        if isinstance(m, QuantEmbedding):
+            type_name = gguf_type_for(m.fmt)
+            if type_name is None:
+                bad.append(f"{fqn} ({m.fmt.name})")
+                continue
+            q = {k: v.cpu() for k, v in m.layout.unpack(m.fmt, m.packed, m.num_embeddings, m.embedding_dim).items()}
+            tensors.append((gguf_name(f"{fqn}.weight"), encode_blocks(m.fmt, q)[1], type_name))
+            embedding_buffers.update(t.data_ptr() for t in m.packed.values())
     for fqn, m in model.named_modules():
         if not isinstance(m, QuantLinear):
             continue
+        if embedding_buffers and all(t.data_ptr() in embedding_buffers for t in m.packed.values()):
+            continue  # a head tied to the quantized embedding: GGUF stores token_embd once, no output.weight
         members = fused.get(fqn, [fqn])
         sizes = m.split_sizes if fqn in fused else [m.out_features]
         type_name = gguf_type_for(m.fmt)
