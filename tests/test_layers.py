@@ -21,6 +21,7 @@ LAYERS = [
     ("torch_lowbit.calibrate",),
     ("torch_lowbit.nn",),
     ("torch_lowbit.io",),
+    ("torch_lowbit.hf",),  # the transformers quantizer (LowbitConfig), HF folders, load_quantized_model
     ("torch_lowbit.eval", "torch_lowbit.bench", "torch_lowbit.tools"),
     ("torch_lowbit.cli", "torch_lowbit.__main__", "torch_lowbit"),
 ]
