@@ -255,3 +255,17 @@ def test_plain_import_registers_the_method_when_transformers_loads(float_dir, tm
                 "print(type(m.model.layers[0].mlp.down_proj).__name__)\n")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "QuantLinear"
+
+
+@pytest.mark.slow
+def test_smollm2_peak_memory_of_the_hf_routes():
+    # each route in a fresh interpreter, ending with one forward (tools/hf_load_memory.py; numbers in docs/hf.md)
+    from torch_lowbit.eval.assets import smollm2_dir
+    from torch_lowbit.tools.hf_load_memory import run
+    result = run(str(smollm2_dir()), "q4_0", routes=("baseline", "fp32", "fp32+quantize_", "quantize-on-load",
+                                                     "load-folder"))
+    peak = {r["route"]: r["peak_rss_mb"] for r in result["routes"]}
+    quantized_mb = result["sizes"]["quantized_folder_mb"]
+    assert peak["quantize-on-load"] < peak["fp32+quantize_"] - 0.5 * result["sizes"]["fp32_checkpoint_mb"], peak
+    assert peak["load-folder"] < peak["fp32"], peak
+    assert peak["load-folder"] <= 1.5 * quantized_mb + peak["baseline"], (peak, quantized_mb)

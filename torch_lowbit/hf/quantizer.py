@@ -15,6 +15,9 @@ Two ways in, both inside `from_pretrained`:
 """
 from __future__ import annotations
 
+import ctypes
+import mmap
+import sys
 from typing import Optional
 
 import torch
@@ -32,6 +35,31 @@ from .config import LowbitConfig
 
 def _skipped(fqn: str, names: Optional[list[str]]) -> bool:
     return any(fqn == n or fqn.startswith(n + ".") for n in names or ())
+
+
+_MADV_DONTNEED = 4
+_libc = None
+
+
+def _release_pages(t: Tensor) -> None:
+    """Drops the resident pages of a consumed checkpoint tensor from this process (Linux).
+
+    transformers reads safetensors through mmap: a float weight's pages stay resident (counted in
+    the process's RSS) after we quantized it, so by the end of the load the whole float checkpoint
+    would be resident. madvise(MADV_DONTNEED) on the pages lying wholly inside the tensor's bytes
+    unmaps them (a later read would fault them in again from the file). Only called on tensors the
+    loader handed us and nobody else holds."""
+    global _libc
+    if not sys.platform.startswith("linux") or t.device.type != "cpu" or t.numel() == 0:
+        return
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    page = mmap.PAGESIZE
+    start, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+    first, last = -(-start // page) * page, end // page * page
+    if last > first:
+        _libc.madvise(first, last - first, _MADV_DONTNEED)  # advisory: a failure only leaves the pages resident
 
 
 def _untie_quantized(model: nn.Module) -> None:
@@ -162,6 +190,9 @@ class LowbitHfQuantizer(HfQuantizer):
                                      weights=weights, biases=biases)
         _mark_initialized(quantized)
         del self._needed[i]
+        for t in got.values():  # the float tensors from the checkpoint are done with
+            if t.is_contiguous():
+                _release_pages(t)
 
     # ---- after loading -------------------------------------------------------------------------
     def _process_model_after_weight_loading(self, model: nn.Module, **kwargs):
