@@ -269,3 +269,21 @@ def test_smollm2_peak_memory_of_the_hf_routes():
     assert peak["quantize-on-load"] < peak["fp32+quantize_"] - 0.5 * result["sizes"]["fp32_checkpoint_mb"], peak
     assert peak["load-folder"] < peak["fp32"], peak
     assert peak["load-folder"] <= 1.5 * quantized_mb + peak["baseline"], (peak, quantized_mb)
+
+
+@pytest.mark.slow
+def test_cli_and_lm_eval_load_a_saved_folder(tmp_path):
+    # the one loader (load_quantized_model) behind `eval --checkpoint` and lm-eval's `lowbit` model
+    from transformers import AutoTokenizer
+
+    from torch_lowbit.eval.assets import smollm2_dir
+    from torch_lowbit.eval.lm_eval_model import run_lm_eval
+    src, out = str(smollm2_dir()), tmp_path / "q4_0"
+    AutoModelForCausalLM.from_pretrained(src, quantization_config=LowbitConfig("q4_0")).save_pretrained(out)
+    AutoTokenizer.from_pretrained(src).save_pretrained(out)
+    r = subprocess.run([sys.executable, "-m", "torch_lowbit", "eval", "--checkpoint", str(out), "--tokens", "1024"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert 10 < float(r.stdout.strip().split()[-1]) < 40
+    res = run_lm_eval(f"pretrained={out}", n_docs=8, limit=2)
+    assert 1 < res["word_perplexity,none"] < 1e4

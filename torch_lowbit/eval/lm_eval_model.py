@@ -17,7 +17,9 @@ from typing import Optional
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from ..io import load_quantized
+from transformers import AutoTokenizer
+
+from ..hf import is_quantized_folder, load_quantized_model
 from ..nn import quantize_
 from .assets import cache_dir, smollm2_dir, wiki_articles
 
@@ -29,8 +31,10 @@ class LowbitLM(HFLM):
     """HFLM whose Linear layers are quantized right after loading.
 
     model_args: pretrained (HF dir or "smollm2"), format (default q4_0), checkpoint (a
-    save_quantized file to load instead of quantizing), fuse (default True), skip_incompatible,
-    plus HFLM's own (dtype, batch_size, ...). format=none evaluates the float model.
+    save_quantized file of `pretrained`, or a torch_lowbit HF folder, to load instead of
+    quantizing: torch_lowbit.hf.load_quantized_model, no float detour), fuse (default True),
+    skip_incompatible, plus HFLM's own (dtype, batch_size, ...). format=none evaluates the float
+    model. A torch_lowbit HF folder as `pretrained` loads as it was saved.
     """
 
     def __init__(self, pretrained: str = "smollm2", format: str = "q4_0", checkpoint: Optional[str] = None,
@@ -38,13 +42,17 @@ class LowbitLM(HFLM):
         if pretrained == "smollm2":
             pretrained = str(smollm2_dir())
         kwargs.setdefault("device", "cpu")
-        super().__init__(pretrained=pretrained, **kwargs)
-        fuse = fuse if isinstance(fuse, bool) else str(fuse).lower() == "true"
-        if checkpoint:
-            load_quantized(self._model, checkpoint)
-        elif format and format.lower() != "none":
-            quantize_(self._model, format, fuse=fuse, progress=False,
-                      skip_incompatible=str(skip_incompatible).lower() == "true")
+        if checkpoint is None and is_quantized_folder(pretrained):
+            checkpoint = pretrained
+        if checkpoint:  # HFLM takes the loaded model object (and then ignores `device`)
+            model, tok = load_quantized_model(checkpoint, base_model=pretrained, device=kwargs.pop("device"))
+            super().__init__(pretrained=model, tokenizer=tok or AutoTokenizer.from_pretrained(pretrained), **kwargs)
+        else:
+            super().__init__(pretrained=pretrained, **kwargs)
+            if format and format.lower() != "none":
+                fuse = fuse if isinstance(fuse, bool) else str(fuse).lower() == "true"
+                quantize_(self._model, format, fuse=fuse, progress=False,
+                          skip_incompatible=str(skip_incompatible).lower() == "true")
         self.lowbit_format = format
 
 

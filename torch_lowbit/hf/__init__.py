@@ -13,7 +13,7 @@ code, so `import torch_lowbit` stays as fast as without transformers. See docs/h
 import importlib
 
 _API = {"LowbitConfig": ".config", "HF_FORMAT_VERSION": ".config", "QUANT_METHOD": ".config",
-        "LowbitHfQuantizer": ".quantizer", "load_quantized_model": ".load", "save_pretrained": ".load"}
+        "LowbitHfQuantizer": ".quantizer", "load_quantized_model": ".load", "save_pretrained": ".load", "is_quantized_folder": ".load"}
 
 __all__ = sorted(_API)
 

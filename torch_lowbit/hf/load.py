@@ -31,6 +31,11 @@ def _saved_quant_method(folder: str) -> Optional[str]:
     return q.get("quant_method") if isinstance(q, dict) else None
 
 
+def is_quantized_folder(path: PathLike) -> bool:
+    """Whether path is a model folder saved with a torch_lowbit quantization_config."""
+    return os.path.isdir(path) and _saved_quant_method(os.fspath(path)) == QUANT_METHOD
+
+
 def _tokenizer(source: str):
     from transformers import AutoTokenizer
     try:
