@@ -287,3 +287,43 @@ def test_cli_and_lm_eval_load_a_saved_folder(tmp_path):
     assert 10 < float(r.stdout.strip().split()[-1]) < 40
     res = run_lm_eval(f"pretrained={out}", n_docs=8, limit=2)
     assert 1 < res["word_perplexity,none"] < 1e4
+
+
+def test_quantize_streaming_rtn_equals_quantize_(tmp_path):
+    from torch_lowbit.hf import quantize_streaming
+    tiny_llama(tie_word_embeddings=True).save_pretrained(tmp_path / "float", max_shard_size="100KB")  # sharded source
+    ref = tl.quantize_(_float(tmp_path / "float"), "q4_0", include_lm_head=True, progress=False)
+    quantize_streaming(tmp_path / "float", "q4_0", tmp_path / "q", include_lm_head=True, max_shard_size="60KB",
+                       progress=False)
+    assert len([f for f in os.listdir(tmp_path / "q") if f.endswith(".safetensors")]) > 1
+    _assert_same_quantized(ref, AutoModelForCausalLM.from_pretrained(tmp_path / "q"), _ids())
+
+
+def test_quantize_streaming_gptq_is_sequential_gptq(float_dir, tmp_path):
+    # reference: quantize_ one block at a time in memory, so block i's statistics come from a model whose
+    # blocks before i are already quantized (GPTQ's sequential mode)
+    from torch_lowbit.hf import quantize_streaming
+    calibration = [torch.randint(0, 256, (2, 16)) for _ in range(3)]
+    ref = _float(float_dir)
+    for i in range(ref.config.num_hidden_layers):
+        tl.quantize_(ref, "int4_g32", calibration=calibration, rounding="gptq", progress=False,
+                     filter_fn=lambda m, f: isinstance(m, torch.nn.Linear) and f.startswith(f"model.layers.{i}."))
+    quantize_streaming(float_dir, "int4_g32", tmp_path / "q", rounding="gptq", calibration=calibration,
+                       progress=False)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "q")
+    _assert_same_quantized(ref, loaded, _ids())
+    assert json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]["rounding"] == "gptq"
+
+
+def test_quantize_streaming_rejects_bad_input(float_dir, tmp_path):
+    from torch_lowbit.hf import quantize_streaming
+    with pytest.raises(ValueError, match="needs calibration"):
+        quantize_streaming(float_dir, "q4_0", tmp_path / "q", rounding="gptq")
+    with pytest.raises(ValueError, match="allocate_formats"):
+        quantize_streaming(float_dir, tl.MixedBits(["q4_0", "int2_g32"], 3.0), tmp_path / "q")
+    with pytest.raises(ValueError, match="outside the decoder blocks"):
+        quantize_streaming(float_dir, "q4_0", tmp_path / "q", include_lm_head=True, rounding="imatrix",
+                           calibration=[torch.randint(0, 256, (1, 8))])
+    with pytest.raises(FileNotFoundError, match="no model.safetensors"):
+        quantize_streaming(tmp_path, "q4_0", tmp_path / "q")
+    assert not (tmp_path / "q").exists()

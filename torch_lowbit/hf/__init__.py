@@ -5,6 +5,7 @@
     model = AutoModelForCausalLM.from_pretrained(src, quantization_config=LowbitConfig("q4_0"))  # quantized while loading
     model.save_pretrained(out)                                  # config.json + sharded safetensors of packed buffers
     model = AutoModelForCausalLM.from_pretrained(out)           # straight into QuantLinear modules
+    quantize_streaming(src, "q4_0", out, rounding="gptq", calibration=batches)  # block by block, larger than memory
 
 The quantization method "torch_lowbit" is registered with transformers' public hooks when this
 package's API is first used, or (after `import torch_lowbit`) when transformers loads its model
@@ -13,7 +14,8 @@ code, so `import torch_lowbit` stays as fast as without transformers. See docs/h
 import importlib
 
 _API = {"LowbitConfig": ".config", "HF_FORMAT_VERSION": ".config", "QUANT_METHOD": ".config",
-        "LowbitHfQuantizer": ".quantizer", "load_quantized_model": ".load", "save_pretrained": ".load", "is_quantized_folder": ".load"}
+        "LowbitHfQuantizer": ".quantizer", "load_quantized_model": ".load", "save_pretrained": ".load", "is_quantized_folder": ".load",
+        "quantize_streaming": ".streaming"}
 
 __all__ = sorted(_API)
 

@@ -67,19 +67,11 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
     if rounding != "rtn" and not stats:
         stats = collect_stats(model, calibration, targets, rounding, progress)
 
-    def data_args(fqn: str) -> dict:
-        how = rounding_for(rounding, fqn)
-        if how == "rtn":
-            return {}
-        if how == "imatrix":
-            return {"importance": input_importance(stats[fqn])}
-        return {"hessian": stats[fqn]}
-
     step = max(1, len(jobs) // 10)  # progress lines for logs, where tqdm's bar is off (no terminal)
     bar = tqdm(jobs, desc=f"quantize {label}", disable=None if progress else True, leave=False)
     for done, job in enumerate(bar, 1):
         first = job_members(job)[0]  # fused members share one input, so one statistic and one format
-        quantize_job(model, job, plan[first], layout=layout, **data_args(first))
+        quantize_job(model, job, plan[first], layout=layout, **rounding_args(rounding, first, stats))
         if progress and (done % step == 0 or done == len(jobs)):
             log.info("quantized %d/%d layer groups to %s", done, len(jobs), label)
     chosen: dict[tuple[str, str], int] = {}
@@ -117,6 +109,17 @@ def plan_jobs(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec]]
     plan = {fqn: f for fqn, f in plan.items() if not problems[fqn]}
     jobs = fusion_jobs(model, plan, fuse, may_fuse=lambda fqns: len({plan[f] for f in fqns}) == 1)
     return plan, jobs, label
+
+
+def rounding_args(rounding: str, fqn: str, stats: Mapping[str, Tensor]) -> dict:
+    """quantize_job's keyword arguments for the layer fqn under a rounding, from the calibration
+    statistics (collect_stats): none (rtn), importance = E[x²] (imatrix) or hessian = E[x xᵀ] (gptq)."""
+    how = rounding_for(rounding, fqn)
+    if how == "rtn":
+        return {}
+    if how == "imatrix":
+        return {"importance": input_importance(stats[fqn])}
+    return {"hessian": stats[fqn]}
 
 
 def quantize_job(model: nn.Module, job: Job, fmt: Format, *, layout=None, weights: Optional[list[Tensor]] = None,

@@ -8,7 +8,7 @@ device: the floor every route pays), `fp32` (from_pretrained of the float folder
 LowbitConfig), `load-folder` (from_pretrained of the saved quantized folder) and `load-file`
 (load_quantized_model of a save_quantized file + its base folder).
 
-Every route but the baseline ends with one forward pass (8 tokens), so the weights it keeps have
+Every route but the baseline and quantize_streaming ends with one forward pass (8 tokens), so the weights it keeps have
 been read. Per route it reports the process's peak resident set (ru_maxrss: includes pages of the mmap'ed
 safetensors that were read, which the kernel can drop under pressure) and the peak of its
 anonymous memory (RssAnon sampled every millisecond: tensors the process owns). docs/hf.md lists
@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 
-ROUTES = ("baseline", "fp32", "fp32+quantize_", "quantize-on-load", "load-folder", "load-file")
+ROUTES = ("baseline", "fp32", "fp32+quantize_", "quantize-on-load", "load-folder", "load-file", "quantize_streaming")
 
 # run in the child: `route`, `src`, `fmt`, `qdir`, `qfile` are set before this
 _CHILD = r'''
@@ -61,7 +61,12 @@ elif route == "load-folder":
     model = AutoModelForCausalLM.from_pretrained(qdir)
 elif route == "load-file":
     model, _ = load_quantized_model(qfile, base_model=src)
-if route != "baseline":  # ready to run: one forward reads every weight (mmap'ed pages become resident)
+elif route == "quantize_streaming":
+    import tempfile
+    from torch_lowbit.hf import quantize_streaming
+    with tempfile.TemporaryDirectory() as out:
+        quantize_streaming(src, fmt, out, progress=False)
+if route not in ("baseline", "quantize_streaming"):  # ready to run: one forward reads every weight (mmap'ed pages become resident)
     with torch.no_grad():
         model(torch.arange(8).unsqueeze(0))
 time.sleep(0.01)
