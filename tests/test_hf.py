@@ -169,6 +169,20 @@ def test_bad_configs_are_rejected_with_the_fix():
         LowbitConfig("q4_0", group_size=64)
 
 
+def test_from_pretrained_rejects_bad_loading_requests(float_dir):
+    with pytest.raises(ValueError, match="offloaded to disk"):
+        AutoModelForCausalLM.from_pretrained(float_dir, quantization_config=LowbitConfig("q4_0"),
+                                             device_map={"": "disk"}, offload_folder=str(float_dir))
+    described = LowbitConfig("q4_0", modules={"model.layers.0.mlp.up_proj": {}})
+    with pytest.raises(ValueError, match="already quantized model"):
+        AutoModelForCausalLM.from_pretrained(float_dir, quantization_config=described)
+    with pytest.raises(ValueError, match="selects no Linear layer"):
+        AutoModelForCausalLM.from_pretrained(float_dir, quantization_config=LowbitConfig(
+            "q4_0", modules_to_not_convert=["model"]))
+    with pytest.raises(ValueError, match="the format plan lists 'model.layers.0.mlp'.*nn.Linear"):
+        AutoModelForCausalLM.from_pretrained(float_dir, quantization_config=LowbitConfig({"model.layers.0.mlp": "q4_0"}))
+
+
 def _edit_saved_config(folder, edit):
     path = Path(folder) / "config.json"
     cfg = json.loads(path.read_text())

@@ -125,7 +125,7 @@ class LowbitHfQuantizer(HfQuantizer):
                              "quantize a float checkpoint while loading pass a new LowbitConfig(format=...)")
         if isinstance(device_map, dict) and "disk" in device_map.values():
             raise ValueError("torch_lowbit models cannot be offloaded to disk; pass a device_map without 'disk' "
-                             "(the quantized model is ~8x smaller than fp32: try device_map='cpu')")
+                             "(a quantized model is a fraction of its float size: try device_map='cpu')")
 
     # ---- before loading ------------------------------------------------------------------------
     def _process_model_before_weight_loading(self, model: nn.Module, **kwargs):
@@ -145,6 +145,9 @@ class LowbitHfQuantizer(HfQuantizer):
 
         self._plan, self._jobs, _ = plan_jobs(model, cfg.format, filter_fn=filter_fn, fuse=cfg.fuse,
                                               include_lm_head=cfg.include_lm_head)
+        if not self._jobs:
+            raise ValueError("LowbitConfig selects no Linear layer of this model (check the format plan's names and "
+                             "modules_to_not_convert); for the float model load without quantization_config")
         for i, job in enumerate(self._jobs):
             self._needed[i] = set()
             for fqn in job_members(job):
