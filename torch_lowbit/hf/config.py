@@ -94,8 +94,9 @@ class LowbitConfig(QuantizationConfigMixin):
             raise ValueError(
                 f"LowbitConfig(rounding={rounding!r}) needs calibration batches, which from_pretrained cannot "
                 "pass. Load the float model, run torch_lowbit.quantize_(model, fmt, calibration=batches, "
-                f"rounding={rounding!r}), then torch_lowbit.hf.save_pretrained(model, folder); the folder "
-                "loads with AutoModelForCausalLM.from_pretrained")
+                f"rounding={rounding!r}), then torch_lowbit.hf.save_pretrained(model, folder) (or, block by block "
+                "for a model larger than memory, torch_lowbit.hf.quantize_streaming(src, fmt, folder, "
+                "rounding=..., calibration=...)); the folder loads with AutoModelForCausalLM.from_pretrained")
         self.rounding = rounding
         if not isinstance(fuse, bool) or not isinstance(include_lm_head, bool):
             raise TypeError("LowbitConfig: fuse and include_lm_head are booleans")
