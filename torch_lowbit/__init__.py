@@ -25,3 +25,10 @@ from .version import __version__
 __all__ = ["Format", "ScalarCodebookFormat", "GaussianFormat", "Int4", "IntAsym", "IntSym", "Q4_0", "Q8_0", "IQ4_NL", "NUQ", "VQ", "formats", "get_format", "register_format", "format_from_json",
            "QuantLinear", "QuantEmbedding", "ProjectionSlot", "quantize_", "quantize_embeddings_", "allocate_formats", "MixedBits", "use_backend", "current_backend",
            "save_quantized", "load_quantized", "CheckpointError", "from_gguf", "to_gguf", "GGUFError", "CompiledGenerator", "__version__"]
+
+import importlib.util as _importlib_util
+
+if _importlib_util.find_spec("transformers") is not None:  # the optional Hugging Face quantizer
+    from .hf.autoload import install as _install_hf
+
+    _install_hf()  # registers quant_method "torch_lowbit" when transformers loads its model code

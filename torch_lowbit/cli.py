@@ -27,6 +27,17 @@ def _load_model(spec: str, dtype: str = "float32"):
     return model.eval(), AutoTokenizer.from_pretrained(spec)
 
 
+def _load_checkpoint(path: str, spec: str):
+    """A save_quantized file of the model `spec`, or a torch_lowbit HF folder: no float detour."""
+    from transformers import AutoTokenizer
+
+    from .eval.assets import smollm2_dir
+    from .hf import load_quantized_model
+    base = str(smollm2_dir()) if spec == "smollm2" else spec
+    model, tok = load_quantized_model(path, base_model=base)
+    return model, tok or AutoTokenizer.from_pretrained(base)
+
+
 def _quantize(model, tok, args):
     from . import quantize_
     from .eval.assets import calibration_batches
@@ -106,13 +117,13 @@ def cmd_eval(args) -> None:
         res = run_lm_eval(margs, n_docs=args.docs, limit=args.limit)
         print(_table(["metric", "value"], [[k, f"{v:.4f}" if isinstance(v, float) else v] for k, v in res.items()]))
         return
-    from . import load_quantized
     from .eval import perplexity, wiki_text
-    model, tok = _load_model(args.model)
     if args.checkpoint:
-        load_quantized(model, args.checkpoint)
-    elif args.mix or args.format != "none":
-        _quantize(model, tok, args)
+        model, tok = _load_checkpoint(args.checkpoint, args.model)
+    else:
+        model, tok = _load_model(args.model)
+        if args.mix or args.format != "none":
+            _quantize(model, tok, args)
     from . import use_backend
     with use_backend(args.backend):
         ppl = perplexity(model, tok, wiki_text(400), ctx=args.ctx, max_tokens=args.tokens)
@@ -276,7 +287,7 @@ def main(argv=None) -> None:
     sp = sub.add_parser("eval", help="perplexity (or lm-eval) of a quantized model")
     sp.add_argument("--model", default="smollm2")
     quant_opts(sp)
-    sp.add_argument("--checkpoint", help="a save_quantized file instead of --format")
+    sp.add_argument("--checkpoint", help="a save_quantized file of --model, or a torch_lowbit HF folder, instead of --format")
     sp.add_argument("--backend", default="auto", choices=["auto", "reference"],
                     help="reference: fp32 activations times the dequantized weight (weights-only quality, any format)")
     sp.add_argument("--tokens", type=int, default=4096)
@@ -377,8 +388,8 @@ def _check_before_work(p: argparse.ArgumentParser, args) -> None:
         except ValueError as e:
             p.error(str(e))
     checkpoint = getattr(args, "checkpoint", None)
-    if checkpoint and not os.path.isfile(checkpoint):
-        p.error(f"--checkpoint {checkpoint}: no such file")
+    if checkpoint and not os.path.exists(checkpoint):
+        p.error(f"--checkpoint {checkpoint}: no such file or folder")
     out = getattr(args, "out", None)
     if out:
         folder = os.path.dirname(os.path.abspath(out))

@@ -1,5 +1,5 @@
 """Data-aware rounding: calibration statistics (input Hessians, weight Fisher) and GPTQ."""
 from .gptq import gptq_quantize
-from .hessian import collect_fisher, collect_hessians
+from .hessian import HessianCollector, collect_fisher, collect_hessians
 
-__all__ = ["gptq_quantize", "collect_hessians", "collect_fisher"]
+__all__ = ["gptq_quantize", "collect_hessians", "collect_fisher", "HessianCollector"]

@@ -13,32 +13,61 @@ from tqdm.auto import tqdm
 log = logging.getLogger(__name__)
 
 
+class HessianCollector:
+    """Forward pre-hooks on Linear modules that accumulate E[x xᵀ] (fp32 [K, K]) of their inputs, or
+    only its diagonal E[x²] ([K], llama.cpp's "imatrix") with diagonal_only. Modules fed the same
+    tensor (q/k/v, gate/up) share one result. Call new_batch() before each batch's forward (it
+    forgets which tensors were seen), close() after the last, then result()."""
+
+    def __init__(self, modules: dict[str, nn.Linear], *, diagonal_only: bool = False):
+        self.modules, self.diagonal_only = modules, diagonal_only
+        self.sums: dict[str, Tensor] = {}
+        self.counts: dict[str, int] = {}
+        # id(input) -> (first fqn fed it, the tensor): holding the tensor keeps its id from being reused
+        self.by_input: dict[int, tuple[str, Tensor]] = {}
+        self.alias: dict[str, str] = {}
+        self.handles = [m.register_forward_pre_hook(self._hook(f)) for f, m in modules.items()]
+
+    def _hook(self, fqn: str):
+        def fn(module, args):
+            x = args[0]
+            owner = self.by_input.get(id(x), (None, None))[0]
+            if owner is not None and owner != fqn:
+                self.alias[fqn] = owner
+                return
+            self.by_input[id(x)] = (fqn, x)
+            x2 = x.detach().reshape(-1, x.shape[-1]).float()
+            self.sums[fqn] = self.sums.get(fqn, 0) + ((x2 * x2).sum(0) if self.diagonal_only else x2.T @ x2)
+            self.counts[fqn] = self.counts.get(fqn, 0) + x2.shape[0]
+        return fn
+
+    def new_batch(self) -> None:
+        self.by_input.clear()
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.by_input.clear()
+
+    def result(self) -> dict[str, Tensor]:
+        out = {f: self.sums[f] / self.counts[f] for f in self.sums}
+        for f, owner in self.alias.items():
+            if f not in out:
+                out[f] = out[owner]
+        missing = [f for f in self.modules if f not in out]
+        if missing:
+            raise RuntimeError(f"calibration never reached {missing[:5]}; are these modules used by forward()?")
+        return out
+
+
 @torch.no_grad()
 def collect_hessians(model: nn.Module, batches: Iterable[Tensor], modules: dict[str, nn.Linear], *,
                      diagonal_only: bool = False, progress: bool = True) -> dict[str, Tensor]:
     """Runs the (float) model on each batch of token ids and returns {fqn: E[x xᵀ]} (fp32 [K, K])
     for the given Linear modules, or only its diagonal E[x²] ([K], llama.cpp's "imatrix") with
     diagonal_only. Modules fed the same tensor (q/k/v, gate/up) share one result."""
-    sums: dict[str, Tensor] = {}
-    counts: dict[str, int] = {}
-    # id(input) -> (first fqn fed it, the tensor): holding the tensor keeps its id from being reused
-    by_input: dict[int, tuple[str, Tensor]] = {}
-    alias: dict[str, str] = {}
-
-    def hook(fqn):
-        def fn(module, args):
-            x = args[0]
-            owner = by_input.get(id(x), (None, None))[0]
-            if owner is not None and owner != fqn:
-                alias[fqn] = owner
-                return
-            by_input[id(x)] = (fqn, x)
-            x2 = x.detach().reshape(-1, x.shape[-1]).float()
-            sums[fqn] = sums.get(fqn, 0) + ((x2 * x2).sum(0) if diagonal_only else x2.T @ x2)
-            counts[fqn] = counts.get(fqn, 0) + x2.shape[0]
-        return fn
-
-    handles = [m.register_forward_pre_hook(hook(f)) for f, m in modules.items()]
+    collector = HessianCollector(modules, diagonal_only=diagonal_only)
     was_training = model.training
     model.eval()
     try:
@@ -47,21 +76,13 @@ def collect_hessians(model: nn.Module, batches: Iterable[Tensor], modules: dict[
             log.info("calibration: %d batches through the float model (%s)", len(batches),
                      "diagonals E[x^2]" if diagonal_only else "E[x x^T] for GPTQ")
         for ids in tqdm(batches, desc="calibrate", disable=None if progress else True, leave=False):
-            by_input.clear()
+            collector.new_batch()
             device = next(model.parameters()).device
             model(ids.to(device), use_cache=False) if _accepts_use_cache(model) else model(ids.to(device))
     finally:
-        for h in handles:
-            h.remove()
+        collector.close()
         model.train(was_training)
-    out = {f: sums[f] / counts[f] for f in sums}
-    for f, owner in alias.items():
-        if f not in out:
-            out[f] = out[owner]
-    missing = [f for f in modules if f not in out]
-    if missing:
-        raise RuntimeError(f"calibration never reached {missing[:5]}; are these modules used by forward()?")
-    return out
+    return collector.result()
 
 
 def collect_fisher(model: nn.Module, batches: Iterable[Tensor], modules: dict[str, nn.Linear], *,

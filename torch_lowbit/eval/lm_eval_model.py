@@ -29,21 +29,29 @@ def _flag(value) -> bool:
 def build_quantized_model(pretrained: str = "smollm2", format: str = "q4_0", checkpoint: Optional[str] = None,
                           fuse: bool = True, skip_incompatible: bool = False, dtype: str = "float32"):
     """(model, tokenizer) for evaluation: `pretrained` (an HF folder, "smollm2") quantized to `format`
-    ("none": float), or a save_quantized `checkpoint` loaded into a meta-device skeleton of
-    `pretrained`'s architecture (no float weights are loaded on that route)."""
+    ("none": float); a torch_lowbit HF folder as `pretrained`, or a `checkpoint` (such a folder, or a
+    save_quantized file of `pretrained`), loads as it was saved (torch_lowbit.hf.load_quantized_model:
+    no float weights on that route); a .gguf file as `pretrained` is imported with its blocks
+    (torch_lowbit.from_gguf), then `format` applies only to its float layers ("none": as imported)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..io import load_quantized
+    from ..hf import is_quantized_folder, load_quantized_model
+    from ..io import from_gguf
     from ..nn import quantize_
     if pretrained == "smollm2":
         pretrained = str(smollm2_dir())
-    tokenizer = AutoTokenizer.from_pretrained(pretrained)
+    if str(pretrained).endswith(".gguf"):
+        model, tokenizer = from_gguf(pretrained, dtype=getattr(torch, dtype))
+        if format and format.lower() != "none":
+            quantize_(model, format, fuse=_flag(fuse), progress=False, skip_incompatible=True)
+        return model, tokenizer
+    if checkpoint is None and is_quantized_folder(pretrained):
+        checkpoint = pretrained
     if checkpoint:
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(pretrained),
-                                                     dtype=getattr(torch, dtype))
-        return load_quantized(model, checkpoint).eval(), tokenizer
+        model, tokenizer = load_quantized_model(checkpoint, base_model=pretrained)
+        return model, tokenizer or AutoTokenizer.from_pretrained(pretrained)
+    tokenizer = AutoTokenizer.from_pretrained(pretrained)
     model = AutoModelForCausalLM.from_pretrained(pretrained, dtype=getattr(torch, dtype)).eval()
     if format and format.lower() != "none":
         quantize_(model, format, fuse=_flag(fuse), progress=False, skip_incompatible=_flag(skip_incompatible))
@@ -54,9 +62,10 @@ def build_quantized_model(pretrained: str = "smollm2", format: str = "q4_0", che
 class LowbitLM(HFLM):
     """HFLM over a torch_lowbit-quantized model, handed to HFLM as an instance.
 
-    model_args: pretrained (HF folder or "smollm2"), format (default q4_0; none: float), checkpoint (a
-    save_quantized file, loaded without the float weights), fuse (default true), skip_incompatible,
-    dtype, plus HFLM's own (batch_size, max_length, ...).
+    model_args: pretrained (HF folder, "smollm2", a torch_lowbit HF folder or a .gguf file), format
+    (default q4_0; none: float), checkpoint (a torch_lowbit folder or save_quantized file, loaded
+    without the float weights), fuse (default true), skip_incompatible, dtype, plus HFLM's own
+    (batch_size, max_length, ...). See build_quantized_model.
     """
 
     def __init__(self, pretrained: str = "smollm2", format: str = "q4_0", checkpoint: Optional[str] = None,

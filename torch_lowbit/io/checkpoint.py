@@ -37,7 +37,10 @@ def _crc(t: Tensor) -> int:
     return zlib.crc32(t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes())
 
 
-def _module_entries(model: nn.Module) -> dict[str, dict]:
+def module_entries(model: nn.Module) -> dict[str, dict]:
+    """{fqn: entry} for every QuantLinear of the model: its format config (kind + version), layout
+    (name + version), shapes, bias and fusion; what install_shells needs to rebuild it empty. Shared by
+    save_quantized (file metadata) and the Hugging Face route (config.json's quantization_config)."""
     entries = {}
     fused_parents = {}
     for pfqn, parent in model.named_modules():
@@ -94,7 +97,7 @@ def save_quantized(model: nn.Module, path: Union[str, os.PathLike]) -> None:
         unique[name] = t.detach().contiguous().cpu()
     from ..version import __version__
     meta = {"checkpoint_version": CHECKPOINT_VERSION, "torch_lowbit_version": __version__,
-            "modules": _module_entries(model), "aliases": aliases,
+            "modules": module_entries(model), "aliases": aliases,
             "crc32": {n: _crc(t) for n, t in unique.items()}}
     save_file(unique, os.fspath(path), metadata={_META_KEY: json.dumps(meta)})
 
@@ -137,10 +140,16 @@ def _pkg_version() -> str:
     return __version__
 
 
-def _install_shells(model: nn.Module, modules: dict[str, dict], path: str) -> None:
+def install_shells(model: nn.Module, modules: dict[str, dict], path: str) -> None:
+    """Replaces the model's Linear layers named in `modules` (module_entries of the saved model) by
+    empty QuantLinear modules of the saved format, layout and shapes (meta device), fused where they
+    were; loading then assigns their buffers. `path` names the source in errors."""
     for fqn, e in modules.items():
-        fmt = format_from_json(e["format"])
-        layout = get_layout(e["layout"])
+        try:
+            fmt = format_from_json(e["format"])
+            layout = get_layout(e["layout"])
+        except (ValueError, KeyError, TypeError) as err:
+            raise CheckpointError(f"{path}: module {fqn} cannot be rebuilt: {err}") from err
         if layout.version != e["layout_version"]:
             raise CheckpointError(f"{path}: module {fqn} uses layout {layout.name} v{e['layout_version']}, this "
                                   f"torch_lowbit has v{layout.version}; re-quantize and save again")
@@ -186,7 +195,7 @@ def load_quantized(model: nn.Module, path: Union[str, os.PathLike], *,
     Its Linear layers are replaced by the saved QuantLinear modules; returns the model."""
     path = os.fspath(path)
     meta, tensors = _read(path)
-    _install_shells(model, meta["modules"], path)
+    install_shells(model, meta["modules"], path)
     for alias, canonical in meta.get("aliases", {}).items():
         tensors[alias] = tensors[canonical]
     state = {k: v for k, v in tensors.items() if not k.startswith(_NONPERSISTENT)}

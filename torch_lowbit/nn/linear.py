@@ -35,11 +35,7 @@ class QuantLinear(nn.Module):
         self._buffer_names = tuple(buffers)
         for name, t in buffers.items():
             self.register_buffer(name, t)
-        device = next(iter(buffers.values())).device
-        runtime = self.layout.runtime_buffers(self.fmt)
-        self._kernel_buffer_names = self._buffer_names + tuple(runtime)
-        for name, t in runtime.items():
-            self.register_buffer(name, t.to(device if device.type != "meta" else "cpu"), persistent=False)
+        self.reset_runtime_buffers()
         self.register_buffer("bias", bias)
 
     # -- construction -------------------------------------------------------------------------
@@ -148,13 +144,20 @@ class QuantLinear(nn.Module):
         self.layout = new
         buffers = new.pack(self.fmt, q)
         self._buffer_names = tuple(buffers)
-        runtime = new.runtime_buffers(self.fmt)
-        self._kernel_buffer_names = self._buffer_names + tuple(runtime)
         for name, t in buffers.items():
             self.register_buffer(name, t.to(device))
-        for name, t in runtime.items():
-            self.register_buffer(name, t.to(device), persistent=False)
+        self.reset_runtime_buffers()
         return self
+
+    def reset_runtime_buffers(self) -> None:
+        """(Re)builds the non-persistent constants the layout's kernels read (never saved), on the
+        packed weight's device (CPU while that is meta). Loaders that swap non-persistent buffers
+        for empty placeholders (transformers' from_pretrained) call it afterwards."""
+        device = getattr(self, self._buffer_names[0]).device
+        runtime = self.layout.runtime_buffers(self.fmt)
+        self._kernel_buffer_names = self._buffer_names + tuple(runtime)
+        for name, t in runtime.items():
+            self.register_buffer(name, t.to(device if device.type != "meta" else "cpu"), persistent=False)
 
     def weight_nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.packed.values())

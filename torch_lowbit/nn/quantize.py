@@ -9,7 +9,7 @@ from tqdm.auto import tqdm
 
 from ..formats import Format, get_format
 from .allocate import MixedBits, allocate_and_collect
-from .fusion import fusion_jobs, install_fused, job_members
+from .fusion import Job, fusion_jobs, install_fused, job_members
 from .linear import QuantLinear
 from .select import ROUNDINGS, FilterFn, FormatSpec, collect_stats, input_importance, rounding_for, select_linears
 
@@ -61,49 +61,17 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
                                           sensitivity=fmt.sensitivity, rounding=rounding, filter_fn=filter_fn,
                                           include_lm_head=include_lm_head, fuse=fuse,
                                           skip_incompatible=skip_incompatible, progress=progress)
-    if isinstance(fmt, Mapping):
-        plan = _check_plan(model, fmt, filter_fn)
-        label = "mixed plan"
-    else:
-        fmt = get_format(fmt)
-        plan = {fqn: fmt for fqn in select_linears(model, filter_fn, include_lm_head)}
-        label = fmt.name
+    plan, jobs, label = plan_jobs(model, fmt, filter_fn=filter_fn, fuse=fuse, skip_incompatible=skip_incompatible,
+                                  include_lm_head=include_lm_head)
     targets: dict[str, nn.Linear] = {fqn: model.get_submodule(fqn) for fqn in plan}
-    problems = {fqn: plan[fqn].shape_problem(m.out_features, m.in_features) for fqn, m in targets.items()}
-    bad = [f"{fqn}{f' ({plan[fqn].name})' if label != plan[fqn].name else ''} {p}"
-           for fqn, p in problems.items() if p]
-    if bad and not skip_incompatible:
-        raise ValueError(f"{label} cannot hold {len(bad)} layer(s): {'; '.join(bad[:3])}"
-                         f"{' …' if len(bad) > 3 else ''}. Pass skip_incompatible=True to keep them in float")
-    for line in bad:
-        log.warning("left in float: %s", line)
-    targets = {fqn: m for fqn, m in targets.items() if not problems[fqn]}
-    jobs = fusion_jobs(model, targets, fuse, may_fuse=lambda fqns: len({plan[f] for f in fqns}) == 1)
-
     if rounding != "rtn" and not stats:
         stats = collect_stats(model, calibration, targets, rounding, progress)
-
-    def data_args(fqn: str) -> dict:
-        how = rounding_for(rounding, fqn)
-        if how == "rtn":
-            return {}
-        if how == "imatrix":
-            return {"importance": input_importance(stats[fqn])}
-        return {"hessian": stats[fqn]}
 
     step = max(1, len(jobs) // 10)  # progress lines for logs, where tqdm's bar is off (no terminal)
     bar = tqdm(jobs, desc=f"quantize {label}", disable=None if progress else True, leave=False)
     for done, job in enumerate(bar, 1):
-        pfqn, names, fused_name = job
         first = job_members(job)[0]  # fused members share one input, so one statistic and one format
-        if fused_name is None:
-            _set_child(model, pfqn, QuantLinear.from_linear(targets[pfqn], plan[pfqn], layout=layout,
-                                                            **data_args(pfqn)))
-        else:
-            parent = model.get_submodule(pfqn) if pfqn else model
-            fused = QuantLinear.from_linears([getattr(parent, n) for n in names], plan[first], layout=layout,
-                                             **data_args(first))
-            install_fused(parent, tuple(names), fused_name, fused)
+        quantize_job(model, job, plan[first], layout=layout, **rounding_args(rounding, first, stats))
         if progress and (done % step == 0 or done == len(jobs)):
             log.info("quantized %d/%d layer groups to %s", done, len(jobs), label)
     chosen: dict[tuple[str, str], int] = {}
@@ -113,6 +81,64 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
     for (fmt_name, layout_name), count in sorted(chosen.items()):
         log.info("%d module(s) in %s, layout %s", count, fmt_name, layout_name)
     return model
+
+
+def plan_jobs(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec]], *,
+              filter_fn: Optional[FilterFn] = None, fuse: bool = True, skip_incompatible: bool = False,
+              include_lm_head: bool = False) -> tuple[dict[str, Format], list[Job], str]:
+    """What quantize_ will do, without touching a weight (so it also works on a meta-device model):
+    the plan {fqn: Format} of the Linear layers to quantize (a format for the selected layers, or a
+    per-layer plan checked against the model), their fusion jobs, and a label for logs. Layers a
+    format cannot hold raise (or, with skip_incompatible, stay float with a warning)."""
+    if isinstance(fmt, Mapping):
+        plan = _check_plan(model, fmt, filter_fn)
+        label = "mixed plan"
+    else:
+        fmt = get_format(fmt)
+        plan = {fqn: fmt for fqn in select_linears(model, filter_fn, include_lm_head)}
+        label = fmt.name
+    modules = {fqn: model.get_submodule(fqn) for fqn in plan}
+    problems = {fqn: plan[fqn].shape_problem(m.out_features, m.in_features) for fqn, m in modules.items()}
+    bad = [f"{fqn}{f' ({plan[fqn].name})' if label != plan[fqn].name else ''} {p}"
+           for fqn, p in problems.items() if p]
+    if bad and not skip_incompatible:
+        raise ValueError(f"{label} cannot hold {len(bad)} layer(s): {'; '.join(bad[:3])}"
+                         f"{' …' if len(bad) > 3 else ''}. Pass skip_incompatible=True to keep them in float")
+    for line in bad:
+        log.warning("left in float: %s", line)
+    plan = {fqn: f for fqn, f in plan.items() if not problems[fqn]}
+    jobs = fusion_jobs(model, plan, fuse, may_fuse=lambda fqns: len({plan[f] for f in fqns}) == 1)
+    return plan, jobs, label
+
+
+def rounding_args(rounding: str, fqn: str, stats: Mapping[str, Tensor]) -> dict:
+    """quantize_job's keyword arguments for the layer fqn under a rounding, from the calibration
+    statistics (collect_stats): none (rtn), importance = E[x²] (imatrix) or hessian = E[x xᵀ] (gptq)."""
+    how = rounding_for(rounding, fqn)
+    if how == "rtn":
+        return {}
+    if how == "imatrix":
+        return {"importance": input_importance(stats[fqn])}
+    return {"hessian": stats[fqn]}
+
+
+def quantize_job(model: nn.Module, job: Job, fmt: Format, *, layout=None, weights: Optional[list[Tensor]] = None,
+                 biases: Optional[list[Optional[Tensor]]] = None, importance: Optional[Tensor] = None,
+                 hessian: Optional[Tensor] = None) -> QuantLinear:
+    """Quantizes one fusion job (a lone Linear, or a q/k/v or gate/up group into one fused module)
+    and puts the QuantLinear into the model. weights / biases: the members' tensors in job order
+    (default: the members' own; loaders pass tensors as they arrive, before any module holds them)."""
+    pfqn, names, fused_name = job
+    if weights is None:
+        linears = [model.get_submodule(f) for f in job_members(job)]
+        weights, biases = [m.weight for m in linears], [m.bias for m in linears]
+    quantized = QuantLinear.from_weights(weights, biases, fmt, layout=layout, split=fused_name is not None,
+                                         importance=importance, hessian=hessian)
+    if fused_name is None:
+        _set_child(model, pfqn, quantized)
+    else:
+        install_fused(model.get_submodule(pfqn) if pfqn else model, tuple(names), fused_name, quantized)
+    return quantized
 
 
 def _check_plan(model: nn.Module, plan: Mapping[str, FormatSpec], filter_fn: Optional[FilterFn]) -> dict[str, Format]:
