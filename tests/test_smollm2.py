@@ -79,6 +79,21 @@ def test_lm_eval_command_line_runs_the_local_task_offline(tmp_path):
     for metric in ("word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none"):
         assert cli[metric] == pytest.approx(res[metric], rel=1e-9), metric
 
+    # `quantize --out DIR` streams SmolLM2 block by block into a Hugging Face folder; lm-eval's own `hf`
+    # model loads it (from_pretrained, with torch_lowbit's quantizer registered) and scores the same
+    folder = tmp_path / "smollm2-q4_0"
+    r = subprocess.run([sys.executable, "-m", "torch_lowbit", "quantize", "--format", "q4_0", "--out", str(folder)],
+                       capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0 and (folder / "config.json").exists(), r.stderr[-3000:]
+    out = tmp_path / "hf_run"
+    r = subprocess.run([sys.executable, "-m", "torch_lowbit", "lm-eval", "--model", "hf", "--model_args",
+                        f"pretrained={folder},device=cpu", "--tasks", "lowbit_wiki", "--limit", "4",
+                        "--output_path", str(out)], capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    hf = json.loads(next(out.rglob("results_*.json")).read_text())["results"]["lowbit_wiki"]
+    for metric in ("word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none"):
+        assert hf[metric] == pytest.approx(res[metric], rel=1e-6), metric
+
 
 def test_cli_quantize_then_eval_checkpoint(tmp_path):
     ckpt = tmp_path / "smollm2_q4_0.safetensors"

@@ -102,11 +102,39 @@ def cmd_demo(args) -> None:
 
 
 def cmd_quantize(args) -> None:
+    if not args.out.endswith(".safetensors"):  # a folder: stream the model block by block into it
+        return _quantize_streaming(args)
     from . import save_quantized
     model, tok = _load_model(args.model)
     _quantize(model, tok, args)
     save_quantized(model, args.out)
     print(f"saved {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB)")
+
+
+def _quantize_streaming(args) -> None:
+    """quantize --out DIR: one decoder block in memory at a time (models larger than memory), written
+    as a Hugging Face folder that from_pretrained loads after `import torch_lowbit`."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as e:
+        raise CliError(f"quantizing into a folder needs the hf extra ({e.name} is missing): "
+                       "pip install 'torch_lowbit[hf]'") from None
+    from .eval.assets import calibration_batches, smollm2_dir
+    from .hf import quantize_streaming
+    if args.mix:
+        raise CliError("--mix allocates over the whole model; quantize to a .safetensors file instead, or "
+                       "allocate a plan with torch_lowbit.allocate_formats and pass it to quantize_streaming")
+    src = str(smollm2_dir()) if args.model == "smollm2" else args.model
+    if not os.path.isfile(os.path.join(src, "config.json")):
+        raise CliError(f"--model {args.model}: quantizing into a folder streams a Hugging Face model folder "
+                       "(config.json + safetensors shards); pass one, or --out FILE.safetensors")
+    calib = calibration_batches(AutoTokenizer.from_pretrained(src), args.calib, args.ctx) \
+        if args.rounding != "rtn" else None
+    print(f"quantizing {src} block by block to {args.format} ({args.rounding}) into {args.out}...", flush=True)
+    quantize_streaming(src, args.format, args.out, rounding=args.rounding, calibration=calib,
+                       include_lm_head=args.include_lm_head)
+    size = sum(os.path.getsize(os.path.join(args.out, f)) for f in os.listdir(args.out))
+    print(f"saved {args.out}/ ({size / 1e6:.1f} MB): AutoModelForCausalLM.from_pretrained after import torch_lowbit")
 
 
 def cmd_eval(args) -> None:
@@ -278,7 +306,9 @@ def main(argv=None) -> None:
     sp.add_argument("--gen", type=int, default=32, help="new tokens for the decode speed")
     sp.set_defaults(fn=cmd_demo)
 
-    sp = sub.add_parser("quantize", help="quantize a model and save a checkpoint")
+    sp = sub.add_parser("quantize", help="quantize a model and save it: --out FILE.safetensors (save_quantized, "
+                        "whole model in memory) or --out DIR (a Hugging Face folder, streamed one decoder block "
+                        "at a time: models larger than memory)")
     sp.add_argument("--model", default="smollm2", help="'smollm2' or a Hugging Face model directory")
     quant_opts(sp)
     sp.add_argument("--out", required=True)
