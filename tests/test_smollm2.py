@@ -87,7 +87,7 @@ def test_lm_eval_command_line_runs_the_local_task_offline(tmp_path):
     assert r.returncode == 0 and (folder / "config.json").exists(), r.stderr[-3000:]
     out = tmp_path / "hf_run"
     r = subprocess.run([sys.executable, "-m", "torch_lowbit", "lm-eval", "--model", "hf", "--model_args",
-                        f"pretrained={folder},device=cpu", "--tasks", "lowbit_wiki", "--limit", "4",
+                        f"pretrained={folder}", "--device", "cpu", "--tasks", "lowbit_wiki", "--limit", "4",
                         "--output_path", str(out)], capture_output=True, text=True, timeout=900, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     hf = json.loads(next(out.rglob("results_*.json")).read_text())["results"]["lowbit_wiki"]

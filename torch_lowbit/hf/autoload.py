@@ -1,16 +1,17 @@
 """Registers the "torch_lowbit" quantization method when transformers loads its model code, without
 importing transformers (seconds) at `import torch_lowbit`.
 
-from_pretrained always imports transformers.modeling_utils before it reads a quantization_config,
-so a post-import hook on that module is early enough: a folder saved with a LowbitConfig then
-loads after a plain `import torch_lowbit`.
+Every reader of a quantization_config goes through transformers.quantizers.auto (from_pretrained,
+and lm-eval's HFLM, which calls AutoQuantizationConfig.from_dict before any model code loads), so a
+post-import hook on that module is early enough: a folder saved with a LowbitConfig then loads
+after a plain `import torch_lowbit`.
 """
 import importlib.abc
 import importlib.util
 import logging
 import sys
 
-_TRIGGER = "transformers.modeling_utils"
+_TRIGGER = "transformers.quantizers.auto"
 log = logging.getLogger(__name__)
 
 
