@@ -54,6 +54,18 @@ def test_int8_kernels_run_inside_the_compiled_decode_step(quantized_tiny, compil
     assert any("Torch-Compiled Region" in n or "CompiledFunction" in n for n in names), "ran eagerly"
 
 
+def test_attention_implementation_is_restored(quantized_tiny):
+    before = quantized_tiny.config._attn_implementation
+    gen = tl.CompiledGenerator(quantized_tiny, max_cache_len=16, compile=False, attn_implementation="eager")
+    seen = []
+    hook = quantized_tiny.register_forward_pre_hook(lambda m, a: seen.append(m.config._attn_implementation))
+    try:
+        gen.generate(torch.zeros(1, 3, dtype=torch.long), 2)
+    finally:
+        hook.remove()
+    assert seen and set(seen) == {"eager"} and quantized_tiny.config._attn_implementation == before
+
+
 def test_eos_stops_every_row(quantized_tiny):
     ids = torch.randint(0, quantized_tiny.config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(11))
     free = tl.CompiledGenerator(quantized_tiny, max_cache_len=32, compile=False).generate(ids, 8)

@@ -20,6 +20,19 @@ import torch
 from torch import Tensor, nn
 
 
+@contextlib.contextmanager
+def _attention(model: nn.Module, implementation: Optional[str]):
+    config = model.config
+    saved = getattr(config, "_attn_implementation", None)
+    if implementation is not None:
+        config._attn_implementation = implementation
+    try:
+        yield
+    finally:
+        if implementation is not None:
+            config._attn_implementation = saved
+
+
 def _skip_guards(skip: bool):
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True) if skip else contextlib.nullcontext()
 
@@ -50,9 +63,15 @@ class CompiledGenerator:
     The decode step is compiled with static shapes (batch and cache length fixed), the prefill with a
     dynamic sequence length so prompts of any length share one graph. The first call of each pays the
     compilation (tens of seconds on a small CPU); later calls reuse it.
+
+    attn_implementation: the transformers attention used while generating (the model's own setting
+    is restored after each call; None keeps it). Default "eager": inductor fuses its matmuls and
+    softmax, which on CPU beat the sdpa kernel at decode (one query row) and at 256-token prefill
+    (SmolLM2, docs/generation.md).
     """
 
-    def __init__(self, model: nn.Module, *, max_cache_len: int = 1024, compile: bool = True):
+    def __init__(self, model: nn.Module, *, max_cache_len: int = 1024, compile: bool = True,
+                 attn_implementation: Optional[str] = "eager"):
         from transformers import StaticCache
         if not hasattr(model, "config") or not callable(getattr(model, "forward", None)):
             raise TypeError(f"CompiledGenerator needs a transformers causal LM, got {type(model).__name__}")
@@ -61,6 +80,7 @@ class CompiledGenerator:
         self.model = model.eval()
         self.max_cache_len = int(max_cache_len)
         self.compiled = bool(compile)
+        self.attn_implementation = attn_implementation
         self._static_cache = StaticCache
         self._cache = None
         self._cache_batch = None
@@ -86,8 +106,8 @@ class CompiledGenerator:
             cfg = self.model.config.get_text_config()
             heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
             head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-            dtype = self.model.get_input_embeddings().weight.dtype if hasattr(
-                self.model.get_input_embeddings(), "weight") else torch.float32
+            emb = self.model.get_input_embeddings()  # a QuantEmbedding has no weight, an out_dtype
+            dtype = getattr(emb, "out_dtype", None) or getattr(getattr(emb, "weight", None), "dtype", torch.float32)
             self._cache = self._static_cache(config=self.model.config, max_cache_len=self.max_cache_len)
             # allocated now, not lazily in the first (compiled) update: a graph traced on an empty
             # cache would be recompiled for the filled one
@@ -108,6 +128,11 @@ class CompiledGenerator:
         if n + max_new_tokens > self.max_cache_len:
             raise ValueError(f"prompt ({n}) + max_new_tokens ({max_new_tokens}) exceed max_cache_len "
                              f"({self.max_cache_len}); build the CompiledGenerator with a larger max_cache_len")
+        with _attention(self.model, self.attn_implementation):
+            return self._generate(input_ids, max_new_tokens, eos_token_id)
+
+    def _generate(self, input_ids: Tensor, max_new_tokens: int, eos_token_id: Optional[int]) -> Tensor:
+        n = input_ids.shape[1]
         device = input_ids.device
         cache = self._fresh_cache(input_ids.shape[0], device)
         times = GenerationTimes(prompt_tokens=n * input_ids.shape[0], new_tokens=max_new_tokens)
