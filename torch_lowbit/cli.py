@@ -329,7 +329,8 @@ def main(argv=None) -> None:
     sp = sub.add_parser("bench", help="benchmarks")
     sp.add_argument("what", choices=["cpu", "e2e", "roofline", "gpu", "distortion", "weights"],
                     help="cpu: kernels vs PyTorch, DRAM-streamed; e2e: SmolLM2 prefill and decode tok/s, eager and "
-                    "compiled, fp32 / bf16 / --formats, next to llama.cpp on the same GGUF (with the [peers] extra); roofline: M=1 compute vs memory ceilings of the "
+                    "compiled, next to llama.cpp on the same GGUF (with the [peers] extra); --formats: fp32, bf16, gguf "
+                    "(the GGUF file imported: llama.cpp's weights), F or F+E (E: embedding and tied head); roofline: M=1 compute vs memory ceilings of the "
                     "int8 CPU kernels (max --threads); gpu: Triton kernels vs fp16 F.linear, "
                     "HBM-streamed (needs CUDA); distortion: palette formats on a Gaussian; weights: formats on a "
                     "real model's linear weights (--model)")
@@ -409,8 +410,11 @@ def _check_before_work(p: argparse.ArgumentParser, args) -> None:
     names = list(args.mix or []) if getattr(args, "mix", None) else []
     if getattr(args, "format", None) not in (None, "none") and not names and not getattr(args, "checkpoint", None):
         names.append(args.format)
-    float_rows = ("fp32", "bf16") if getattr(args, "what", None) == "e2e" else ()
-    names += [f for f in getattr(args, "formats", None) or [] if f not in float_rows] if args.cmd == "bench" else []
+    if args.cmd == "bench" and args.what == "e2e":
+        from .bench.e2e import variant_formats
+        names += [f for v in args.formats or [] for f in variant_formats(v)]
+    elif args.cmd == "bench":
+        names += list(args.formats or [])
     names += [args.explain] if getattr(args, "explain", None) else []
     for name in names:
         try:

@@ -17,7 +17,10 @@ from ..eval.assets import load_smollm2, smollm2_gguf, wiki_text
 from ..eval.speed import model_nbytes
 from ..generation import CompiledGenerator
 
-E2E_VARIANTS = ("fp32", "bf16", "int4_g32", "q4_0")
+# gguf: SmolLM2's own file imported with its blocks (int4_g32 layers, q8_0 embedding/tied head): the
+# weights llama.cpp runs. "F+E": format F for the Linear layers, E for the embedding and tied head.
+E2E_VARIANTS = ("fp32", "bf16", "gguf", "q4_0+q8_0")
+FLOAT_VARIANTS = ("fp32", "bf16", "gguf")
 E2E_HEADERS = ["model", "mode", "size MB", "prefill tok/s", "decode tok/s", "prefill vs llama.cpp",
                "decode vs llama.cpp", "decode vs fp32 eager"]
 
@@ -34,15 +37,27 @@ def _median(values) -> float:
     return statistics.median(values)
 
 
+def variant_formats(name: str) -> list[str]:
+    """The format names a variant name uses (for checking them before any work)."""
+    return [] if name in FLOAT_VARIANTS else name.split("+")
+
+
 def _variant(name: str, base, tokenizer):
-    """(model, label) of one variant: fp32 / bf16 copies of SmolLM2, or the fp32 model quantized (RTN)
-    to a format name."""
-    from ..nn import quantize_
+    """(model, label) of one variant: fp32 / bf16 copies of SmolLM2, the GGUF file imported, or the
+    fp32 model quantized (RTN) to a format name, "+E": the embedding and tied head to format E."""
+    from ..io import from_gguf
+    from ..nn import quantize_, quantize_embeddings_
     if name == "fp32":
         return base, "fp32"
     if name == "bf16":
         return copy.deepcopy(base).to(torch.bfloat16), "bf16"
-    return quantize_(copy.deepcopy(base), name, progress=False), name
+    if name == "gguf":
+        return from_gguf(smollm2_gguf())[0], "GGUF import: int4_g32 + q8_0 embedding/head"
+    fmt, _, embedding = name.partition("+")
+    model = quantize_(copy.deepcopy(base), fmt, progress=False)
+    if embedding:
+        quantize_embeddings_(model, embedding)
+    return model, fmt + (f" + {embedding} embedding/head" if embedding else "")
 
 
 def _time_torch(model, ids: torch.Tensor, new_tokens: int, compiled: bool, repeats: int) -> tuple[float, float, float]:
