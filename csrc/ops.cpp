@@ -26,6 +26,8 @@ at::Tensor tcq_linear_cpu(const at::Tensor& x, const at::Tensor& codes, const at
                           int64_t shift_bits, const at::Tensor& row_scales, const c10::optional<at::Tensor>& bias);
 at::Tensor tcq_dequantize_cpu(const at::Tensor& codes, const at::Tensor& table, int64_t table_bits, int64_t shift_bits,
                               const at::Tensor& row_scales);
+at::Tensor gqa_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const c10::optional<at::Tensor>& mask, double scale);
 void register_base(const at::Tensor& base);  // csrc/hadamard.cpp
 int64_t read_probe(const at::Tensor& buf);
 int64_t clock_probe(int64_t adds);
@@ -62,6 +64,8 @@ TORCH_LIBRARY(torch_lowbit, m) {
   m.def("hadamard_transform(Tensor x, Tensor? signs, bool inverse) -> Tensor");
   m.def("_hadamard_register_base(Tensor base) -> ()", &torch_lowbit::register_base);
   m.def("tcq_viterbi(Tensor sequences, Tensor state_values, int shift_bits) -> (Tensor states, Tensor errors)");
+  // grouped-query attention of compiled generation (torch_lowbit/generation.py), [B, S, H, D] out
+  m.def("gqa_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(torch_lowbit, CPU, m) {
@@ -72,6 +76,7 @@ TORCH_LIBRARY_IMPL(torch_lowbit, CPU, m) {
   m.impl("codebook_dequantize", &torch_lowbit::codebook_dequantize_cpu);
   m.impl("tcq_linear", &torch_lowbit::tcq_linear_cpu);
   m.impl("tcq_dequantize", &torch_lowbit::tcq_dequantize_cpu);
+  m.impl("gqa_attention", &torch_lowbit::gqa_attention_cpu);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -202,6 +202,14 @@ def _register() -> None:
                    f"lut_i8: lut must be 1..16 int8 codebooks of {2 ** code_bits} entries")
         return _linear_out("lut_i8_linear", x, out_features, k, bias)
 
+    @torch.library.register_fake("torch_lowbit::gqa_attention")
+    def _gqa_attention_fake(q, k, v, mask, scale):
+        _check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4, "gqa_attention: q, k, v must be 4-D")
+        _check(k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0,
+               f"gqa_attention: query heads {q.shape[1]} are not a multiple of KV heads {k.shape[1]}")
+        b, h, s, d = q.shape
+        return q.new_empty((b, s, h, d))
+
     @torch.library.register_fake("torch_lowbit::codebook_linear")
     def _codebook_linear_fake(x, codes, code_bits, table, row_scales, bias):
         n, k = _codebook_check(codes, code_bits, table, row_scales, x.shape[-1])
