@@ -51,6 +51,7 @@ def test_int8_kernels_run_inside_the_compiled_decode_step(quantized_tiny, compil
         compiled.generate(ids, 3)
     names = {e.name for e in prof.events()}
     assert "torch_lowbit::lut_i8_linear" in names, sorted(n for n in names if "lowbit" in n)
+    assert "torch_lowbit::gqa_attention" in names, sorted(n for n in names if "lowbit" in n)  # decode attention
     assert any("Torch-Compiled Region" in n or "CompiledFunction" in n for n in names), "ran eagerly"
 
 

@@ -38,11 +38,12 @@ ATTENTION = "torch_lowbit"  # the transformers attention implementation name Com
 
 def gqa_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
                   scaling: Optional[float] = None, dropout: float = 0.0, **kwargs):
-    """A transformers attention function (AttentionInterface): torch_lowbit::gqa_attention, one op
-    that inductor leaves to MKL's batched matmuls. Softcapping, sinks, sliding windows and dropout
-    go to transformers' eager attention instead."""
+    """A transformers attention function (AttentionInterface): at decode (one query row per head)
+    torch_lowbit::gqa_attention, one op; prefill (several rows: inductor fuses eager attention's
+    matmuls well), softcapping, sinks, sliding windows and dropout go to transformers' eager
+    attention."""
     if dropout or kwargs.get("softcap") or kwargs.get("sliding_window") or kwargs.get("s_aux") is not None \
-            or query.device.type != "cpu":
+            or query.device.type != "cpu" or query.shape[2] != 1:  # prefill: inductor's fused matmuls win
         from transformers.models.llama.modeling_llama import eager_attention_forward
         return eager_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                        **kwargs)
@@ -90,9 +91,9 @@ class CompiledGenerator:
     compilation (tens of seconds on a small CPU); later calls reuse it.
 
     attn_implementation: the transformers attention used while generating (the model's own setting
-    is restored after each call; None keeps it). Default "torch_lowbit": grouped-query attention as
-    one op (gqa_attention), which on CPU beats both the sdpa kernel and inductor's fusion of eager
-    attention at decode (one query row) and prefill (SmolLM2, docs/generation.md).
+    is restored after each call; None keeps it). Default "torch_lowbit": at decode grouped-query
+    attention as one op (gqa_attention), at prefill transformers' eager attention, which inductor
+    fuses; on CPU both beat the sdpa kernel (SmolLM2, docs/generation.md).
     """
 
     def __init__(self, model: nn.Module, *, max_cache_len: int = 1024, compile: bool = True,
