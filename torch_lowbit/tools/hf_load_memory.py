@@ -9,7 +9,9 @@ LowbitConfig), `load-folder` (from_pretrained of the saved quantized folder) and
 (load_quantized_model of a save_quantized file + its base folder).
 
 Every route but the baseline and quantize_streaming ends with one forward pass (8 tokens), so the weights it keeps have
-been read. Per route it reports the process's peak resident set (ru_maxrss: includes pages of the mmap'ed
+been read. Per route it reports the process's peak resident set (VmHWM, not ru_maxrss: Linux carries a
+parent's resident set at fork into the child's ru_maxrss, so a big test process would show in every
+route; it includes pages of the mmap'ed
 safetensors that were read, which the kernel can drop under pressure) and the peak of its
 anonymous memory (RssAnon sampled every millisecond: tensors the process owns). docs/hf.md lists
 the numbers of one run.
@@ -30,12 +32,16 @@ _CHILD = r'''
 import json, resource, threading, time
 
 peak_anon = [0]
-def _anon_kb():
+def _status_kb(key):
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("RssAnon:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1])
     return 0
+def _anon_kb():
+    return _status_kb("RssAnon")
+def _peak_rss_kb():  # this exec's own high-water mark (ru_maxrss would include the parent's at fork)
+    return _status_kb("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 stop = False
 def _sample():
     while not stop:
@@ -71,7 +77,7 @@ if route not in ("baseline", "quantize_streaming"):  # ready to run: one forward
         model(torch.arange(8).unsqueeze(0))
 time.sleep(0.01)
 stop = True
-print(json.dumps({"route": route, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+print(json.dumps({"route": route, "peak_rss_mb": _peak_rss_kb() / 1024,
                   "peak_anon_mb": max(peak_anon[0], _anon_kb()) / 1024}))
 '''
 
