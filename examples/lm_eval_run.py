@@ -1,6 +1,9 @@
 """Run lm-evaluation-harness with the `lowbit` model on the offline local Wikipedia perplexity task.
 
     .venv/bin/python examples/lm_eval_run.py [--format q4_0] [--docs 64] [--limit N]
+
+The same from lm-eval's own command line (any lm_eval arguments):
+    python -m torch_lowbit lm-eval --model lowbit --model_args pretrained=smollm2,format=q4_0 --tasks lowbit_wiki
 """
 import argparse
 
