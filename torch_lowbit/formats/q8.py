@@ -39,6 +39,7 @@ class Q8_0(FixedBlockFormat):
     The codes are then encoded against the fp16 d (still any int8 q, so still a valid Q8_0 block)."""
 
     kind: ClassVar[str] = "q8_0"
+    encodes_with_unrounded_scale: ClassVar[bool] = True
     code_bits: ClassVar[int] = 8
 
     def code_values(self) -> Tensor:
@@ -68,14 +69,6 @@ class Q8_0(FixedBlockFormat):
         inv_d = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
         q = round_half_away(x * inv_d).clamp_(-128, 127)  # ggml's own d never leaves [-127, 127]; GPTQ's may
         return (q + Q8_OFFSET).to(torch.uint8)
-
-    def quantize(self, weight: Tensor, importance: Optional[Tensor] = None) -> dict[str, Tensor]:
-        if importance is not None:
-            return super().quantize(weight, importance)
-        # ggml encodes with the unrounded fp32 d and stores fp16(d): keep that order for bit-compatibility.
-        x = self._groups(weight)
-        d, _ = self.fit_groups(x)
-        return {"codes": self.encode(x, d).reshape(weight.shape), "scales": d.reshape(weight.shape[0], -1).half()}
 
 
 register_format(Q8_0())

@@ -131,10 +131,20 @@ class FixedBlockFormat(ScalarCodebookFormat):
     """A ggml-style format with one setting-free config: its name is its kind, its group a block."""
 
     block: ClassVar[int] = 32
+    # ggml's q4_0 / q8_0 reference quantizers encode with the unrounded fp32 scale and store its fp16
+    # rounding; keeping that order makes the data-free codes those of a GGUF block.
+    encodes_with_unrounded_scale: ClassVar[bool] = False
 
     @property
     def name(self) -> str:
         return self.kind
+
+    def quantize(self, weight: Tensor, importance: Optional[Tensor] = None) -> dict[str, Tensor]:
+        if importance is not None or not self.encodes_with_unrounded_scale:
+            return super().quantize(weight, importance)
+        x = self._groups(weight)
+        d, _ = self.fit_groups(x)
+        return {"codes": self.encode(x, d).reshape(weight.shape), "scales": d.reshape(weight.shape[0], -1).half()}
 
     @property
     def group_size(self) -> int:

@@ -23,6 +23,7 @@ class Q4_0(FixedBlockFormat):
     """
 
     kind: ClassVar[str] = "q4_0"
+    encodes_with_unrounded_scale: ClassVar[bool] = True
 
     def code_values(self) -> Tensor:
         return torch.arange(16, dtype=torch.float32) - 8
@@ -37,14 +38,6 @@ class Q4_0(FixedBlockFormat):
     def encode(self, x: Tensor, scale: Tensor, mn: None = None) -> Tensor:
         inv_d = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
         return torch.trunc(x * inv_d + 8.5).clamp_(0, 15).to(torch.uint8)
-
-    def quantize(self, weight: Tensor, importance: Optional[Tensor] = None) -> dict[str, Tensor]:
-        if importance is not None:
-            return super().quantize(weight, importance)
-        # ggml encodes with the unrounded fp32 d and stores fp16(d): keep that order for bit-compatibility.
-        x = self._groups(weight)
-        d, _ = self.fit_groups(x)
-        return {"codes": self.encode(x, d).reshape(weight.shape), "scales": d.reshape(weight.shape[0], -1).half()}
 
 
 @dataclasses.dataclass(frozen=True)
