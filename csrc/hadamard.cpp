@@ -89,7 +89,7 @@ struct Kernels {
 };
 
 Kernels kernels_for(CpuPath p) {
-  switch (p) {
+  switch (kernel_isa(p)) {
 #if defined(TORCH_LOWBIT_X86)
     case CpuPath::Avx512: return {fwht_avx512, block_mix_avx512};
     case CpuPath::Avx2: return {fwht_avx2, block_mix_avx2};

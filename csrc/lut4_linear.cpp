@@ -25,7 +25,7 @@ struct Lut4Kernels {
 };
 
 Lut4Kernels kernels_for(CpuPath p) {
-  switch (p) {
+  switch (kernel_isa(p)) {
 #if defined(TORCH_LOWBIT_X86)
     case CpuPath::Avx512: return {lut4_gemv_avx512, lut4_dequant_avx512};
     case CpuPath::Avx2: return {lut4_gemv_avx2, lut4_dequant_avx2};

@@ -82,12 +82,13 @@ TORCH_LIBRARY_IMPL(torch_lowbit, CPU, m) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torch_lowbit CPU kernels (ops are registered under torch.ops.torch_lowbit)";
   m.def("available_cpu_paths", &torch_lowbit::available_cpu_paths, "CPU kernel paths this CPU can run, best first");
-  m.def("set_cpu_path", &torch_lowbit::set_cpu_path, "Force a CPU kernel path: auto, scalar, avx2, avx512");
+  m.def("set_cpu_path", &torch_lowbit::set_cpu_path, "Force a CPU kernel path: auto, scalar, avx2, avxvnni, avx512");
   m.def("read_probe", &torch_lowbit::read_probe, "Streams a buffer with all threads (bandwidth probe)");
   m.def("clock_probe", &torch_lowbit::clock_probe, "Runs N dependent one-cycle steps (clock probe)");
   m.def("get_cpu_path", &torch_lowbit::get_cpu_path, "The CPU kernel path in use");
   m.def("built_torch_version", []() { return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR); },
         "The torch major.minor this extension was compiled against (its ABI)");
+  m.def("cpu_has_avx_vnni", &torch_lowbit::cpu_has_avx_vnni, "AVX-VNNI (vpdpbusd on ymm: the avxvnni path)");
   m.def("cpu_has_avx512_vnni", &torch_lowbit::cpu_has_avx512_vnni, "AVX-512 VNNI (int8 kernels of the avx512 path)");
   m.def("cpu_has_avx512_vbmi", &torch_lowbit::cpu_has_avx512_vbmi, "AVX-512 VBMI (palette kernels of the avx512 path)");
 }

@@ -27,6 +27,7 @@ constexpr int kHalf = kTcqSteps / 2;
 
 TcqStepFn step_for(CpuPath p) {
 #if defined(TORCH_LOWBIT_X86)
+  p = kernel_isa(p);
   if (p == CpuPath::Avx512) return tcq_step_avx512;
   if (p == CpuPath::Avx2) return tcq_step_avx2;
 #endif

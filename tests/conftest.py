@@ -56,6 +56,7 @@ def random_linear(k, n, bias, gen):
 # What each CPU path needs, and what its absence leaves untested on this machine.
 _PATH_NEEDS = {
     "avx512": "AVX-512 F/BW/VL (VNNI for the int8 kernels, VBMI for the palette kernels)",
+    "avxvnni": "AVX-VNNI (vpdpbusd on ymm: Intel Alder Lake+, Sapphire Rapids+, AMD Zen 5)",
     "avx2": "AVX2 + FMA",
 }
 

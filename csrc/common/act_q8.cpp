@@ -33,7 +33,7 @@ void quantize_act_blocks_scalar(const float* x, int64_t b0, int64_t b1, int8_t* 
 void quantize_acts_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sum) {
   auto blocks_fn = quantize_act_blocks_scalar;
 #if defined(TORCH_LOWBIT_X86)
-  const CpuPath path = active_cpu_path();
+  const CpuPath path = kernel_isa(active_cpu_path());
   if (path == CpuPath::Avx512) blocks_fn = quantize_act_blocks_avx512;
   if (path == CpuPath::Avx2) blocks_fn = quantize_act_blocks_avx2;
 #endif

@@ -9,15 +9,16 @@
 namespace torch_lowbit {
 namespace {
 
-// TORCH_LOWBIT_CPU_MAX_PATH=scalar|avx2|avx512 makes the library treat the CPU as lacking every ISA
+// TORCH_LOWBIT_CPU_MAX_PATH=scalar|avx2|avxvnni|avx512 makes the library treat the CPU as lacking every ISA
 // above that path (read once), so an AVX-512 machine can run the whole suite as an AVX2-only one.
 int max_path_from_env() {
   const char* env = std::getenv("TORCH_LOWBIT_CPU_MAX_PATH");
-  if (env == nullptr || std::string(env).empty() || std::string(env) == "avx512") return 2;
+  if (env == nullptr || std::string(env).empty() || std::string(env) == "avx512") return 3;
+  if (std::string(env) == "avxvnni") return 2;
   if (std::string(env) == "avx2") return 1;
   if (std::string(env) == "scalar") return 0;
   TORCH_CHECK(false, "torch_lowbit: unknown TORCH_LOWBIT_CPU_MAX_PATH '", env,
-              "'; choose one of scalar, avx2, avx512");
+              "'; choose one of scalar, avx2, avxvnni, avx512");
 }
 
 int max_path() {
@@ -35,7 +36,7 @@ bool cpu_has_avx2() {
 
 bool cpu_has_avx512() {
 #if defined(TORCH_LOWBIT_X86)
-  return max_path() >= 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+  return max_path() >= 3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl");
 #else
   return false;
@@ -47,6 +48,14 @@ bool cpu_has_avx512() {
 bool cpu_has_avx512_vbmi() {
 #if defined(TORCH_LOWBIT_X86)
   return cpu_has_avx512() && __builtin_cpu_supports("avx512vbmi");
+#else
+  return false;
+#endif
+}
+
+bool cpu_has_avx_vnni() {
+#if defined(TORCH_LOWBIT_X86)
+  return max_path() >= 2 && cpu_has_avx2() && __builtin_cpu_supports("avxvnni");
 #else
   return false;
 #endif
@@ -66,6 +75,7 @@ bool can_run(CpuPath p) {
   switch (p) {
     case CpuPath::Scalar: return true;
     case CpuPath::Avx2: return cpu_has_avx2();
+    case CpuPath::AvxVnni: return cpu_has_avx_vnni();
     case CpuPath::Avx512: return cpu_has_avx512();
   }
   return false;
@@ -74,13 +84,15 @@ bool can_run(CpuPath p) {
 CpuPath parse(const std::string& name) {
   if (name == "scalar") return CpuPath::Scalar;
   if (name == "avx2") return CpuPath::Avx2;
+  if (name == "avxvnni") return CpuPath::AvxVnni;
   if (name == "avx512") return CpuPath::Avx512;
   TORCH_CHECK(false, "torch_lowbit: unknown CPU path '", name,
-              "'; choose one of auto, scalar, avx2, avx512");
+              "'; choose one of auto, scalar, avx2, avxvnni, avx512");
 }
 
 CpuPath best_path() {
   if (cpu_has_avx512()) return CpuPath::Avx512;
+  if (cpu_has_avx_vnni()) return CpuPath::AvxVnni;
   if (cpu_has_avx2()) return CpuPath::Avx2;
   return CpuPath::Scalar;
 }
@@ -94,7 +106,7 @@ int forced_from_env() {
   CpuPath p = parse(env);
   TORCH_CHECK(can_run(p), "torch_lowbit: TORCH_LOWBIT_CPU_PATH=", env,
               " but this CPU cannot run it; available: scalar",
-              cpu_has_avx2() ? ", avx2" : "", cpu_has_avx512() ? ", avx512" : "");
+              cpu_has_avx2() ? ", avx2" : "", cpu_has_avx_vnni() ? ", avxvnni" : "", cpu_has_avx512() ? ", avx512" : "");
   return static_cast<int>(p);
 }
 
@@ -104,6 +116,7 @@ std::string cpu_path_name(CpuPath p) {
   switch (p) {
     case CpuPath::Scalar: return "scalar";
     case CpuPath::Avx2: return "avx2";
+    case CpuPath::AvxVnni: return "avxvnni";
     case CpuPath::Avx512: return "avx512";
   }
   return "?";
@@ -112,6 +125,7 @@ std::string cpu_path_name(CpuPath p) {
 std::vector<std::string> available_cpu_paths() {
   std::vector<std::string> out;
   if (cpu_has_avx512()) out.push_back("avx512");
+  if (cpu_has_avx_vnni()) out.push_back("avxvnni");
   if (cpu_has_avx2()) out.push_back("avx2");
   out.push_back("scalar");
   return out;

@@ -1,21 +1,28 @@
 // Runtime choice of the CPU kernel path (ISA) for every torch_lowbit CPU kernel.
 //
 // One build runs on any x86-64: optimized kernels are compiled with per-function `target`
-// attributes and picked here from the CPU's features. TORCH_LOWBIT_CPU_PATH=scalar|avx2|avx512
+// attributes and picked here from the CPU's features. TORCH_LOWBIT_CPU_PATH=scalar|avx2|avxvnni|avx512
 // (or torch_lowbit.use_backend("cpu", path=...)) forces a path so tests can check every path
-// against the portable scalar one on a single machine.
+// against the portable scalar one on a single machine. avxvnni is AVX2 plus AVX-VNNI (vpdpbusd on
+// ymm): only the int8-activation kernels have a variant for it, every other kernel runs its AVX2
+// code there (kernel_isa folds it).
 #pragma once
 #include <string>
 #include <vector>
 
 namespace torch_lowbit {
 
-enum class CpuPath { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+enum class CpuPath { Scalar = 0, Avx2 = 1, AvxVnni = 2, Avx512 = 3 };
+
+// The path whose code a kernel without an AVX-VNNI variant runs: avxvnni -> avx2.
+inline CpuPath kernel_isa(CpuPath p) { return p == CpuPath::AvxVnni ? CpuPath::Avx2 : p; }
 
 // AVX-512 VNNI (vpdpbusd), used by the int8-activation kernels of the avx512 path.
 bool cpu_has_avx512_vnni();
 // AVX-512 VBMI (vpermb / vpermi2b), used by the palette kernels of the avx512 path.
 bool cpu_has_avx512_vbmi();
+// AVX-VNNI (vpdpbusd on ymm, the avxvnni path).
+bool cpu_has_avx_vnni();
 // Paths this CPU can execute, best first.
 std::vector<std::string> available_cpu_paths();
 // The path kernels use now: the forced one if set (and executable), else the best available.

@@ -97,6 +97,7 @@ void lut_i8_scalar(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, float*,
 void lut_i8_avx512vnni(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);
 void lut_i8_avx512vbmi(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);  // gcb tables
 void lut_i8_avx2(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);
+void lut_i8_avxvnni(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);
 #endif
 
 }  // namespace torch_lowbit

@@ -35,7 +35,7 @@ def use_backend(name: str, *, path: Optional[str] = None) -> Iterator[None]:
     """Force the kernel backend inside a `with` block (per thread).
 
     name: "reference" (pure torch dequantize + matmul), "cpu" (compiled kernels), "triton", "auto".
-    path: for "cpu", force an ISA path ("scalar", "avx2", "avx512") instead of the best one.
+    path: for "cpu", force an ISA path ("scalar", "avx2", "avxvnni", "avx512") instead of the best one.
     """
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
