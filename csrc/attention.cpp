@@ -4,12 +4,12 @@
 // to reduction loops, and MKL's bmm pays ~30 µs of call overhead for these tiny shapes.
 #include <torch/extension.h>
 
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
+
+#include "common/parallel.h"
 
 namespace torch_lowbit {
 
@@ -48,7 +48,7 @@ at::Tensor gqa_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at:
   const int64_t ms0 = mp ? mf.stride(0) : 0, ms1 = mp ? mf.stride(1) : 0, ms2 = mp ? mf.stride(2) : 0,
                 ms3 = mp ? mf.stride(3) : 0;
   // one task per (b, h, s) query row: scores over L keys, softmax, weighted sum of L value rows
-  at::parallel_for(0, B * H * S, 16, [&](int64_t r0, int64_t r1) {
+  parallel_for(0, B * H * S, 16, [&](int64_t r0, int64_t r1) {
     std::vector<float> p(L);
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t b = r / (H * S), h = (r / S) % H, s = r % S, kv = h / G;

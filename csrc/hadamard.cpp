@@ -9,7 +9,6 @@
 // torch_lowbit.rotations registers each one here at import through _hadamard_register_base, which
 // checks it is a Hadamard matrix before accepting it.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -22,6 +21,7 @@
 
 #include "common/dispatch.h"
 #include "common/hadamard.h"
+#include "common/parallel.h"
 
 namespace torch_lowbit {
 namespace {
@@ -106,7 +106,7 @@ void transform_rows(const scalar_t* x, scalar_t* y, int64_t rows, int64_t n, con
   const Kernels kern = kernels_for(active_cpu_path());
   // Enough rows per task that a task is worth starting (~16K values).
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / n);
-  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+  parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
     std::vector<float> buf(n), mixed(mix ? n : 0);
     for (int64_t r = r0; r < r1; ++r) {
       const scalar_t* src = x + r * n;

@@ -5,13 +5,13 @@
 // decode-and-dot GEMV kernels; large M decodes tiles of rows into fp32 and hands them to ATen's
 // GEMM, where the weight decode is amortized over many tokens.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 
 #include "common/dispatch.h"
 #include "common/linear_io.h"
 #include "common/lut4.h"
+#include "common/parallel.h"
 
 namespace torch_lowbit {
 namespace {
@@ -66,14 +66,14 @@ at::Tensor lut4_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, const
     float* op = out.data_ptr<float>();
     // Grain: enough rows per task that each thread streams a few hundred KiB of weights.
     const int64_t grain = std::max<int64_t>(16, (1 << 16) / std::max<int64_t>(K, 1));
-    at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { kern.gemv(w, xp, M, n0, n1, op, N); });
+    parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { kern.gemv(w, xp, M, n0, n1, op, N); });
   } else if (M > 0) {
     const int64_t rows = std::min(kGemmTileRows, N);
     at::Tensor tile = at::empty({rows, K}, x2.options());
     for (int64_t t0 = 0; t0 < N; t0 += rows) {
       const int64_t nt = std::min(rows, N - t0);
       float* tp = tile.data_ptr<float>();
-      at::parallel_for(t0, t0 + nt, 8, [&](int64_t n0, int64_t n1) {
+      parallel_for(t0, t0 + nt, 8, [&](int64_t n0, int64_t n1) {
         kern.dequant(w, n0, n1, tp + (n0 - t0) * K);
       });
       out.narrow(1, t0, nt).copy_(at::mm(x2, tile.narrow(0, 0, nt).t()));
@@ -93,7 +93,7 @@ at::Tensor lut4_dequantize_cpu(const at::Tensor& qweight, const at::Tensor& scal
   const Lut4Kernels kern = kernels_for(active_cpu_path());
   at::Tensor out = at::empty({N, K}, at::kFloat);
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, N, 8, [&](int64_t n0, int64_t n1) { kern.dequant(w, n0, n1, op + n0 * K); });
+  parallel_for(0, N, 8, [&](int64_t n0, int64_t n1) { kern.dequant(w, n0, n1, op + n0 * K); });
   return out;
 }
 

@@ -1,13 +1,13 @@
 // torch_lowbit::lut_i8_linear on CPU: activations quantized once per call to int8 (per-32 fp32
 // scales), then the tiled integer kernel of the active ISA path, threaded over 16-row tiles.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 
 #include "common/dispatch.h"
 #include "common/linear_io.h"
 #include "common/lut_i8.h"
+#include "common/parallel.h"
 
 namespace torch_lowbit {
 namespace {
@@ -92,7 +92,7 @@ at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, con
     if (mins.has_value()) group_dsums(a, group, dsum);
     const LutI8Fn kern = kernel_for(active_cpu_path(), sub_groups.has_value());
     float* op = out.data_ptr<float>();
-    at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) { kern(w, a, t0, t1, op, N); });
+    parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) { kern(w, a, t0, t1, op, N); });
   }
   return finish_linear(out, x, bias, /*bias_fused=*/true);
 }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/dispatch.h"
+#include "common/parallel.h"
 
 namespace torch_lowbit {
 at::Tensor lut4_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
@@ -88,6 +89,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("get_cpu_path", &torch_lowbit::get_cpu_path, "The CPU kernel path in use");
   m.def("built_torch_version", []() { return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR); },
         "The torch major.minor this extension was compiled against (its ABI)");
+  m.def("threading", [] { return std::string(torch_lowbit::uses_own_thread_pool() ? "pool" : "openmp"); },
+        "How the CPU kernels are threaded: pool (TORCH_LOWBIT_THREADS / OMP_WAIT_POLICY=passive) or openmp");
   m.def("cpu_has_avx_vnni", &torch_lowbit::cpu_has_avx_vnni, "AVX-VNNI (vpdpbusd on ymm: the avxvnni path)");
   m.def("cpu_has_avx512_vnni", &torch_lowbit::cpu_has_avx512_vnni, "AVX-512 VNNI (int8 kernels of the avx512 path)");
   m.def("cpu_has_avx512_vbmi", &torch_lowbit::cpu_has_avx512_vbmi, "AVX-512 VBMI (palette kernels of the avx512 path)");

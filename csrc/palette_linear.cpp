@@ -4,13 +4,13 @@
 // Up to kPaletteFusedMaxTokens tokens the fused kernels run, threaded over rows (16-row bands for
 // TCQ); beyond it row chunks are decoded to fp32 and multiplied with at::mm.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 
 #include "common/dispatch.h"
 #include "common/linear_io.h"
 #include "common/palette.h"
+#include "common/parallel.h"
 
 namespace torch_lowbit {
 namespace {
@@ -95,7 +95,7 @@ at::Tensor decode_matmul(const at::Tensor& x2, int64_t N, int64_t K, int64_t uni
   for (int64_t r0 = 0; r0 < N; r0 += kDecodeChunkRows) {
     const int64_t rows = std::min(kDecodeChunkRows, N - r0);
     float* dst = buf.data_ptr<float>();
-    at::parallel_for(0, rows / unit, 1, [&](int64_t u0, int64_t u1) {
+    parallel_for(0, rows / unit, 1, [&](int64_t u0, int64_t u1) {
       decode(r0 / unit + u0, r0 / unit + u1, dst + u0 * unit * K);
     });
     out.narrow(1, r0, rows).copy_(at::mm(x2, buf.narrow(0, 0, rows).t()));
@@ -127,7 +127,7 @@ at::Tensor codebook_linear_cpu(const at::Tensor& x, const at::Tensor& codes, int
   at::Tensor out = at::empty({M, w.N}, x2.options());
   if (M > 0) {
     const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 16) / K);
-    at::parallel_for(0, w.N, grain, [&](int64_t n0, int64_t n1) {
+    parallel_for(0, w.N, grain, [&](int64_t n0, int64_t n1) {
       kern.gemv(w, acts.data_ptr<float>(), M, n0, n1, out.data_ptr<float>());
     });
   }
@@ -141,7 +141,7 @@ at::Tensor codebook_dequantize_cpu(const at::Tensor& codes, int64_t code_bits, c
   const CodebookWeights w = codebook_weights("codebook_dequantize", cc, code_bits, table, sc, in_features, planes);
   at::Tensor out = at::empty({w.N, in_features}, table.options());
   const CodebookKernels kern = codebook_kernels(active_cpu_path());
-  at::parallel_for(0, w.N, 8, [&](int64_t n0, int64_t n1) { kern.decode(w, n0, n1, out.data_ptr<float>() + n0 * in_features); });
+  parallel_for(0, w.N, 8, [&](int64_t n0, int64_t n1) { kern.decode(w, n0, n1, out.data_ptr<float>() + n0 * in_features); });
   return out;
 }
 
@@ -162,7 +162,7 @@ at::Tensor tcq_linear_cpu(const at::Tensor& x, const at::Tensor& codes, const at
   w.bias = bias.has_value() ? b32.data_ptr<float>() : nullptr;
   at::Tensor out = at::empty({M, w.N}, x2.options());
   if (M > 0)
-    at::parallel_for(0, bands, 1, [&](int64_t b0, int64_t b1) { kern.gemv(w, x2.data_ptr<float>(), M, b0, b1, out.data_ptr<float>()); });
+    parallel_for(0, bands, 1, [&](int64_t b0, int64_t b1) { kern.gemv(w, x2.data_ptr<float>(), M, b0, b1, out.data_ptr<float>()); });
   return finish_linear(out, x, bias, /*bias_fused=*/true);
 }
 
@@ -172,7 +172,7 @@ at::Tensor tcq_dequantize_cpu(const at::Tensor& codes, const at::Tensor& table, 
   const TcqWeights w = tcq_weights("tcq_dequantize", cc, table, table_bits, shift_bits, sc);
   at::Tensor out = at::empty({w.N, w.K}, table.options());
   const TcqKernels kern = tcq_kernels(active_cpu_path());
-  at::parallel_for(0, w.N / kTcqTile, 1, [&](int64_t b0, int64_t b1) {
+  parallel_for(0, w.N / kTcqTile, 1, [&](int64_t b0, int64_t b1) {
     kern.decode(w, b0, b1, out.data_ptr<float>() + b0 * kTcqTile * w.K);
   });
   return out;

@@ -6,9 +6,8 @@
 // Per sequence, as QTIP: a free pass over the sequence rotated by half its length picks state 0's
 // high 16-s bits (the overlap); a second pass starts from states with those bits and ends in states
 // whose low 16-s bits equal them. Sequences are processed kTcqMaxBatch at a time (they share the
-// reads of the state table), batches spread over threads with at::parallel_for.
+// reads of the state table), batches spread over threads with parallel_for (common/parallel.h).
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -18,6 +17,7 @@
 
 #include "common/dispatch.h"
 #include "common/tcq.h"
+#include "common/parallel.h"
 
 namespace torch_lowbit {
 namespace {
@@ -163,7 +163,7 @@ std::tuple<at::Tensor, at::Tensor> tcq_viterbi_cpu(const at::Tensor& sequences, 
   int32_t* sp = states.data_ptr<int32_t>();
   float* ep = errors.data_ptr<float>();
   const int64_t batches = (n + kTcqMaxBatch - 1) / kTcqMaxBatch;
-  at::parallel_for(0, batches, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, batches, 1, [&](int64_t begin, int64_t end) {
     SequenceBatchEncoder encoder(code, step);
     for (int64_t b = begin; b < end; ++b) {
       const int64_t first = b * kTcqMaxBatch;

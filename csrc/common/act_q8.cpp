@@ -1,10 +1,10 @@
 #include "common/act_q8.h"
 
-#include <ATen/Parallel.h>
 
 #include <cmath>
 
 #include "common/dispatch.h"
+#include "common/parallel.h"
 
 namespace torch_lowbit {
 
@@ -38,7 +38,7 @@ void quantize_acts_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* d,
   if (path == CpuPath::Avx2) blocks_fn = quantize_act_blocks_avx2;
 #endif
   const int64_t blocks = M * (K / 32);
-  at::parallel_for(0, blocks, 256, [&](int64_t b0, int64_t b1) { blocks_fn(x, b0, b1, q, d, sum); });
+  parallel_for(0, blocks, 256, [&](int64_t b0, int64_t b1) { blocks_fn(x, b0, b1, q, d, sum); });
 }
 
 void group_dsums(const Q8Acts& a, int64_t group, float* out) {

@@ -1,0 +1,202 @@
+// The work-claiming thread pool behind torch_lowbit::parallel_for (see parallel.h for why).
+//
+// One job at a time: a caller publishes (generation, chunk count, range, f) and claims chunks with a
+// compare-and-swap on one 64-bit word, generation << 32 | next chunk, as the workers do. A worker
+// whose CAS succeeds owns that chunk of that generation, and the caller returns only when every
+// chunk is done; a worker that wakes after the job finds no chunk and goes back to waiting. Before
+// the fields of the next job are written the word is closed (next = kClosed), so a worker holding
+// a stale copy of the word can never claim against fields that are being rewritten.
+#include "common/parallel.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <pthread.h>
+
+#include <cctype>
+#include <cstdlib>
+#include <string>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace torch_lowbit {
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+constexpr uint32_t kClosed = 0xFFFFFFFFu;
+constexpr int64_t kChunksPerThread = 4;  // slack for a thread that is descheduled mid-job
+// How long an idle worker spins for the next job before it sleeps: a decode step calls a kernel
+// every ~50-200 µs, and waking a sleeping thread costs tens of µs.
+constexpr auto kWorkerSpin = std::chrono::microseconds(100);
+
+class Pool {
+ public:
+  explicit Pool(int workers) {
+    for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { worker(); });
+  }
+
+  int workers() const { return static_cast<int>(threads_.size()); }
+
+  void stop_and_join() {
+    {
+      std::lock_guard<std::mutex> lk(sleep_mutex_);
+      stop_.store(true);
+    }
+    wake_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  // Runs the job on the calling thread plus the workers; returns when every chunk is done.
+  void run(int64_t begin, int64_t end, int64_t chunk, uint32_t chunks, const RangeFn& f) {
+    const uint64_t gen = (claim_.load() >> 32) + 1;
+    claim_.store(gen << 32 | kClosed);  // workers holding the previous word cannot claim any more
+    f_.store(&f, std::memory_order_relaxed);
+    begin_.store(begin, std::memory_order_relaxed);
+    end_.store(end, std::memory_order_relaxed);
+    chunk_.store(chunk, std::memory_order_relaxed);
+    chunks_.store(chunks, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    claim_.store(gen << 32);  // seq_cst: ordered before the sleepers_ read (no lost wake-up)
+    if (sleepers_.load() > 0) {
+      { std::lock_guard<std::mutex> lk(sleep_mutex_); }
+      wake_.notify_all();
+    }
+    work(static_cast<uint32_t>(gen));
+    for (int spins = 0; done_.load(std::memory_order_acquire) < chunks; ++spins) {
+      if (spins < 4096) cpu_relax();
+      else std::this_thread::yield();  // a worker that claimed a chunk is not running: let it
+    }
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));  // f's first exception, any thread
+  }
+
+ private:
+  // Claims and runs chunks of generation `gen` until none is left.
+  void work(uint32_t gen) {
+    for (;;) {
+      uint64_t word = claim_.load(std::memory_order_acquire);
+      const uint32_t next = static_cast<uint32_t>(word);
+      if ((word >> 32) != gen || next == kClosed) return;
+      const uint32_t chunks = chunks_.load(std::memory_order_relaxed);
+      if (next >= chunks) return;
+      const RangeFn* f = f_.load(std::memory_order_relaxed);
+      const int64_t begin = begin_.load(std::memory_order_relaxed), end = end_.load(std::memory_order_relaxed);
+      const int64_t chunk = chunk_.load(std::memory_order_relaxed);
+      // success means the word was still (gen, next): the fields read above are this job's
+      if (!claim_.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel)) continue;
+      const int64_t b = begin + next * chunk;
+      try {
+        (*f)(b, std::min(end, b + chunk));
+      } catch (...) {  // kept for the caller: the job's other chunks still run and are waited for
+        std::lock_guard<std::mutex> lk(error_mutex_);
+        if (!error_) error_ = std::current_exception();
+      }
+      done_.fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  void worker() {
+    uint32_t seen = static_cast<uint32_t>(claim_.load() >> 32);
+    for (;;) {
+      const auto spin_until = std::chrono::steady_clock::now() + kWorkerSpin;
+      int spins = 0;
+      while (static_cast<uint32_t>(claim_.load() >> 32) == seen && !stop_.load()) {
+        cpu_relax();
+        if (++spins % 64 == 0 && std::chrono::steady_clock::now() > spin_until) {
+          std::unique_lock<std::mutex> lk(sleep_mutex_);
+          sleepers_.fetch_add(1);
+          wake_.wait(lk, [&] { return stop_.load() || static_cast<uint32_t>(claim_.load() >> 32) != seen; });
+          sleepers_.fetch_sub(1);
+        }
+      }
+      if (stop_.load()) return;
+      seen = static_cast<uint32_t>(claim_.load() >> 32);
+      work(seen);
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::atomic<uint64_t> claim_{uint64_t{0} << 32 | kClosed};
+  std::atomic<uint32_t> done_{0};
+  std::atomic<const RangeFn*> f_{nullptr};
+  std::atomic<int64_t> begin_{0}, end_{0}, chunk_{1};
+  std::atomic<uint32_t> chunks_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<int> sleepers_{0};
+  std::mutex sleep_mutex_;
+  std::condition_variable wake_;
+  std::mutex error_mutex_;
+  std::exception_ptr error_;
+};
+
+// The pool is never destroyed (its threads may still be waiting at exit), and a forked child gets a
+// fresh one: the parent's threads do not exist there.
+std::mutex pool_mutex;  // one caller at a time; others run inline
+Pool* pool = nullptr;
+
+void forget_pool_after_fork() {
+  pool = nullptr;  // leaked: its threads are gone in the child
+  new (&pool_mutex) std::mutex();
+}
+
+Pool* pool_with(int workers) {
+  static const bool registered = (pthread_atfork(nullptr, nullptr, forget_pool_after_fork), true);
+  (void)registered;
+  if (pool == nullptr || pool->workers() != workers) {
+    if (pool != nullptr) {
+      pool->stop_and_join();
+      delete pool;
+    }
+    pool = new Pool(workers);
+  }
+  return pool;
+}
+
+bool use_pool_from_env() {
+  auto lower = [](const char* v) {
+    std::string s = v ? v : "";
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+  };
+  const std::string mode = lower(std::getenv("TORCH_LOWBIT_THREADS"));
+  if (mode == "pool") return true;
+  if (mode == "openmp") return false;
+  TORCH_CHECK(mode.empty() || mode == "auto", "torch_lowbit: unknown TORCH_LOWBIT_THREADS '", mode,
+              "'; choose one of auto, pool, openmp");
+  return lower(std::getenv("OMP_WAIT_POLICY")) == "passive";
+}
+
+}  // namespace
+
+bool uses_own_thread_pool() {
+  static const bool pool = use_pool_from_env();
+  return pool;
+}
+
+void parallel_for(int64_t begin, int64_t end, int64_t grain, const RangeFn& f) {
+  if (begin >= end) return;
+  if (!uses_own_thread_pool()) return at::parallel_for(begin, end, grain, f);
+  const int64_t range = end - begin, threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  grain = std::max<int64_t>(grain, 1);
+  const int64_t chunk = std::max(grain, (range + threads * kChunksPerThread - 1) / (threads * kChunksPerThread));
+  const int64_t chunks = (range + chunk - 1) / chunk;
+  if (threads <= 1 || chunks <= 1) return f(begin, end);
+  std::unique_lock<std::mutex> lk(pool_mutex, std::try_to_lock);
+  if (!lk.owns_lock()) return f(begin, end);  // another thread's call holds the pool
+  pool_with(static_cast<int>(threads - 1))->run(begin, end, chunk, static_cast<uint32_t>(chunks), f);
+}
+
+}  // namespace torch_lowbit

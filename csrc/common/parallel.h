@@ -1,0 +1,37 @@
+// Threading of torch_lowbit's CPU kernels: parallel_for(begin, end, grain, f), a drop-in for
+// at::parallel_for (same thread count: at::get_num_threads()) that does not wait for threads that
+// are not running.
+//
+// Why not at::parallel_for: it splits the range statically, one piece per OpenMP thread, and the
+// region ends when every thread has done its piece. When another program keeps a core busy, the
+// thread placed there runs only when the scheduler gives it a slice, and every kernel call waits
+// for it: SmolLM2 decode on 2 threads fell to 0.28x of its quiet speed with the other core busy
+// (fp32: 0.35x), below its 1-thread speed. The pool cuts the range into several chunks per thread
+// and the calling thread claims chunks itself alongside the pool's workers; it waits only for
+// chunks a worker has actually claimed, so a worker that is not scheduled costs nothing. Idle
+// workers spin briefly (decode issues a kernel every ~100 µs) and then sleep.
+//
+// But with OpenMP's default wait policy, torch's own OpenMP threads spin for about a millisecond
+// after every ATen region, and a second set of spinning threads fights them for the cores: measured
+// 17% slower SmolLM2 decode on a quiet machine than OpenMP kernels. So the pool runs only where the
+// OpenMP threads do not spin: OMP_WAIT_POLICY=passive (then OpenMP kernels pay a futex wake per call
+// and the pool is 40% faster), or when forced with TORCH_LOWBIT_THREADS=pool (openmp forces
+// at::parallel_for). docs/kernels/cpu.md has the measurements.
+#pragma once
+#include <cstdint>
+#include <functional>
+
+namespace torch_lowbit {
+
+using RangeFn = std::function<void(int64_t, int64_t)>;
+
+// Calls f(b, e) on disjoint sub-ranges covering [begin, end), each at least `grain` long (except
+// the last), from the calling thread and up to at::get_num_threads() - 1 pool workers. Inline (one
+// call) for one thread, a range of one grain, inside an ATen parallel region, or while another
+// call is using the pool.
+void parallel_for(int64_t begin, int64_t end, int64_t grain, const RangeFn& f);
+
+// Whether parallel_for uses the pool (else at::parallel_for); decided once from the environment.
+bool uses_own_thread_pool();
+
+}  // namespace torch_lowbit
