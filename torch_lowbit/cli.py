@@ -164,22 +164,41 @@ CPU_BENCH_FORMATS = ["q4_0", "iq4_nl", "int4_g32", "int4_g128"]
 
 def cmd_bench(args) -> None:
     if args.what == "cpu":
+        import torch
+
         from .bench.cpu import bench_cpu, format_table
+        from .bench.machine import active_path, machine_line
+        from .ops.library import cpu_model
         formats = args.formats or CPU_BENCH_FORMATS
         shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes or CPU_BENCH_SHAPES]
         shapes = shapes[:1] if args.quick else shapes
         ms = (1, 8) if args.quick else tuple(args.m)
+        paths = args.path or [active_path()]
+        machine = machine_line()
         rows, bw = bench_cpu(shapes=shapes, ms=ms, threads=tuple(args.threads), formats=tuple(formats),
-                             layouts=tuple(args.layouts) if args.layouts else None, rotate_mib=args.rotate_mib)
-        print(format_table(rows, bw))
+                             layouts=tuple(args.layouts) if args.layouts else None, rotate_mib=args.rotate_mib,
+                             paths=paths)
+        print(format_table(rows, bw, machine))
         if args.png:
             from .bench.plots import roofline_png
             print(f"roofline: {roofline_png(rows, bw, args.png, max(args.threads))}")
+        where = f"CPU {cpu_model()}, active ISA path {active_path()}"
         if args.decode:
             from .bench.cpu import bench_decode
             print()
-            print(f"SmolLM2-135M greedy decode, batch 1, {__import__('torch').get_num_threads()} threads:")
-            print(_table(["model", "linear weights MB", "tok/s", "vs fp32"], bench_decode(tuple(formats[:1]))))
+            print(f"SmolLM2-135M greedy decode, batch 1, {torch.get_num_threads()} threads; {where}:")
+            print(_table(["model", "path", "linear weights MB", "tok/s", "vs fp32"],
+                         bench_decode(tuple(formats[:1]), paths=paths)))
+        if args.prefill:
+            from .bench.cpu import bench_prefill
+            n = args.prompt_tokens or 128
+            repeats = args.repeats or 5
+            print()
+            print(f"SmolLM2-135M prefill, eager, one forward pass over a {n}-token Wikipedia prompt, median of "
+                  f"{repeats}; {where}:")
+            print(_table(["threads", "model", "path", "linear weights MB", "prefill tok/s", "vs fp32"],
+                         bench_prefill(tuple(formats), threads=tuple(args.threads), prompt_tokens=n,
+                                       repeats=repeats, paths=paths)))
     elif args.what == "gpu":
         from .bench import gpu
         gpu.require_cuda()
@@ -198,18 +217,17 @@ def cmd_bench(args) -> None:
         else:
             print(gpu.format_hadamard_table(gpu.bench_hadamard(ms, fht=fht)))
     elif args.what == "e2e":
-        import torch
-
         from .bench.e2e import E2E_HEADERS, E2E_VARIANTS, bench_e2e
-        from .ops.library import cpu_extension, cpu_model
+        from .bench.machine import machine_line
         threads = max(args.threads)
-        rows, facts = bench_e2e(tuple(args.formats or E2E_VARIANTS), prompt_tokens=args.prompt_tokens,
-                                new_tokens=args.new_tokens, threads=threads, repeats=args.repeats,
+        prompt_tokens, repeats = args.prompt_tokens or 256, args.repeats or 3
+        machine = machine_line()
+        rows, facts = bench_e2e(tuple(args.formats or E2E_VARIANTS), prompt_tokens=prompt_tokens,
+                                new_tokens=args.new_tokens, threads=threads, repeats=repeats,
                                 peers=not args.no_peers, modes=("eager",) if args.quick else ("eager", "compiled"))
-        paths = cpu_extension().available_cpu_paths()
-        print(f"SmolLM2-135M-Instruct, batch 1, {threads} threads, prompt {args.prompt_tokens} tokens, "
-              f"{args.new_tokens} new tokens greedy, median of {args.repeats}; torch {torch.__version__}, "
-              f"CPU {cpu_model()}, kernel path {paths[0]}; llama.cpp: {facts['llama.cpp']}")
+        print(machine)
+        print(f"SmolLM2-135M-Instruct, batch 1, {threads} threads, prompt {prompt_tokens} tokens, "
+              f"{args.new_tokens} new tokens greedy, median of {repeats}; llama.cpp: {facts['llama.cpp']}")
         print(_table(E2E_HEADERS, rows))
     elif args.what == "roofline":
         from .bench.roofline import ROOFLINE_FORMATS, bench_roofline, format_roofline
@@ -349,10 +367,17 @@ def main(argv=None) -> None:
     sp.add_argument("--rotate-mib", type=int, default=512,
                     help="total size of the weight copies each contender cycles through (> L3 / the GPU's L2 "
                     "streams from DRAM / HBM)")
-    sp.add_argument("--decode", action="store_true", help="also SmolLM2 decode tok/s: fp32, bf16, first format")
-    sp.add_argument("--prompt-tokens", type=int, default=256, help="e2e: prompt length (prefill)")
+    sp.add_argument("--path", nargs="+", metavar="PATH",
+                    help="cpu: the CPU ISA paths to time each torch_lowbit kernel on, side by side (this CPU: "
+                    f"{' '.join(_cpu_paths())}; default: the active one; PyTorch's contenders run once); "
+                    "--decode / --prefill: the quantized models on each")
+    sp.add_argument("--decode", action="store_true", help="cpu: also SmolLM2 decode tok/s: fp32, bf16, first format")
+    sp.add_argument("--prefill", action="store_true", help="cpu: also SmolLM2 prefill tok/s of a 128-token prompt "
+                    "(one eager forward pass) at each --threads: fp32 and each format, vs fp32")
+    sp.add_argument("--prompt-tokens", type=int, help="e2e: prompt length (default 256); cpu --prefill: (default 128)")
     sp.add_argument("--new-tokens", type=int, default=64, help="e2e: greedy new tokens (decode)")
-    sp.add_argument("--repeats", type=int, default=3, help="e2e: timed runs per row (median)")
+    sp.add_argument("--repeats", type=int, help="e2e: timed runs per row, median (default 3); cpu --prefill: "
+                    "forward passes per row, median (default 5)")
     sp.add_argument("--no-peers", action="store_true", help="e2e: leave llama.cpp out even if installed")
     sp.add_argument("--png", help="write the plot (cpu: roofline at the largest thread count; distortion: MSE "
                     "vs bits) to this PNG file")
@@ -404,6 +429,12 @@ def main(argv=None) -> None:
         raise SystemExit(2) from None
 
 
+def _cpu_paths() -> list[str]:
+    """The CPU kernel paths this machine can run, best first."""
+    from .ops.library import cpu_extension
+    return list(cpu_extension().available_cpu_paths())
+
+
 def _check_before_work(p: argparse.ArgumentParser, args) -> None:
     """What can be checked before a model loads or a layer quantizes: format names, files, output folder."""
     from .formats import get_format
@@ -415,6 +446,14 @@ def _check_before_work(p: argparse.ArgumentParser, args) -> None:
         names += [f for v in args.formats or [] for f in variant_formats(v)]
     elif args.cmd == "bench":
         names += list(args.formats or [])
+    if args.cmd == "bench" and args.path:
+        if args.what != "cpu":
+            p.error("--path goes with bench cpu")
+        unknown = [name for name in args.path if name not in _cpu_paths()]
+        if unknown:
+            from .ops.library import cpu_model
+            p.error(f"--path {' '.join(unknown)}: not a kernel path this CPU ({cpu_model()}) can run; "
+                    f"choose from: {' '.join(_cpu_paths())}")
     names += [args.explain] if getattr(args, "explain", None) else []
     for name in names:
         try:

@@ -13,8 +13,8 @@ from typing import Callable, Optional
 
 import torch
 
-from ..eval.assets import load_smollm2, smollm2_gguf, wiki_text
-from ..eval.speed import model_nbytes
+from ..eval.assets import load_smollm2, smollm2_gguf
+from ..eval.speed import model_nbytes, prompt_ids
 from ..generation import CompiledGenerator
 
 # gguf: SmolLM2's own file imported with its blocks (int4_g32 layers, q8_0 embedding/tied head): the
@@ -104,9 +104,7 @@ def bench_e2e(variants=E2E_VARIANTS, *, prompt_tokens: int = 256, new_tokens: in
     progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     torch.set_num_threads(threads)
     base, tok = load_smollm2()
-    ids = tok(wiki_text(40), return_tensors="pt").input_ids[:, :prompt_tokens]
-    if ids.shape[1] < prompt_tokens:
-        raise ValueError(f"the prompt text has only {ids.shape[1]} tokens; ask for fewer prompt tokens")
+    ids = prompt_ids(tok, prompt_tokens)
     facts = {"threads": threads, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "repeats": repeats}
     results = []  # (label, mode, MB, prefill, decode)
     peer_runs = None

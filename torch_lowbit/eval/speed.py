@@ -1,4 +1,4 @@
-"""Model size and decode speed, as the main job and `eval` report them."""
+"""Model size, decode and prefill speed, as the main job, `eval` and `bench` report them."""
 from __future__ import annotations
 
 import time
@@ -43,3 +43,29 @@ def decode_tokens_per_s(model: nn.Module, tokenizer, *, new_tokens: int = 32, pr
         times.append(time.perf_counter() - t0)
     times.sort()
     return new_tokens / times[len(times) // 2]
+
+
+def prompt_ids(tokenizer, n_tokens: int = 128) -> torch.Tensor:
+    """[1, n_tokens] token ids: the start of the bundled Wikipedia lead sections (real text), cut to
+    exactly n_tokens."""
+    from .assets import wiki_text
+    ids = tokenizer(wiki_text(40), return_tensors="pt").input_ids[:, :n_tokens]
+    if ids.shape[1] < n_tokens:
+        raise ValueError(f"the prompt text has only {ids.shape[1]} tokens; ask for fewer prompt tokens")
+    return ids
+
+
+@torch.no_grad()
+def prefill_tokens_per_s(model: nn.Module, ids: torch.Tensor, *, repeats: int = 5) -> float:
+    """Prefill speed (prompt tokens/s, median of `repeats`): one eager forward pass over the whole
+    prompt `ids` ([1, T]) filling a fresh KV cache, logits of the last position only (as generate's
+    prefill)."""
+    ids = ids.to(next(model.parameters()).device)
+    model(input_ids=ids, use_cache=True, logits_to_keep=1)  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return ids.shape[1] / times[len(times) // 2]

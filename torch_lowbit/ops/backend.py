@@ -55,4 +55,5 @@ def use_backend(name: str, *, path: Optional[str] = None) -> Iterator[None]:
     finally:
         _state.backend = previous
         if previous_path is not None:
-            cpu_extension().set_cpu_path("auto")
+            # the path in force before (an outer block's, TORCH_LOWBIT_CPU_PATH's), not "auto"
+            cpu_extension().set_cpu_path(previous_path)
