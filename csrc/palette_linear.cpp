@@ -29,14 +29,16 @@ struct TcqKernels {
 CodebookKernels codebook_kernels(CpuPath p) {
 #if defined(TORCH_LOWBIT_X86)
   if (p == CpuPath::Avx512 && cpu_has_avx512_vbmi()) return {codebook_gemv_avx512, codebook_decode_avx512};
+  if (p != CpuPath::Scalar) return {codebook_gemv_avx2, codebook_decode_avx2};  // avx2, avxvnni, AVX-512 w/o VBMI
 #endif
-  (void)p;  // AVX2 (and AVX-512 without VBMI) has no path of its own here: it runs the scalar code
+  (void)p;
   return {codebook_gemv_scalar, codebook_decode_scalar};
 }
 
 TcqKernels tcq_kernels(CpuPath p) {
 #if defined(TORCH_LOWBIT_X86)
   if (p == CpuPath::Avx512 && cpu_has_avx512_vbmi()) return {tcq_gemv_avx512, tcq_decode_avx512};
+  if (p != CpuPath::Scalar) return {tcq_gemv_avx2, tcq_decode_avx2};
 #endif
   (void)p;
   return {tcq_gemv_scalar, tcq_decode_scalar};

@@ -73,12 +73,9 @@ def cpu_paths_report():
         if path not in paths:
             why = f"capped by TORCH_LOWBIT_CPU_MAX_PATH={cap}" if cap else f"this CPU lacks {needs}"
             lines.append(f"torch_lowbit: SKIPPED CPU path {path}: {why}; its tests skip")
-    if "avx512" not in paths:
-        lines.append("torch_lowbit: the fused palette kernels (nuq/vq/tcq) have only an AVX-512 VBMI path: "
-                     "here they run (and are tested on) the scalar one")
     if "avx512" in paths:
         for feature, has, what in (("VNNI", ext.cpu_has_avx512_vnni(), "int8-activation kernels use AVX2"),
-                                   ("VBMI", ext.cpu_has_avx512_vbmi(), "palette kernels use scalar")):
+                                   ("VBMI", ext.cpu_has_avx512_vbmi(), "palette kernels use AVX2")):
             if not has:
                 lines.append(f"torch_lowbit: CPU has AVX-512 without {feature}: the avx512 path's {what}")
     return lines

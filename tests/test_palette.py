@@ -174,7 +174,7 @@ def test_code_streams_round_trip(bits):
 
 
 @pytest.mark.parametrize("dim,bits", [(1, 2), (1, 3), (1, 4), (2, 3), (2, 4), (2, 5), (2, 6), (2, 8), (2, 10), (1, 6)])
-@pytest.mark.parametrize("path", ["scalar", "avx512"])
+@pytest.mark.parametrize("path", ["scalar", "avx2", "avx512"])
 def test_codebook_kernel_matches_its_definition(dim, bits, path):
     """Random codes and tables (not a format's): whole 512-code periods, a ragged tail, every lookup
     kind (register tables up to 64 entries, gathers beyond), GEMV, token blocks and the decode path."""
@@ -188,8 +188,12 @@ def test_codebook_kernel_matches_its_definition(dim, bits, path):
     scales = torch.rand(n, generator=gen).add(0.5).half()
     w = table[codes].reshape(n, k) * scales.float()[:, None]
     words = pack_streams(codes, bits)
+    with tl.use_backend("cpu", path="scalar"):
+        scalar = torch.ops.torch_lowbit.codebook_dequantize(words, bits, table, scales, k)
     with tl.use_backend("cpu", path=path):
-        torch.testing.assert_close(torch.ops.torch_lowbit.codebook_dequantize(words, bits, table, scales, k), w)
+        decoded = torch.ops.torch_lowbit.codebook_dequantize(words, bits, table, scales, k)
+        torch.testing.assert_close(decoded, w)
+        assert torch.equal(decoded, scalar), f"{path} decode differs from scalar"
         for m in (1, 5, 11):  # fused (token blocks of 4 + tail) and decode + matmul
             x = torch.randn(m, k, generator=gen)
             bias = torch.randn(n, generator=gen)
@@ -198,7 +202,7 @@ def test_codebook_kernel_matches_its_definition(dim, bits, path):
 
 
 @pytest.mark.parametrize("fmt", ["tcq1.5", "tcq2", "tcq2.5", "tcq4", "tcq5"])
-@pytest.mark.parametrize("path", ["scalar", "avx512"])
+@pytest.mark.parametrize("path", ["scalar", "avx2", "avx512"])
 def test_tcq_kernel_matches_the_reference_decoder(fmt, path):
     """Random code words (every state pattern, both halves of the signed table), tail-biting wrap."""
     from torch_lowbit.formats import tcq
@@ -211,8 +215,12 @@ def test_tcq_kernel_matches_the_reference_decoder(fmt, path):
     scales = torch.rand(n, generator=gen).add(0.5).half()
     w = f.dequantize_rotated({"codes": codes, "row_scales": scales})
     args = (tcq.tcq_signed_table(f.bits), tcq.tcq_table_bits(f.bits), s, scales)
+    with tl.use_backend("cpu", path="scalar"):
+        scalar = torch.ops.torch_lowbit.tcq_dequantize(codes, *args)
     with tl.use_backend("cpu", path=path):
-        torch.testing.assert_close(torch.ops.torch_lowbit.tcq_dequantize(codes, *args), w)
+        decoded = torch.ops.torch_lowbit.tcq_dequantize(codes, *args)
+        torch.testing.assert_close(decoded, w)
+        assert torch.equal(decoded, scalar), f"{path} decode differs from scalar"
         for m in (1, 6, 9):
             x = torch.randn(m, k, generator=gen)
             bias = torch.randn(n, generator=gen)

@@ -95,6 +95,10 @@ void codebook_gemv_avx512(const CodebookWeights&, const float*, int64_t, int64_t
 void codebook_decode_avx512(const CodebookWeights&, int64_t, int64_t, float*);
 void tcq_gemv_avx512(const TcqWeights&, const float*, int64_t, int64_t, int64_t, float*);
 void tcq_decode_avx512(const TcqWeights&, int64_t, int64_t, float*);
+void codebook_gemv_avx2(const CodebookWeights&, const float*, int64_t, int64_t, int64_t, float*);
+void codebook_decode_avx2(const CodebookWeights&, int64_t, int64_t, float*);
+void tcq_gemv_avx2(const TcqWeights&, const float*, int64_t, int64_t, int64_t, float*);
+void tcq_decode_avx2(const TcqWeights&, int64_t, int64_t, float*);
 #endif
 
 }  // namespace torch_lowbit
