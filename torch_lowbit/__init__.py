@@ -9,6 +9,7 @@
     model, tok = tl.from_gguf("m.Q4_0.gguf"); tl.to_gguf(model, "out.gguf")   # llama.cpp files, blocks kept
     with tl.use_backend("reference"): ...          # pure torch; "cpu" compiled kernels; "triton"
     tl.CompiledGenerator(model).generate(ids, 64)  # static KV cache + torch.compile'd steps
+    tl.rotate_(model, seed=0)                      # QuaRot: fold norms, Hadamard-rotate (function unchanged)
 """
 from . import layouts as _layouts  # noqa: F401  (registers layouts)
 from . import ops as _ops  # noqa: F401  (loads the C++ extension, registers fake/CUDA impls)
@@ -19,12 +20,13 @@ from .io import CheckpointError, GGUFError, from_gguf, load_quantized, save_quan
 from .nn import MixedBits, ProjectionSlot, QuantEmbedding, QuantLinear, allocate_formats, quantize_, quantize_embeddings_
 from .ops import current_backend, use_backend
 from . import rotations  # noqa: F401  (Hadamard rotations; registers torch_lowbit::hadamard_transform impls)
+from .rotations import rotate_
 
 from .version import __version__
 
 __all__ = ["Format", "ScalarCodebookFormat", "GaussianFormat", "Int4", "IntAsym", "IntSym", "Q4_0", "Q8_0", "IQ4_NL", "NUQ", "VQ", "formats", "get_format", "register_format", "format_from_json",
            "QuantLinear", "QuantEmbedding", "ProjectionSlot", "quantize_", "quantize_embeddings_", "allocate_formats", "MixedBits", "use_backend", "current_backend",
-           "save_quantized", "load_quantized", "CheckpointError", "from_gguf", "to_gguf", "GGUFError", "CompiledGenerator", "__version__"]
+           "save_quantized", "load_quantized", "CheckpointError", "from_gguf", "to_gguf", "GGUFError", "CompiledGenerator", "rotate_", "__version__"]
 
 import importlib.util as _importlib_util
 

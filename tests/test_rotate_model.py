@@ -1,0 +1,106 @@
+"""QuaRot model rotation (torch_lowbit/rotations/model.py): the function is unchanged, the structure is."""
+import pytest
+import torch
+
+import torch_lowbit as tl
+from conftest import tiny_llama
+from torch_lowbit.rotations import OnlineHadamardLinear
+
+
+def _randomize_norms(model, gen):
+    """Default RMSNorm scales are all 1, which would make norm folding untested."""
+    with torch.no_grad():
+        for name, mod in model.named_modules():
+            if name.endswith("norm") and hasattr(mod, "weight"):
+                mod.weight.copy_(torch.rand(mod.weight.shape, generator=gen, dtype=mod.weight.dtype).add(0.5))
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def _relative_error(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_rotation_keeps_the_function_in_float64(tied):
+    """Odd head count with GQA (6 query heads on 3 KV heads), non-power-of-two hidden (192 = 12 * 16)
+    and intermediate (320 = 20 * 16) sizes, random norm scales, tied or untied head."""
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    model = tiny_llama(hidden_size=192, intermediate_size=320, num_attention_heads=6, num_key_value_heads=3,
+                       tie_word_embeddings=tied).double()
+    _randomize_norms(model, gen)
+    ids = torch.randint(0, 256, (2, 13), generator=gen)
+    before = _logits(model, ids)
+    emb_before = model.model.embed_tokens.weight.clone()
+    tl.rotate_(model, seed=int(torch.randint(0, 1000, (1,), generator=gen)))
+    after = _logits(model, ids)
+    assert _relative_error(after, before) <= 1e-6
+    assert not torch.allclose(model.model.embed_tokens.weight, emb_before)  # the weights did change
+    assert all(torch.equal(layer.input_layernorm.weight, torch.ones_like(layer.input_layernorm.weight))
+               for layer in model.model.layers)
+    assert all(type(layer.mlp.down_proj) is OnlineHadamardLinear for layer in model.model.layers)
+    if tied:
+        assert model.lm_head.weight is not model.model.embed_tokens.weight and not model.config.tie_word_embeddings
+
+
+def test_rotation_spreads_an_outlier_channel():
+    """What QuaRot is for: a residual channel 30x larger than the rest becomes incoherent."""
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    model = tiny_llama().double()
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 5] *= 30
+    ids = torch.randint(0, 256, (1, 9), generator=gen)
+    hidden = lambda: model(ids, output_hidden_states=True).hidden_states[0]  # noqa: E731  (embedding output)
+    with torch.no_grad():
+        peak_before = (hidden().abs().amax(-1) / hidden().abs().mean(-1)).mean()
+        tl.rotate_(model, seed=1)
+        peak_after = (hidden().abs().amax(-1) / hidden().abs().mean(-1)).mean()
+    assert peak_after < peak_before / 3
+
+
+def test_rotated_model_quantizes_and_runs_fp32():
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    model = tiny_llama()
+    _randomize_norms(model, gen)
+    ids = torch.randint(0, 256, (1, 11), generator=gen)
+    reference = _logits(model, ids)
+    tl.rotate_(model, seed=3)
+    assert _relative_error(_logits(model, ids), reference) <= 1e-4  # fp32 online Hadamard op
+    tl.quantize_(model, "q8_0")
+    assert isinstance(model.model.layers[0].mlp.down_proj.linear, tl.QuantLinear)
+    assert _relative_error(_logits(model, ids), reference) <= 0.05
+
+
+def test_qwen2_biases_rotate_too():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    cfg = Qwen2Config(vocab_size=256, hidden_size=128, intermediate_size=192, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = Qwen2ForCausalLM(cfg).eval().double()
+    with torch.no_grad():
+        for layer in model.model.layers:  # q/k/v carry biases in Qwen2; make them matter
+            for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                lin.bias.copy_(torch.randn(lin.bias.shape, generator=gen, dtype=torch.float64) * 0.1)
+    _randomize_norms(model, gen)
+    ids = torch.randint(0, 256, (2, 7), generator=gen)
+    before = _logits(model, ids)
+    tl.rotate_(model, seed=2)
+    assert _relative_error(_logits(model, ids), before) <= 1e-6
+
+
+def test_rotation_rejects_what_it_cannot_handle():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    with pytest.raises(ValueError, match="model type 'gpt2' is not supported"):
+        tl.rotate_(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=64, n_head=2, vocab_size=64)))
+    quantized = tiny_llama()
+    tl.quantize_(quantized, "q8_0")
+    with pytest.raises(ValueError, match="rotate before quantizing"):
+        tl.rotate_(quantized)
+    rotated = tl.rotate_(tiny_llama())
+    with pytest.raises(ValueError, match="already rotated"):
+        tl.rotate_(rotated)
+    with pytest.raises(ValueError, match="Hadamard"):
+        tl.rotate_(tiny_llama(hidden_size=100, num_attention_heads=2, num_key_value_heads=1))
