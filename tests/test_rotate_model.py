@@ -104,3 +104,22 @@ def test_rotation_rejects_what_it_cannot_handle():
         tl.rotate_(rotated)
     with pytest.raises(ValueError, match="Hadamard"):
         tl.rotate_(tiny_llama(hidden_size=100, num_attention_heads=2, num_key_value_heads=1))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_rotated_quantized_model_saves_loads_and_compiles(tmp_path, tied):
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    model = tiny_llama(tie_word_embeddings=tied)
+    _randomize_norms(model, gen)
+    tl.rotate_(model, seed=5)
+    tl.quantize_(model, "int4_g32")
+    ids = torch.randint(0, 256, (1, 10), generator=gen)
+    expected = _logits(model, ids)
+    tl.save_quantized(model, tmp_path / "r.safetensors")
+    loaded = tl.load_quantized(tiny_llama(tie_word_embeddings=tied), tmp_path / "r.safetensors")
+    assert type(loaded.model.layers[1].mlp.down_proj) is OnlineHadamardLinear
+    assert loaded.lm_head.weight is not loaded.model.embed_tokens.weight
+    torch.testing.assert_close(_logits(loaded, ids), expected, rtol=0, atol=0)
+    compiled = torch.compile(loaded, fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids).logits, expected, rtol=1e-4, atol=1e-4)

@@ -129,3 +129,14 @@ def test_gcb_mix_at_3_2_bpw_lands_between_gcb2_and_gcb3(smollm2, text):
     print(ppl, bpw, mix_summary(q), sep="\n")
     assert 3.0 < bpw["mix"] <= 3.2 and "| gcb2_sb192 | gcb3_sb192 |" in mix_summary(q)
     assert ppl["gcb3"] < ppl["mix"] < ppl["gcb2"]
+
+
+def test_quarot_rotation_keeps_fp32_perplexity(smollm2, text, fp32_ppl):
+    """rotate_ changes every weight of SmolLM2 (576 = 36 * 16 residual, 1536 = 12 * 128 online
+    Hadamard before down_proj) but not its function: perplexity equal to 4 digits."""
+    from torch_lowbit.eval import perplexity
+    model, tok = smollm2
+    r = tl.rotate_(copy.deepcopy(model), seed=0)
+    ppl = perplexity(r, tok, text, ctx=512, max_tokens=4096, progress=False)
+    print(f"fp32 {fp32_ppl:.4f}  rotated fp32 {ppl:.4f}")
+    assert abs(ppl - fp32_ppl) < 5e-4 * fp32_ppl

@@ -17,7 +17,7 @@ from .formats import (IQ4_NL, NUQ, VQ, Format, GaussianFormat, Int4, IntAsym, In
                       format_from_json, formats, get_format, register_format)
 from .generation import CompiledGenerator
 from .io import CheckpointError, GGUFError, from_gguf, load_quantized, save_quantized, to_gguf
-from .nn import MixedBits, ProjectionSlot, QuantEmbedding, QuantLinear, allocate_formats, quantize_, quantize_embeddings_
+from .nn import ActQuantLinear, quantize_activations_, MixedBits, ProjectionSlot, QuantEmbedding, QuantLinear, allocate_formats, quantize_, quantize_embeddings_
 from .ops import current_backend, use_backend
 from . import rotations  # noqa: F401  (Hadamard rotations; registers torch_lowbit::hadamard_transform impls)
 from .rotations import rotate_
@@ -26,7 +26,7 @@ from .version import __version__
 
 __all__ = ["Format", "ScalarCodebookFormat", "GaussianFormat", "Int4", "IntAsym", "IntSym", "Q4_0", "Q8_0", "IQ4_NL", "NUQ", "VQ", "formats", "get_format", "register_format", "format_from_json",
            "QuantLinear", "QuantEmbedding", "ProjectionSlot", "quantize_", "quantize_embeddings_", "allocate_formats", "MixedBits", "use_backend", "current_backend",
-           "save_quantized", "load_quantized", "CheckpointError", "from_gguf", "to_gguf", "GGUFError", "CompiledGenerator", "rotate_", "__version__"]
+           "save_quantized", "load_quantized", "CheckpointError", "from_gguf", "to_gguf", "GGUFError", "CompiledGenerator", "rotate_", "quantize_activations_", "ActQuantLinear", "__version__"]
 
 import importlib.util as _importlib_util
 

@@ -23,6 +23,7 @@ from ..layouts import get_layout
 from ..nn.embedding import QuantEmbedding
 from ..nn.fusion import ProjectionSlot, install_fused
 from ..nn.linear import QuantLinear
+from ..rotations.model import OnlineHadamardLinear
 
 CHECKPOINT_VERSION = 1
 _META_KEY = "torch_lowbit"
@@ -97,7 +98,7 @@ def save_quantized(model: nn.Module, path: Union[str, os.PathLike]) -> None:
         unique[name] = t.detach().contiguous().cpu()
     from ..version import __version__
     meta = {"checkpoint_version": CHECKPOINT_VERSION, "torch_lowbit_version": __version__,
-            "modules": module_entries(model), "aliases": aliases,
+            "modules": module_entries(model), "aliases": aliases, "online_hadamard": online_hadamard_modules(model),
             "crc32": {n: _crc(t) for n, t in unique.items()}}
     save_file(unique, os.fspath(path), metadata={_META_KEY: json.dumps(meta)})
 
@@ -138,6 +139,31 @@ def _read(path: str) -> tuple[dict, dict[str, Tensor]]:
 def _pkg_version() -> str:
     from ..version import __version__
     return __version__
+
+
+def online_hadamard_modules(model: nn.Module) -> list[str]:
+    """Names of the layers a QuaRot rotation (rotate_) wrapped in an online Hadamard."""
+    return [name for name, m in model.named_modules() if isinstance(m, OnlineHadamardLinear)]
+
+
+def install_online_hadamards(model: nn.Module, names: list[str], path: str) -> None:
+    """Gives an unrotated skeleton the structure rotate_ gave the saved model (its weights come from
+    the file): the named Linear layers wrapped in OnlineHadamardLinear, the head untied."""
+    for fqn in names:
+        pfqn, _, child = fqn.rpartition(".")
+        try:
+            parent = model.get_submodule(pfqn) if pfqn else model
+        except AttributeError as err:
+            raise CheckpointError(f"{path}: the model has no module {pfqn!r}; wrong skeleton") from err
+        old = getattr(parent, child, None)
+        if isinstance(old, OnlineHadamardLinear):
+            continue
+        if not isinstance(old, nn.Linear):
+            raise CheckpointError(f"{path}: {fqn} was saved rotated (online Hadamard) but the model has "
+                                  f"{type(old).__name__} there; wrong skeleton")
+        setattr(parent, child, OnlineHadamardLinear(old, old.in_features))
+    if names and getattr(getattr(model, "config", None), "tie_word_embeddings", False):
+        model.config.tie_word_embeddings = False  # rotate_ unties the head: the file holds both
 
 
 def install_shells(model: nn.Module, modules: dict[str, dict], path: str) -> None:
@@ -195,6 +221,7 @@ def load_quantized(model: nn.Module, path: Union[str, os.PathLike], *,
     Its Linear layers are replaced by the saved QuantLinear modules; returns the model."""
     path = os.fspath(path)
     meta, tensors = _read(path)
+    install_online_hadamards(model, meta.get("online_hadamard", []), path)
     install_shells(model, meta["modules"], path)
     for alias, canonical in meta.get("aliases", {}).items():
         tensors[alias] = tensors[canonical]

@@ -1,5 +1,6 @@
 """Modules: QuantLinear, QuantEmbedding (and a tied head), fused projections, the model-level quantize_
 and per-layer format allocation."""
+from .act_quant import ActQuantLinear, quantize_activations_
 from .allocate import MixedBits, allocate_formats, mix_summary, quantized_bpw
 from .embedding import QuantEmbedding, quantize_embeddings_
 from .fusion import ProjectionSlot
@@ -7,5 +8,5 @@ from .linear import QuantLinear
 from .quantize import quantize_
 from .select import default_filter
 
-__all__ = ["QuantLinear", "QuantEmbedding", "quantize_embeddings_", "ProjectionSlot", "quantize_", "default_filter", "allocate_formats", "MixedBits",
+__all__ = ["ActQuantLinear", "quantize_activations_", "QuantLinear", "QuantEmbedding", "quantize_embeddings_", "ProjectionSlot", "quantize_", "default_filter", "allocate_formats", "MixedBits",
            "mix_summary", "quantized_bpw"]

@@ -1,0 +1,120 @@
+"""Per-token activation quantization of linear-layer inputs (QuaRot's A8 / A4), pure torch.
+
+`quantize_activations_(model, bits)` wraps each selected linear layer so its input is rounded to a
+per-token integer grid before the layer runs: symmetric q = clamp(round(x / d), -2^(b-1), 2^(b-1)-1)
+with d = c * max|x| / (2^(b-1) - 1), or asymmetric (min/max to 0 .. 2^b - 1 with a zero point).
+c <= 1 is the clipping ratio; with calibration batches it is searched per layer over a grid (the
+ratio minimizing the squared error of the layer's quantized input, as QuaRot picks its clip ratio).
+
+This is the reference for activation-quantized execution: the layer sees exactly the values an
+integer-activation kernel would multiply with. It composes with weight formats (wrap after
+quantize_) and with rotate_ (inside OnlineHadamardLinear the wrapped layer sees the rotated input).
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Optional
+
+import torch
+from torch import Tensor, nn
+
+CLIP_GRID = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0, 0.95, ..., 0.5
+
+
+def _check_bits(bits: int) -> None:
+    if bits not in (2, 3, 4, 8):
+        raise ValueError(f"activation quantization: bits must be 2, 3, 4 or 8, got {bits!r}")
+
+
+def fake_quantize_per_token(x: Tensor, bits: int, symmetric: bool = True, clip_ratio: float = 1.0) -> Tensor:
+    """x [..., K] rounded per token (last dim) to `bits`; returns dequantized values in x's dtype."""
+    _check_bits(bits)
+    if not 0 < clip_ratio <= 1:
+        raise ValueError(f"activation quantization: clip_ratio must be in (0, 1], got {clip_ratio}")
+    xf = x.float()
+    if symmetric:
+        qmax = 2 ** (bits - 1) - 1
+        d = xf.abs().amax(-1, keepdim=True) * (clip_ratio / qmax)
+        d = torch.where(d > 0, d, torch.ones_like(d))
+        return (torch.clamp(torch.round(xf / d), -qmax - 1, qmax) * d).to(x.dtype)
+    qmax = 2 ** bits - 1
+    hi, lo = xf.amax(-1, keepdim=True) * clip_ratio, xf.amin(-1, keepdim=True) * clip_ratio
+    d = (hi - lo) / qmax
+    d = torch.where(d > 0, d, torch.ones_like(d))
+    zero = torch.round(-lo / d)
+    return ((torch.clamp(torch.round(xf / d) + zero, 0, qmax) - zero) * d).to(x.dtype)
+
+
+def search_clip_ratio(samples: Tensor, bits: int, symmetric: bool = True, grid=CLIP_GRID) -> float:
+    """The ratio of `grid` whose per-token quantization of samples [T, K] has the least squared error."""
+    errors = [(fake_quantize_per_token(samples, bits, symmetric, c) - samples).float().square().sum().item()
+              for c in grid]
+    return float(grid[min(range(len(grid)), key=errors.__getitem__)])
+
+
+class ActQuantLinear(nn.Module):
+    """layer(fake_quantize_per_token(x)): a linear-like layer whose input is bits-bit per token."""
+
+    def __init__(self, layer: nn.Module, bits: int, symmetric: bool = True, clip_ratio: float = 1.0):
+        super().__init__()
+        _check_bits(bits)
+        self.layer, self.bits, self.symmetric, self.clip_ratio = layer, bits, symmetric, float(clip_ratio)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.layer(fake_quantize_per_token(x, self.bits, self.symmetric, self.clip_ratio))
+
+    def extra_repr(self) -> str:
+        kind = "sym" if self.symmetric else "asym"
+        return f"A{self.bits} per token ({kind}, clip {self.clip_ratio})"
+
+
+def _is_linear(mod: nn.Module) -> bool:
+    from .linear import QuantLinear
+    return type(mod) is nn.Linear or isinstance(mod, QuantLinear)
+
+
+@torch.no_grad()
+def quantize_activations_(model: nn.Module, bits: int, *, symmetric: bool = True, clip_ratio: float = 1.0,
+                          calibration: Optional[Iterable[Tensor]] = None, include_lm_head: bool = False,
+                          filter_fn: Optional[Callable[[nn.Module, str], bool]] = None,
+                          max_calibration_tokens: int = 2048) -> nn.Module:
+    """Wraps the model's linear layers (nn.Linear or QuantLinear) in ActQuantLinear, in place.
+
+    With `calibration` (token-id batches) each layer's clipping ratio is searched over CLIP_GRID on
+    its own inputs (up to max_calibration_tokens rows); otherwise every layer uses `clip_ratio`.
+    The LM head keeps full-precision inputs unless include_lm_head (QuaRot keeps it so)."""
+    _check_bits(bits)
+    if any(isinstance(m, ActQuantLinear) for m in model.modules()):
+        raise ValueError("quantize_activations_: the model's activations are already quantized")
+    head = getattr(model, "lm_head", None)
+    targets = [(name, mod) for name, mod in model.named_modules()
+               if _is_linear(mod) and (include_lm_head or mod is not head)
+               and (filter_fn is None or filter_fn(mod, name))]
+    if not targets:
+        raise ValueError("quantize_activations_: no nn.Linear / QuantLinear layers selected")
+    ratios = {name: clip_ratio for name, _ in targets}
+    if calibration is not None:
+        inputs: dict[str, list[Tensor]] = {name: [] for name, _ in targets}
+
+        def hook(name):
+            def record(_mod, args):
+                x = args[0].detach().reshape(-1, args[0].shape[-1])
+                have = sum(t.shape[0] for t in inputs[name])
+                if have < max_calibration_tokens:
+                    inputs[name].append(x[: max_calibration_tokens - have].float().cpu())
+            return record
+
+        handles = [mod.register_forward_pre_hook(hook(name)) for name, mod in targets]
+        try:
+            for batch in calibration:
+                model(batch)
+        finally:
+            for h in handles:
+                h.remove()
+        for name, _ in targets:
+            if inputs[name]:
+                ratios[name] = search_clip_ratio(torch.cat(inputs[name]), bits, symmetric)
+    for name, mod in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, ActQuantLinear(mod, bits, symmetric, ratios[name]))
+    return model
