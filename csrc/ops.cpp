@@ -27,6 +27,10 @@ at::Tensor tcq_linear_cpu(const at::Tensor& x, const at::Tensor& codes, const at
                           int64_t shift_bits, const at::Tensor& row_scales, const c10::optional<at::Tensor>& bias);
 at::Tensor tcq_dequantize_cpu(const at::Tensor& codes, const at::Tensor& table, int64_t table_bits, int64_t shift_bits,
                               const at::Tensor& row_scales);
+at::Tensor kv_attention_cpu(const at::Tensor& q, const at::Tensor& k_codes, const at::Tensor& k_scale,
+                            const at::Tensor& k_min, const at::Tensor& v_codes, const at::Tensor& v_scale,
+                            const at::Tensor& v_min, const c10::optional<at::Tensor>& mask, double scale,
+                            int64_t bits);
 at::Tensor gqa_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const c10::optional<at::Tensor>& mask, double scale);
 void register_base(const at::Tensor& base);  // csrc/hadamard.cpp
@@ -67,6 +71,9 @@ TORCH_LIBRARY(torch_lowbit, m) {
   m.def("tcq_viterbi(Tensor sequences, Tensor state_values, int shift_bits) -> (Tensor states, Tensor errors)");
   // grouped-query attention of compiled generation (torch_lowbit/generation.py), [B, S, H, D] out
   m.def("gqa_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor");
+  // the same over a group-wise quantized KV cache (torch_lowbit/kv_cache.py), [B, S, H, D] out
+  m.def("kv_attention(Tensor q, Tensor k_codes, Tensor k_scale, Tensor k_min, Tensor v_codes, Tensor v_scale, "
+        "Tensor v_min, Tensor? mask, float scale, int bits) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(torch_lowbit, CPU, m) {
@@ -78,6 +85,7 @@ TORCH_LIBRARY_IMPL(torch_lowbit, CPU, m) {
   m.impl("tcq_linear", &torch_lowbit::tcq_linear_cpu);
   m.impl("tcq_dequantize", &torch_lowbit::tcq_dequantize_cpu);
   m.impl("gqa_attention", &torch_lowbit::gqa_attention_cpu);
+  m.impl("kv_attention", &torch_lowbit::kv_attention_cpu);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

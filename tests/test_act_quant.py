@@ -75,3 +75,17 @@ def test_rotation_rescues_4bit_activations_from_an_outlier_channel():
         err_plain = (plain(ids).logits - ref).pow(2).mean()
         err_rotated = (rotated(ids).logits - ref).pow(2).mean()
     assert err_rotated < err_plain / 3
+
+
+def test_fused_projections_see_the_same_quantized_input_as_separate_ones():
+    """quantize_ fuses q/k/v and gate/up; wrapping the fused module must give the unfused result."""
+    gen = _gen()
+    import copy
+    model = tiny_llama()
+    ids = torch.randint(0, 256, (1, 11), generator=gen)
+    fused = tl.quantize_(copy.deepcopy(model), "q4_0", progress=False)
+    separate = tl.quantize_(copy.deepcopy(model), "q4_0", fuse=False, progress=False)
+    with torch.no_grad():
+        tl.quantize_activations_(fused, 4, clip_ratio=0.9)
+        tl.quantize_activations_(separate, 4, clip_ratio=0.9)
+        torch.testing.assert_close(fused(ids).logits, separate(ids).logits, rtol=1e-4, atol=1e-4)

@@ -190,3 +190,12 @@ def test_cli_bench_cpu_prefill_on_smollm2():
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if line.startswith("| 1 |")]
     assert [r[1:3] for r in rows] == [["fp32", "-"], ["q4_0", cpu_extension().get_cpu_path()]]
     assert rows[0][-1] == "1.00x" and float(rows[1][4]) > 0
+
+
+def test_bench_kv_rows_compare_each_cache_with_fp32():
+    from torch_lowbit.bench.kv import KV_HEADERS, bench_kv
+    rows = bench_kv(tokens=64, threads=(1,), bits=(4,), rotate_mib=1, shapes=("smollm2-135m",))
+    assert [r[3] for r in rows] == ["fp32 cache, gqa_attention", "int4 cache, kv_attention",
+                                    "int4 cache, dequantize + gqa_attention"]
+    assert all(len(r) == len(KV_HEADERS) for r in rows)
+    assert float(rows[1][-1].rstrip("x")) < 0.3  # memory vs fp32

@@ -10,6 +10,8 @@
     with tl.use_backend("reference"): ...          # pure torch; "cpu" compiled kernels; "triton"
     tl.CompiledGenerator(model).generate(ids, 64)  # static KV cache + torch.compile'd steps
     tl.rotate_(model, seed=0)                      # QuaRot: fold norms, Hadamard-rotate (function unchanged)
+    tl.QuantizedKVCache(model.config, 1024, bits=4)  # int4 KV cache (needs transformers)
+    tl.quantize_(model, tl.QuaRot.parse("W4A4KV4"), calibration=batches)  # rotation + W4 + A4 + KV4
 """
 from . import layouts as _layouts  # noqa: F401  (registers layouts)
 from . import ops as _ops  # noqa: F401  (loads the C++ extension, registers fake/CUDA impls)
@@ -21,12 +23,20 @@ from .nn import ActQuantLinear, quantize_activations_, MixedBits, ProjectionSlot
 from .ops import current_backend, use_backend
 from . import rotations  # noqa: F401  (Hadamard rotations; registers torch_lowbit::hadamard_transform impls)
 from .rotations import rotate_
+from .quarot import QuaRot
 
 from .version import __version__
 
 __all__ = ["Format", "ScalarCodebookFormat", "GaussianFormat", "Int4", "IntAsym", "IntSym", "Q4_0", "Q8_0", "IQ4_NL", "NUQ", "VQ", "formats", "get_format", "register_format", "format_from_json",
            "QuantLinear", "QuantEmbedding", "ProjectionSlot", "quantize_", "quantize_embeddings_", "allocate_formats", "MixedBits", "use_backend", "current_backend",
-           "save_quantized", "load_quantized", "CheckpointError", "from_gguf", "to_gguf", "GGUFError", "CompiledGenerator", "rotate_", "quantize_activations_", "ActQuantLinear", "__version__"]
+           "save_quantized", "load_quantized", "CheckpointError", "from_gguf", "to_gguf", "GGUFError", "CompiledGenerator", "rotate_", "quantize_activations_", "ActQuantLinear", "QuantizedKVCache", "QuantizedKVLayer", "QuaRot", "__version__"]
+
+
+def __getattr__(name):  # the KV cache subclasses transformers' Cache: imported only when asked for
+    if name in ("QuantizedKVCache", "QuantizedKVLayer"):
+        from . import kv_cache
+        return getattr(kv_cache, name)
+    raise AttributeError(f"module 'torch_lowbit' has no attribute {name!r}")
 
 import importlib.util as _importlib_util
 

@@ -44,10 +44,20 @@ def _quantize(model, tok, args):
     from .nn import MixedBits, mix_summary
     calib = calibration_batches(tok, args.calib, args.ctx) if args.rounding != "rtn" else None
     fmt = MixedBits(args.mix, args.target_bpw, args.sensitivity) if args.mix else args.format
-    how = f"{args.rounding}, {args.calib} calibration windows of {args.ctx} tokens" if calib else "rtn, data-free"
-    print(f"quantizing to {_format_label(args)} ({how}); with calibration this takes minutes on a 2-core CPU...",
-          flush=True)
-    quantize_(model, fmt, calibration=calib, rounding=args.rounding,
+    if getattr(args, "quarot", None):
+        import dataclasses
+
+        from .quarot import QuaRot
+        fmt = QuaRot.parse(args.quarot, rounding=args.rounding,  # the spec was checked before any work
+                           rotate=not args.no_rotation)
+        if fmt.weights is not None:
+            fmt = dataclasses.replace(fmt, weights=args.format)
+        if calib is None and fmt.acts is not None:  # the clip-ratio search needs a few windows even with rtn
+            calib = calibration_batches(tok, min(args.calib, 2), args.ctx)
+    how = f"{args.rounding}, {len(calib)} calibration windows of {args.ctx} tokens" if calib else "rtn, data-free"
+    what = f"QuaRot {fmt.label()}" if args.quarot else _format_label(args)
+    print(f"quantizing to {what} ({how}); with calibration this takes minutes on a 2-core CPU...", flush=True)
+    quantize_(model, fmt, calibration=calib, rounding=None if args.quarot else args.rounding,
               skip_incompatible=args.skip_incompatible, include_lm_head=args.include_lm_head)
     if args.mix:
         how = (args.sensitivity or "fisher") if calib else "data-free weight error"
@@ -55,6 +65,12 @@ def _quantize(model, tok, args):
               f"sensitivity: {how}):")
         print(mix_summary(model), flush=True)
     return model
+
+
+def _kv_cache_factory(model, ctx: int):
+    """Fresh quantized KV caches for perplexity windows when the model records a KV setting (QuaRot kv=)."""
+    from .quarot import kv_cache_config, kv_cache_for
+    return (lambda: kv_cache_for(model, ctx)) if kv_cache_config(model) else None
 
 
 def _format_label(args) -> str:
@@ -78,7 +94,7 @@ def cmd_demo(args) -> None:
 
     def measure(label, m):
         t0 = time.time()
-        ppl = perplexity(m, tok, text, ctx=args.ctx, max_tokens=args.tokens)
+        ppl = perplexity(m, tok, text, ctx=args.ctx, max_tokens=args.tokens, kv_cache=_kv_cache_factory(m, args.ctx))
         tps = decode_tokens_per_s(m, tok, new_tokens=args.gen)
         size = model_nbytes(m)
         rows.append([label, f"{size['total'] / 1e6:.1f}", f"{size['linear'] / 1e6:.1f}", f"{ppl:.3f}",
@@ -121,6 +137,8 @@ def _quantize_streaming(args) -> None:
                        "pip install 'torch_lowbit[hf]'") from None
     from .eval.assets import calibration_batches, smollm2_dir
     from .hf import quantize_streaming
+    if args.quarot:
+        raise CliError("--quarot rotates the whole model; quantize to a .safetensors file instead")
     if args.mix:
         raise CliError("--mix allocates over the whole model; quantize to a .safetensors file instead, or "
                        "allocate a plan with torch_lowbit.allocate_formats and pass it to quantize_streaming")
@@ -150,12 +168,15 @@ def cmd_eval(args) -> None:
         model, tok = _load_checkpoint(args.checkpoint, args.model)
     else:
         model, tok = _load_model(args.model)
-        if args.mix or args.format != "none":
+        if args.mix or args.quarot or args.format != "none":
             _quantize(model, tok, args)
     from . import use_backend
+    from .quarot import kv_cache_config
+    kv = _kv_cache_factory(model, args.ctx)
     with use_backend(args.backend):
-        ppl = perplexity(model, tok, wiki_text(400), ctx=args.ctx, max_tokens=args.tokens)
-    print(f"perplexity ({args.tokens} tokens, ctx {args.ctx}, backend {args.backend}): {ppl:.3f}")
+        ppl = perplexity(model, tok, wiki_text(400), ctx=args.ctx, max_tokens=args.tokens, kv_cache=kv)
+    kv_note = f", KV cache {kv_cache_config(model)['bits']}-bit" if kv else ""
+    print(f"perplexity ({args.tokens} tokens, ctx {args.ctx}, backend {args.backend}{kv_note}): {ppl:.3f}")
 
 
 CPU_BENCH_SHAPES = ["4096x4096", "14336x4096", "4096x14336"]
@@ -199,6 +220,12 @@ def cmd_bench(args) -> None:
             print(_table(["threads", "model", "path", "linear weights MB", "prefill tok/s", "vs fp32"],
                          bench_prefill(tuple(formats), threads=tuple(args.threads), prompt_tokens=n,
                                        repeats=repeats, paths=paths)))
+    elif args.what == "kv":
+        from .bench.kv import KV_HEADERS, bench_kv
+        from .bench.machine import machine_line
+        print(machine_line())
+        print("decode attention, batch 1, one query row per head, caches streamed from DRAM (one layer shown):")
+        print(_table(KV_HEADERS, bench_kv(tokens=args.prompt_tokens or 4096, threads=tuple(args.threads))))
     elif args.what == "gpu":
         from .bench import gpu
         gpu.require_cuda()
@@ -312,6 +339,11 @@ def main(argv=None) -> None:
         sp.add_argument("--mix", nargs="+", metavar="FMT", help="instead of --format: a per-layer mix of these "
                         "formats (e.g. gcb2_sb192 gcb3_sb192), each layer's picked by measured sensitivity "
                         "within --target-bpw (from the calibration unless --rounding rtn)")
+        sp.add_argument("--quarot", metavar="SPEC", help="QuaRot recipe, e.g. W4A4KV4, W4A8KV8, W16A4: rotate the "
+                        "model, then weights in --format (--rounding, gptq recommended), per-token activations "
+                        "and the KV cache to those bits (16 = float)")
+        sp.add_argument("--no-rotation", action="store_true", help="with --quarot: the same rounding without the "
+                        "rotation (QuaRot's baseline column)")
         sp.add_argument("--target-bpw", type=float, help="with --mix: the bit budget, bits per weight over the "
                         "quantized layers")
         sp.add_argument("--sensitivity", choices=["fisher", "output"], help="with --mix: fisher (default with "
@@ -345,13 +377,14 @@ def main(argv=None) -> None:
     sp.set_defaults(fn=cmd_eval)
 
     sp = sub.add_parser("bench", help="benchmarks")
-    sp.add_argument("what", choices=["cpu", "e2e", "roofline", "gpu", "distortion", "weights"],
+    sp.add_argument("what", choices=["cpu", "e2e", "roofline", "gpu", "distortion", "weights", "kv"],
                     help="cpu: kernels vs PyTorch, DRAM-streamed; e2e: SmolLM2 prefill and decode tok/s, eager and "
                     "compiled, next to llama.cpp on the same GGUF (with the [peers] extra); --formats: fp32, bf16, gguf "
                     "(the GGUF file imported: llama.cpp's weights), F or F+E (E: embedding and tied head); roofline: M=1 compute vs memory ceilings of the "
                     "int8 CPU kernels (max --threads); gpu: Triton kernels vs fp16 F.linear, "
                     "HBM-streamed (needs CUDA); distortion: palette formats on a Gaussian; weights: formats on a "
-                    "real model's linear weights (--model)")
+                    "real model's linear weights (--model); kv: decode attention over a 4/8-bit KV cache vs fp32 "
+                    "(--prompt-tokens cached tokens, --threads)")
     sp.add_argument("--quick", action="store_true", help="first shape only, M in {1, 8}; e2e: eager only")
     sp.add_argument("--model", default="smollm2", choices=["smollm2", "minilm"],
                     help="weights: whose linear layers (minilm: the all-MiniLM-L6-v2 encoder)")
@@ -374,7 +407,8 @@ def main(argv=None) -> None:
     sp.add_argument("--decode", action="store_true", help="cpu: also SmolLM2 decode tok/s: fp32, bf16, first format")
     sp.add_argument("--prefill", action="store_true", help="cpu: also SmolLM2 prefill tok/s of a 128-token prompt "
                     "(one eager forward pass) at each --threads: fp32 and each format, vs fp32")
-    sp.add_argument("--prompt-tokens", type=int, help="e2e: prompt length (default 256); cpu --prefill: (default 128)")
+    sp.add_argument("--prompt-tokens", type=int, help="e2e: prompt length (default 256); cpu --prefill: (default 128); "
+                    "kv: cached tokens (default 4096)")
     sp.add_argument("--new-tokens", type=int, default=64, help="e2e: greedy new tokens (decode)")
     sp.add_argument("--repeats", type=int, help="e2e: timed runs per row, median (default 3); cpu --prefill: "
                     "forward passes per row, median (default 5)")
@@ -455,6 +489,14 @@ def _check_before_work(p: argparse.ArgumentParser, args) -> None:
             p.error(f"--path {' '.join(unknown)}: not a kernel path this CPU ({cpu_model()}) can run; "
                     f"choose from: {' '.join(_cpu_paths())}")
     names += [args.explain] if getattr(args, "explain", None) else []
+    if getattr(args, "quarot", None):
+        from .quarot import QuaRot
+        try:
+            QuaRot.parse(args.quarot)
+        except ValueError as e:
+            p.error(str(e))
+        if args.mix:
+            p.error("--quarot and --mix cannot be combined; pick one")
     for name in names:
         try:
             get_format(name)

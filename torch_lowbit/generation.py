@@ -45,9 +45,15 @@ def gqa_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, 
     if dropout or kwargs.get("softcap") or kwargs.get("sliding_window") or kwargs.get("s_aux") is not None \
             or query.device.type != "cpu" or query.shape[2] != 1:  # prefill: inductor's fused matmuls win
         from transformers.models.llama.modeling_llama import eager_attention_forward
+        kv_layer = getattr(module, "_lowbit_kv_layer", None)
+        if kv_layer is not None:  # update() returned only the new rows: attend to the rounded cache
+            key, value = kv_layer.read()
         return eager_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                        **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    kv_layer = getattr(module, "_lowbit_kv_layer", None)
+    if kv_layer is not None:  # a bound QuantizedKVLayer (deferred read): the kernel reads its codes
+        return kv_layer.attention(query, attention_mask, scale), None
     mask = attention_mask[..., :key.shape[-2]] if attention_mask is not None else None
     return torch.ops.torch_lowbit.gqa_attention(query, key, value, mask, scale), None
 
@@ -57,6 +63,30 @@ def _register_attention() -> None:
     from transformers.masking_utils import AttentionMaskInterface, eager_mask
     AttentionInterface.register(ATTENTION, gqa_attention)
     AttentionMaskInterface.register(ATTENTION, eager_mask)  # an explicit causal mask, never "skip it"
+
+
+@contextlib.contextmanager
+def _bind_kv_layers(model: nn.Module, cache, enabled: bool):
+    """While generating: each attention module of a model with a QuantizedKVCache whose tokens are
+    all rounded gets its cache layer (`_lowbit_kv_layer`), so gqa_attention runs the kv_attention
+    kernel on the codes at decode instead of attending to a dequantized copy."""
+    from .kv_cache import QuantizedKVLayer
+    bound = []
+    if enabled and cache is not None:
+        for mod in model.modules():
+            idx = getattr(mod, "layer_idx", None)
+            if idx is None or not hasattr(mod, "o_proj") or idx >= len(cache.layers):
+                continue
+            layer = cache.layers[idx]
+            if isinstance(layer, QuantizedKVLayer) and layer.residual_length == 0:
+                mod._lowbit_kv_layer, layer.defer_read = layer, True
+                bound.append(mod)
+    try:
+        yield
+    finally:
+        for mod in bound:
+            mod._lowbit_kv_layer.defer_read = False
+            del mod._lowbit_kv_layer
 
 
 def _skip_guards(skip: bool):
@@ -94,10 +124,15 @@ class CompiledGenerator:
     is restored after each call; None keeps it). Default "torch_lowbit": at decode grouped-query
     attention as one op (gqa_attention), at prefill transformers' eager attention, which inductor
     fuses; on CPU both beat the sdpa kernel (SmolLM2, docs/generation.md).
+
+    kv_bits (4 or 8): keep the cache in a QuantizedKVCache instead (kv_group channels per scale,
+    the last kv_residual tokens also exact, keys Hadamard-rotated; torch_lowbit/kv_cache.py).
+    Default: the model's recorded setting (QuaRot(kv=...) or a loaded checkpoint), else float.
     """
 
     def __init__(self, model: nn.Module, *, max_cache_len: int = 1024, compile: bool = True,
-                 attn_implementation: Optional[str] = ATTENTION):
+                 attn_implementation: Optional[str] = ATTENTION, kv_bits: Optional[int] = None, kv_group: int = 64,
+                 kv_residual: int = 128):
         from transformers import StaticCache
         if not hasattr(model, "config") or not callable(getattr(model, "forward", None)):
             raise TypeError(f"CompiledGenerator needs a transformers causal LM, got {type(model).__name__}")
@@ -109,7 +144,17 @@ class CompiledGenerator:
         self.attn_implementation = attn_implementation
         if attn_implementation == ATTENTION:
             _register_attention()
-        self._static_cache = StaticCache
+        from .quarot import kv_cache_config
+        kv = {"bits": kv_bits, "group": kv_group, "residual_length": kv_residual} if kv_bits is not None \
+            else kv_cache_config(model)
+        if kv is None:
+            self._static_cache = StaticCache
+        else:
+            from functools import partial
+            from .kv_cache import QuantizedKVCache
+            self._static_cache = partial(QuantizedKVCache, bits=kv["bits"], group=kv["group"],
+                                         residual_length=kv["residual_length"], rotate_keys=kv.get("rotate_keys", True))
+            self._static_cache(config=model.config, max_cache_len=self.max_cache_len)  # errors now, not mid-generate
         self._cache = None
         self._cache_batch = None
         self.times = GenerationTimes()
@@ -157,12 +202,14 @@ class CompiledGenerator:
             raise ValueError(f"prompt ({n}) + max_new_tokens ({max_new_tokens}) exceed max_cache_len "
                              f"({self.max_cache_len}); build the CompiledGenerator with a larger max_cache_len")
         with _attention(self.model, self.attn_implementation):
-            return self._generate(input_ids, max_new_tokens, eos_token_id)
+            cache = self._fresh_cache(input_ids.shape[0], input_ids.device)
+            with _bind_kv_layers(self.model, cache, self.attn_implementation == ATTENTION):
+                return self._generate(input_ids, max_new_tokens, eos_token_id)
 
     def _generate(self, input_ids: Tensor, max_new_tokens: int, eos_token_id: Optional[int]) -> Tensor:
         n = input_ids.shape[1]
         device = input_ids.device
-        cache = self._fresh_cache(input_ids.shape[0], device)
+        cache = self._cache
         times = GenerationTimes(prompt_tokens=n * input_ids.shape[0], new_tokens=max_new_tokens)
         t0 = time.perf_counter()
         # a one-token prompt is a decode step (dynamic shapes specialize sizes 0 and 1: no own graph)

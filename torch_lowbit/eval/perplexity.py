@@ -1,10 +1,14 @@
 """Perplexity with non-overlapping windows (the GPTQ / QuaRot protocol): tokenize the text once,
 cut the first max_tokens into windows of ctx tokens, score each window independently, and report
-exp(mean next-token NLL) over all predicted tokens."""
+exp(mean next-token NLL) over all predicted tokens.
+
+kv_cache: a function returning a fresh transformers Cache for a window (e.g. a QuantizedKVCache):
+each window then runs through it, so attention reads the cache's rounded keys and values as
+QuaRot's KV-quantized evaluation does; default: no cache."""
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -13,7 +17,7 @@ from tqdm.auto import tqdm
 
 @torch.no_grad()
 def perplexity(model, tokenizer, text: str, ctx: int = 512, max_tokens: Optional[int] = None, *,
-               progress: bool = True) -> float:
+               progress: bool = True, kv_cache: Optional[Callable[[], object]] = None) -> float:
     if ctx < 2:
         raise ValueError(f"ctx must be at least 2, got {ctx}")
     ids = tokenizer(text, return_tensors="pt").input_ids[0]
@@ -26,7 +30,10 @@ def perplexity(model, tokenizer, text: str, ctx: int = 512, max_tokens: Optional
     nll, count = 0.0, 0
     for w in tqdm(range(n_windows), desc="perplexity", disable=None if progress else True, leave=False):
         window = ids[w * ctx:(w + 1) * ctx].unsqueeze(0).to(device)
-        logits = model(window, use_cache=False).logits.float()
+        if kv_cache is None:
+            logits = model(window, use_cache=False).logits.float()
+        else:
+            logits = model(window, past_key_values=kv_cache(), use_cache=True).logits.float()
         nll += F.cross_entropy(logits[0, :-1], window[0, 1:], reduction="sum").item()
         count += ctx - 1
     return math.exp(nll / count)

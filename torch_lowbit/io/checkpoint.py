@@ -20,9 +20,11 @@ from torch import Tensor, nn
 
 from ..formats import format_from_json
 from ..layouts import get_layout
+from ..nn.act_quant import unwrap_activation_quant, wrap_activation_quant
 from ..nn.embedding import QuantEmbedding
 from ..nn.fusion import ProjectionSlot, install_fused
 from ..nn.linear import QuantLinear
+from ..quarot import kv_cache_config, set_kv_cache_config
 from ..rotations.model import OnlineHadamardLinear
 
 CHECKPOINT_VERSION = 1
@@ -75,7 +77,16 @@ def _runtime_buffer_names(model: nn.Module) -> set[str]:
 
 
 def save_quantized(model: nn.Module, path: Union[str, os.PathLike]) -> None:
-    """Writes every parameter and buffer of a quantized model (quantized or not) to one file."""
+    """Writes every parameter and buffer of a quantized model (quantized or not) to one file, with
+    its activation quantization (ActQuantLinear settings) and KV-cache setting in the metadata."""
+    act_quant = unwrap_activation_quant(model)
+    try:
+        _save(model, path, act_quant)
+    finally:
+        wrap_activation_quant(model, act_quant)
+
+
+def _save(model: nn.Module, path: Union[str, os.PathLike], act_quant: dict) -> None:
     tensors: dict[str, Tensor] = dict(model.state_dict())
     persistent = set(tensors)
     derived = _runtime_buffer_names(model)
@@ -99,6 +110,7 @@ def save_quantized(model: nn.Module, path: Union[str, os.PathLike]) -> None:
     from ..version import __version__
     meta = {"checkpoint_version": CHECKPOINT_VERSION, "torch_lowbit_version": __version__,
             "modules": module_entries(model), "aliases": aliases, "online_hadamard": online_hadamard_modules(model),
+            "act_quant": act_quant, "kv_cache": kv_cache_config(model),
             "crc32": {n: _crc(t) for n, t in unique.items()}}
     save_file(unique, os.fspath(path), metadata={_META_KEY: json.dumps(meta)})
 
@@ -243,6 +255,12 @@ def load_quantized(model: nn.Module, path: Union[str, os.PathLike], *,
             model.tie_weights()
         except Exception:  # the aliasing above already shares the storage
             pass
+    try:
+        wrap_activation_quant(model, meta.get("act_quant") or {})
+    except (AttributeError, KeyError, ValueError, TypeError) as err:
+        raise CheckpointError(f"{path}: its activation-quantization entries do not fit this model ({err})") from err
+    if meta.get("kv_cache") and hasattr(model, "config"):
+        set_kv_cache_config(model, meta["kv_cache"])
     if device is not None:
         model.to(device)
     return model

@@ -58,6 +58,8 @@ class ActQuantLinear(nn.Module):
         super().__init__()
         _check_bits(bits)
         self.layer, self.bits, self.symmetric, self.clip_ratio = layer, bits, symmetric, float(clip_ratio)
+        if hasattr(layer, "split_sizes"):  # a fused qkv / gate_up module: its parent's hook splits our output
+            self.split_sizes = layer.split_sizes
 
     def forward(self, x: Tensor) -> Tensor:
         return self.layer(fake_quantize_per_token(x, self.bits, self.symmetric, self.clip_ratio))
@@ -118,3 +120,24 @@ def quantize_activations_(model: nn.Module, bits: int, *, symmetric: bool = True
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, ActQuantLinear(mod, bits, symmetric, ratios[name]))
     return model
+
+
+def unwrap_activation_quant(model: nn.Module) -> dict[str, dict]:
+    """Puts each ActQuantLinear's layer back in its place; returns {fqn: settings} for rewrap (checkpoints
+    store the model unwrapped, so its tensors keep the names a fresh skeleton has)."""
+    entries = {}
+    for name, mod in list(model.named_modules()):
+        if isinstance(mod, ActQuantLinear):
+            entries[name] = {"bits": mod.bits, "symmetric": mod.symmetric, "clip_ratio": mod.clip_ratio}
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name) if parent_name else model, child, mod.layer)
+    return entries
+
+
+def wrap_activation_quant(model: nn.Module, entries: dict[str, dict]) -> None:
+    """The inverse of unwrap_activation_quant: wraps the named layers with their saved settings."""
+    for name, e in entries.items():
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, ActQuantLinear(getattr(parent, child), int(e["bits"]), bool(e["symmetric"]),
+                                              float(e["clip_ratio"])))

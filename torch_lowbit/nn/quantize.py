@@ -30,6 +30,7 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
     fmt: one format (name or config) for every selected layer; or a per-layer plan {fqn: format}
     (e.g. from torch_lowbit.nn.allocate_formats) that quantizes exactly the listed Linear layers,
     each in its own format (filter_fn, if given, narrows it further; include_lm_head is not used);
+    or a recipe such as QuaRot(...) (torch_lowbit/quarot.py: rotation, weights, activations, KV cache);
     or MixedBits(candidates, target_bpw[, sensitivity]): allocate_formats picks that plan from the
     candidates within the bit budget (with calibration: errors weighted by the loss's Fisher
     diagonal, one extra forward + backward pass; E[x²] / E[x xᵀ] are collected once for both
@@ -50,6 +51,11 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
     the int8-activation lut4_i8_n16 where the format allows, lut4_rowmajor for Triton/CUDA).
     Returns the model.
     """
+    if getattr(fmt, "is_recipe", False):  # e.g. QuaRot(...): rotation + weights + activations + KV cache
+        if rounding is not None and rounding != fmt.rounding:
+            raise ValueError(f"quantize_: the recipe sets rounding={fmt.rounding!r}; pass rounding inside it")
+        return fmt.apply(model, calibration=calibration, progress=progress, filter_fn=filter_fn, fuse=fuse,
+                         skip_incompatible=skip_incompatible, layout=layout, include_lm_head=include_lm_head)
     rounding = rounding or ("imatrix" if calibration is not None else "rtn")
     if rounding not in ROUNDINGS:
         raise ValueError(f"unknown rounding {rounding!r}; choose one of {', '.join(ROUNDINGS)}")

@@ -210,6 +210,14 @@ def _register() -> None:
         b, h, s, d = q.shape
         return q.new_empty((b, s, h, d))
 
+    @torch.library.register_fake("torch_lowbit::kv_attention")
+    def _kv_attention_fake(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, mask, scale, bits):
+        _check(q.dim() == 4 and k_codes.dim() == 4, "kv_attention: q and k_codes must be 4-D")
+        _check(k_codes.shape[1] > 0 and q.shape[1] % k_codes.shape[1] == 0,
+               f"kv_attention: query heads {q.shape[1]} are not a multiple of KV heads {k_codes.shape[1]}")
+        b, h, s, d = q.shape
+        return q.new_empty((b, s, h, d))
+
     @torch.library.register_fake("torch_lowbit::codebook_linear")
     def _codebook_linear_fake(x, codes, code_bits, table, row_scales, bias):
         n, k = _codebook_check(codes, code_bits, table, row_scales, x.shape[-1])

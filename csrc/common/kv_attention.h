@@ -1,0 +1,36 @@
+// Decode attention over a group-wise quantized KV cache (torch_lowbit/formats/kv.py layout):
+// per cached token and KV head, codes (4-bit: two per byte, channel 2i low nibble; 8-bit: one per
+// byte) and an fp16 scale d and min m per group of channels, value = code * d + m. A task is one
+// (batch, KV head, query position): its G query heads share every dequantized key and value row,
+// which is rebuilt once in registers / L1 and used G times.
+#pragma once
+#include <cstdint>
+
+namespace torch_lowbit {
+
+struct KvAttentionTask {
+  const float* q;          // G query rows, q + g * q_stride
+  int64_t q_stride;
+  const uint8_t* k_codes;  // L rows of D * bits / 8 bytes
+  const uint16_t* k_scale; // L rows of D / group fp16 values (raw bits)
+  const uint16_t* k_min;
+  const uint8_t* v_codes;
+  const uint16_t* v_scale;
+  const uint16_t* v_min;
+  const float* mask;       // additive, or nullptr: mask + g * mask_head_stride + j * mask_key_stride
+  int64_t mask_head_stride, mask_key_stride;
+  float* out;              // G output rows, out + g * out_stride
+  int64_t out_stride;
+  int64_t G, L, D, group;
+  int bits;
+  float scale;
+  float* scores;           // scratch: G * L floats
+  float* row;              // scratch: D floats
+};
+
+void kv_attention_task_scalar(const KvAttentionTask& t);
+#if defined(TORCH_LOWBIT_X86)
+void kv_attention_task_avx2(const KvAttentionTask& t);  // needs group % 8 == 0
+#endif
+
+}  // namespace torch_lowbit

@@ -1,0 +1,101 @@
+// torch_lowbit::kv_attention on CPU: softmax(q kᵀ · scale + mask) v with k and v read from a
+// group-wise quantized KV cache (codes + fp16 scale / min per group; torch_lowbit/formats/kv.py),
+// dequantized row by row in registers: the cache is streamed at 0.56 bytes per value (4-bit,
+// group 64) instead of 4. Grouped-query heads as gqa_attention (query head h reads KV head
+// h / (H / Hkv)); output [B, S, H, D] in q's dtype. One task per (batch, KV head, query row).
+#include <torch/extension.h>
+
+#include <limits>
+#include <vector>
+
+#include "common/dispatch.h"
+#include "common/kv_attention.h"
+#include "common/parallel.h"
+
+namespace torch_lowbit {
+
+at::Tensor kv_attention_cpu(const at::Tensor& q, const at::Tensor& k_codes, const at::Tensor& k_scale,
+                            const at::Tensor& k_min, const at::Tensor& v_codes, const at::Tensor& v_scale,
+                            const at::Tensor& v_min, const c10::optional<at::Tensor>& mask, double scale,
+                            int64_t bits) {
+  TORCH_CHECK(bits == 4 || bits == 8, "kv_attention: bits must be 4 or 8, got ", bits);
+  TORCH_CHECK(q.dim() == 4, "kv_attention: q must be [B, heads, S, D]");
+  const int64_t B = q.size(0), H = q.size(1), S = q.size(2), D = q.size(3);
+  TORCH_CHECK(k_codes.dim() == 4 && k_codes.scalar_type() == at::kByte,
+              "kv_attention: k_codes must be uint8 [B, Hkv, L, D * bits / 8]");
+  const int64_t Hkv = k_codes.size(1), L = k_codes.size(2);
+  TORCH_CHECK(k_codes.size(0) == B && k_codes.size(3) * 8 == D * bits, "kv_attention: k_codes must be [", B,
+              ", Hkv, L, ", D * bits / 8, "], got ", k_codes.sizes());
+  TORCH_CHECK(k_scale.dim() == 4 && k_scale.size(3) > 0 && D % k_scale.size(3) == 0,
+              "kv_attention: scales must be [B, Hkv, L, D / group]");
+  const int64_t group = D / k_scale.size(3);
+  for (const at::Tensor* t : {&k_scale, &k_min, &v_scale, &v_min})
+    TORCH_CHECK(t->scalar_type() == at::kHalf && t->sizes() == k_scale.sizes(),
+                "kv_attention: scales and mins must be fp16 of one shape [B, Hkv, L, D / group]");
+  TORCH_CHECK(v_codes.sizes() == k_codes.sizes() && v_codes.scalar_type() == at::kByte,
+              "kv_attention: v_codes must match k_codes");
+  TORCH_CHECK(k_scale.size(0) == B && k_scale.size(1) == Hkv && k_scale.size(2) == L,
+              "kv_attention: scales must be [B, Hkv, L, D / group]");
+  TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "kv_attention: query heads ", H, " are not a multiple of KV heads ", Hkv);
+  const int64_t G = H / Hkv;
+  TORCH_CHECK(G <= 64, "kv_attention: at most 64 query heads per KV head, got ", G);
+  TORCH_CHECK(group % 2 == 0, "kv_attention: the group must be even, got ", group);
+  auto qf = q.to(at::kFloat).contiguous();
+  auto kc = k_codes.contiguous(), vc = v_codes.contiguous();
+  auto ks = k_scale.contiguous(), km = k_min.contiguous(), vs = v_scale.contiguous(), vm = v_min.contiguous();
+  at::Tensor mf;  // additive fp32 mask [B, H, S, L] (broadcast dimensions keep stride 0)
+  if (mask.has_value()) {
+    const at::Tensor& m = *mask;
+    TORCH_CHECK(m.dim() == 4, "kv_attention: mask must be 4-D, broadcastable to [B, heads, S, L]");
+    mf = (m.scalar_type() == at::kBool ? at::where(m, 0.0f, -std::numeric_limits<float>::infinity())
+                                       : m.to(at::kFloat))
+             .expand({B, H, S, L});
+  }
+  auto out = at::empty({B, S, H, D}, qf.options());
+  const CpuPath path = kernel_isa(active_cpu_path());
+  auto task_fn = kv_attention_task_scalar;
+#if defined(TORCH_LOWBIT_X86)
+  if (path != CpuPath::Scalar && group % 8 == 0) task_fn = kv_attention_task_avx2;
+#endif
+  const int64_t row_bytes = D * bits / 8, groups = D / group;
+  const auto* kcp = kc.data_ptr<uint8_t>();
+  const auto* vcp = vc.data_ptr<uint8_t>();
+  const auto* ksp = reinterpret_cast<const uint16_t*>(ks.data_ptr<at::Half>());
+  const auto* kmp = reinterpret_cast<const uint16_t*>(km.data_ptr<at::Half>());
+  const auto* vsp = reinterpret_cast<const uint16_t*>(vs.data_ptr<at::Half>());
+  const auto* vmp = reinterpret_cast<const uint16_t*>(vm.data_ptr<at::Half>());
+  parallel_for(0, B * Hkv * S, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<float> scratch(G * L + D);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t b = r / (Hkv * S), kv = (r / S) % Hkv, s = r % S;
+      const int64_t cache_row = (b * Hkv + kv) * L;
+      KvAttentionTask t;
+      t.q = qf.data_ptr<float>() + ((b * H + kv * G) * S + s) * D;
+      t.q_stride = S * D;
+      t.k_codes = kcp + cache_row * row_bytes;
+      t.v_codes = vcp + cache_row * row_bytes;
+      t.k_scale = ksp + cache_row * groups;
+      t.k_min = kmp + cache_row * groups;
+      t.v_scale = vsp + cache_row * groups;
+      t.v_min = vmp + cache_row * groups;
+      t.mask = mf.defined() ? mf.data_ptr<float>() + b * mf.stride(0) + kv * G * mf.stride(1) + s * mf.stride(2)
+                            : nullptr;
+      t.mask_head_stride = mf.defined() ? mf.stride(1) : 0;
+      t.mask_key_stride = mf.defined() ? mf.stride(3) : 0;
+      t.out = out.data_ptr<float>() + ((b * S + s) * H + kv * G) * D;
+      t.out_stride = D;
+      t.G = G;
+      t.L = L;
+      t.D = D;
+      t.group = group;
+      t.bits = static_cast<int>(bits);
+      t.scale = static_cast<float>(scale);
+      t.scores = scratch.data();
+      t.row = scratch.data() + G * L;
+      task_fn(t);
+    }
+  });
+  return out.to(q.scalar_type());
+}
+
+}  // namespace torch_lowbit

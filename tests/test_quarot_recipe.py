@@ -1,0 +1,74 @@
+"""The QuaRot recipe (torch_lowbit/quarot.py): rotate + weights + activations + KV cache, saved and loaded."""
+import copy
+
+import pytest
+import torch
+
+import torch_lowbit as tl
+from conftest import tiny_llama
+from torch_lowbit.quarot import kv_cache_config, kv_cache_for
+
+
+def _gen():
+    return torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+
+
+def test_parse_specs_and_errors():
+    r = tl.QuaRot.parse("W4A4KV4")
+    assert (r.weights, r.acts, r.kv, r.rounding) == ("q4_0", 4, 4, "gptq")
+    r = tl.QuaRot.parse("w16a8", rounding="rtn")
+    assert (r.weights, r.acts, r.kv, r.rounding) == (None, 8, None, "rtn")
+    assert tl.QuaRot.parse("W4A16KV8").acts is None
+    for bad in ("W4", "A4W4", "W3A4KV4"):
+        with pytest.raises(ValueError, match="W"):
+            tl.QuaRot.parse(bad)
+    with pytest.raises(ValueError, match="needs calibration"):
+        tl.quantize_(tiny_llama(), tl.QuaRot())
+    with pytest.raises(ValueError, match="recipe sets rounding"):
+        tl.quantize_(tiny_llama(), tl.QuaRot(rounding="rtn"), rounding="gptq")
+    with pytest.raises(ValueError, match="divisor of the head dimension"):
+        tl.quantize_(tiny_llama(), tl.QuaRot(rounding="rtn", kv_group=128))
+
+
+def _kv_logits(model, ids):
+    with torch.no_grad():
+        return model(ids, past_key_values=kv_cache_for(model, ids.shape[1]), use_cache=True).logits
+
+
+def test_w4a8kv8_recipe_is_close_saves_loads_and_compiles(tmp_path):
+    gen = _gen()
+    model = tiny_llama(num_attention_heads=2, num_key_value_heads=2)  # head_dim 64
+    ids = torch.randint(0, 256, (2, 16), generator=gen)
+    with torch.no_grad():
+        ref = model(ids).logits
+    q = tl.quantize_(copy.deepcopy(model), tl.QuaRot.parse("W4A8KV8", rounding="gptq"), calibration=[ids],
+                     progress=False)
+    assert kv_cache_config(q) == {"bits": 8, "group": 64, "residual_length": 0, "rotate_keys": True}
+    assert any(isinstance(m, tl.ActQuantLinear) for m in q.modules())
+    assert any(isinstance(m, tl.QuantLinear) for m in q.modules())
+    out = _kv_logits(q, ids)
+    assert ((out - ref).norm() / ref.norm()) < 0.2
+    path = tmp_path / "quarot.safetensors"
+    tl.save_quantized(q, path)
+    assert any(isinstance(m, tl.ActQuantLinear) for m in q.modules())  # saving leaves the model as it was
+    loaded = tl.load_quantized(tiny_llama(num_attention_heads=2, num_key_value_heads=2), path)
+    assert kv_cache_config(loaded) == kv_cache_config(q)
+    torch.testing.assert_close(_kv_logits(loaded, ids), out, rtol=0, atol=0)
+    with torch.no_grad():
+        compiled = torch.compile(loaded, fullgraph=True)
+        eager, traced = loaded(ids).logits, compiled(ids).logits
+        # inductor's fp32 reassociation can flip an activation code at a rounding boundary: close, not equal
+        assert (traced - eager).norm() / eager.norm() < 2e-3
+
+
+def test_recipe_without_rotation_and_a16_leaves_those_parts_out():
+    gen = _gen()
+    model = tiny_llama()
+    ids = torch.randint(0, 256, (1, 12), generator=gen)
+    q = tl.quantize_(copy.deepcopy(model), tl.QuaRot(rounding="rtn", acts=None, kv=None, rotate=False),
+                     progress=False)
+    assert not any(isinstance(m, (tl.ActQuantLinear, tl.rotations.OnlineHadamardLinear)) for m in q.modules())
+    assert kv_cache_config(q) is None and kv_cache_for(q, 12) is None
+    plain = tl.quantize_(copy.deepcopy(model), "q4_0", progress=False)
+    with torch.no_grad():
+        torch.testing.assert_close(q(ids).logits, plain(ids).logits)

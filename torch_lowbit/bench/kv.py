@@ -1,0 +1,71 @@
+"""`python -m torch_lowbit bench kv`: decode attention over a quantized KV cache vs the fp32 cache.
+
+One decode step (one query row per head) attending to `tokens` cached positions, per attention
+layer: torch_lowbit::gqa_attention on an fp32 cache (the CompiledGenerator's decode op), and
+torch_lowbit::kv_attention reading a 4- or 8-bit QuantizedKVLayer in place (plus the reference route the
+model uses today: dequantize the whole cache, then gqa_attention). Each contender cycles through
+enough layers' caches to exceed `rotate_mib`, so caches come from DRAM as in a real model whose
+layers' caches do not fit in L3. Medians of repeated calls.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+KV_BENCH_SHAPES = {"smollm2-135m": (9, 3, 64), "llama-8b": (32, 8, 128)}  # query heads, KV heads, head dim
+
+
+def _median_us(fn, copies: int, min_time: float = 0.5) -> float:
+    fn(0)
+    times, i, t0 = [], 0, time.perf_counter()
+    while i < 5 or time.perf_counter() - t0 < min_time:
+        t = time.perf_counter()
+        fn(i % copies)
+        times.append(time.perf_counter() - t)
+        i += 1
+    return statistics.median(times) * 1e6
+
+
+def bench_kv(tokens: int = 4096, threads=(1, 2), bits=(4, 8), group: int = 64, rotate_mib: int = 256,
+             shapes=tuple(KV_BENCH_SHAPES)) -> list[list]:
+    from ..kv_cache import QuantizedKVLayer
+    rows = []
+    for shape in shapes:
+        h, hkv, d = KV_BENCH_SHAPES[shape]
+        fp32_bytes = 2 * hkv * tokens * d * 4
+        copies = max(2, rotate_mib * 2**20 // fp32_bytes)
+        gen = torch.Generator().manual_seed(0)
+        caches = [(torch.randn(1, hkv, tokens, d, generator=gen), torch.randn(1, hkv, tokens, d, generator=gen))
+                  for _ in range(copies)]
+        q = torch.randn(1, h, 1, d, generator=gen)
+        mask = torch.ones(1, 1, 1, tokens, dtype=torch.bool)
+        layers = {}
+        for b in bits:
+            layers[b] = []
+            for k, v in caches:
+                layer = QuantizedKVLayer(tokens, bits=b, group=min(group, d), residual_length=0)
+                layer.update(k, v)
+                layers[b].append(layer)
+        for t in threads:
+            torch.set_num_threads(t)
+            fp32 = _median_us(lambda i: torch.ops.torch_lowbit.gqa_attention(q, *caches[i], mask, d ** -0.5), copies)
+            rows.append([shape, tokens, t, "fp32 cache, gqa_attention", f"{fp32_bytes / 2**20:.2f}", f"{fp32:.0f}",
+                         "1.00x", "1.00x"])
+            for b in bits:
+                ls = layers[b]
+                nbytes = ls[0].nbytes()
+                fused = _median_us(lambda i: ls[i].attention(q, mask, d ** -0.5), copies)
+                rows.append([shape, tokens, t, f"int{b} cache, kv_attention", f"{nbytes / 2**20:.2f}", f"{fused:.0f}",
+                             f"{fp32 / fused:.2f}x", f"{nbytes / fp32_bytes:.2f}x"])
+                ref = _median_us(lambda i: torch.ops.torch_lowbit.gqa_attention(
+                    q, ls[i]._read(ls[i].key_store, True), ls[i]._read(ls[i].value_store, False), mask, d ** -0.5),
+                    copies)
+                rows.append([shape, tokens, t, f"int{b} cache, dequantize + gqa_attention", f"{nbytes / 2**20:.2f}",
+                             f"{ref:.0f}", f"{fp32 / ref:.2f}x", f"{nbytes / fp32_bytes:.2f}x"])
+    return rows
+
+
+KV_HEADERS = ["model shape", "cached tokens", "threads", "cache / op", "MiB per layer", "µs per layer",
+              "speed vs fp32", "memory vs fp32"]
