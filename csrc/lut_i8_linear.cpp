@@ -1,5 +1,6 @@
 // torch_lowbit::lut_i8_linear on CPU: activations quantized once per call to int8 (per-32 fp32
-// scales), then the tiled integer kernel of the active ISA path, threaded over 16-row tiles.
+// scales; or per token to act_bits, QuaRot's A8 / A4), then the tiled integer kernel of the active
+// ISA path, threaded over 16-row tiles.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -30,7 +31,11 @@ LutI8Fn kernel_for(CpuPath p, bool row_codebooks) {
 at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                              const c10::optional<at::Tensor>& mins, const at::Tensor& lut, int64_t code_bits,
                              int64_t group, int64_t out_features, const c10::optional<at::Tensor>& bias,
-                             const c10::optional<at::Tensor>& sub_groups) {
+                             const c10::optional<at::Tensor>& sub_groups, int64_t act_bits, double act_clip) {
+  TORCH_CHECK(act_bits == 0 || act_bits == 8 || act_bits == 4 || act_bits == 3 || act_bits == 2,
+              "lut_i8_linear: act_bits must be 0 (per-32 int8 blocks) or 8, 4, 3, 2 (per token), got ", act_bits);
+  TORCH_CHECK(act_bits == 0 || (act_clip > 0 && act_clip <= 1), "lut_i8_linear: act_clip must be in (0, 1], got ",
+              act_clip);
   TORCH_CHECK((code_bits >= 1 && code_bits <= 4) || code_bits == 8, "lut_i8_linear: code_bits must be 1..4 or 8, got ",
               code_bits);
   const int64_t block_bytes = lut_i8_block_bytes(static_cast<int>(code_bits));
@@ -87,7 +92,10 @@ at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, con
   float* dsum = reinterpret_cast<float*>(xs + M * kb);
   at::Tensor out = at::empty({M, N}, x2.options());
   if (M > 0) {
-    quantize_acts_q8(x2.data_ptr<float>(), M, K, xq, xd, xs);
+    if (act_bits == 0)
+      quantize_acts_q8(x2.data_ptr<float>(), M, K, xq, xd, xs);
+    else  // QuaRot-style per-token activations: the same blocks, one scale repeated over the token
+      quantize_acts_per_token(x2.data_ptr<float>(), M, K, static_cast<int>(act_bits), act_clip, xq, xd, xs);
     const Q8Acts a{xq, xd, xs, M, K, dsum};
     if (mins.has_value()) group_dsums(a, group, dsum);
     const LutI8Fn kern = kernel_for(active_cpu_path(), sub_groups.has_value());

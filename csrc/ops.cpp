@@ -18,7 +18,7 @@ at::Tensor lut4_dequantize_cpu(const at::Tensor& qweight, const at::Tensor& scal
 at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                              const c10::optional<at::Tensor>& mins, const at::Tensor& lut, int64_t code_bits,
                              int64_t group, int64_t out_features, const c10::optional<at::Tensor>& bias,
-                             const c10::optional<at::Tensor>& sub_groups);
+                             const c10::optional<at::Tensor>& sub_groups, int64_t act_bits, double act_clip);
 at::Tensor codebook_linear_cpu(const at::Tensor& x, const at::Tensor& codes, int64_t code_bits, const at::Tensor& table,
                                const at::Tensor& row_scales, const c10::optional<at::Tensor>& bias);
 at::Tensor codebook_dequantize_cpu(const at::Tensor& codes, int64_t code_bits, const at::Tensor& table,
@@ -46,7 +46,8 @@ TORCH_LIBRARY(torch_lowbit, m) {
   m.def("lut4_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int group_size, "
         "Tensor? bias) -> Tensor");
   m.def("lut_i8_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int code_bits, "
-        "int group_size, int out_features, Tensor? bias, Tensor? sub_groups=None) -> Tensor");
+        "int group_size, int out_features, Tensor? bias, Tensor? sub_groups=None, int act_bits=0, "
+        "float act_clip=1.0) -> Tensor");
   m.def("lut4_dequantize(Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int group_size) -> Tensor");
   m.def("codebook_linear(Tensor x, Tensor codes, int code_bits, Tensor table, Tensor row_scales, Tensor? bias) -> Tensor");
   m.def("codebook_dequantize(Tensor codes, int code_bits, Tensor table, Tensor row_scales, int in_features) -> Tensor");

@@ -89,3 +89,33 @@ def test_fused_projections_see_the_same_quantized_input_as_separate_ones():
         tl.quantize_activations_(fused, 4, clip_ratio=0.9)
         tl.quantize_activations_(separate, 4, clip_ratio=0.9)
         torch.testing.assert_close(fused(ids).logits, separate(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("path", ["scalar", "avx2", "avxvnni", "avx512"])
+@pytest.mark.parametrize("fmt", ["q4_0", "int4_g64", "q8_0"])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_integer_activation_kernel_matches_the_rounded_product(path, fmt, bits):
+    """ActQuantLinear on a CPU-kernel QuantLinear: the lut_i8 kernel rounds x per token and multiplies
+    the integers (one rounding); the result is x_rounded @ W_dequantized.T within fp32 error, for
+    odd shapes (N = 37, K = 192, 1..33 tokens, bias). The old route (round in torch, then the
+    kernel's own per-32 int8 blocks) rounds twice and misses that bound at A4."""
+    from conftest import assert_matches_product, random_linear
+    from torch_lowbit.ops.library import cpu_extension
+    if path not in cpu_extension().available_cpu_paths():
+        pytest.skip(f"CPU path {path} not available")
+    gen = _gen()
+    q = tl.QuantLinear.from_linear(random_linear(192, 37, True, gen), fmt)
+    layer = tl.ActQuantLinear(q, bits, clip_ratio=0.9)
+    w = q.dequantize()
+    for m in (1, 5, 33):
+        x = torch.randn(m, 192, generator=gen) * torch.rand(m, 1, generator=gen).add(0.1)
+        x[:, 7] *= 20  # an outlier channel: the clip ratio bites
+        xq = fake_quantize_per_token(x, bits, clip_ratio=0.9)
+        with tl.use_backend("cpu", path=path):
+            y = layer(x)
+        assert_matches_product(y, xq, w, q.bias, roundings=8, msg=f"{fmt} A{bits} M={m} {path}")
+    if bits == 4:
+        with tl.use_backend("cpu", path=path):
+            twice = q(xq)
+        with pytest.raises(AssertionError):
+            assert_matches_product(twice, xq, w, q.bias, roundings=8)

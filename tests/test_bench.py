@@ -199,3 +199,12 @@ def test_bench_kv_rows_compare_each_cache_with_fp32():
                                     "int4 cache, dequantize + gqa_attention"]
     assert all(len(r) == len(KV_HEADERS) for r in rows)
     assert float(rows[1][-1].rstrip("x")) < 0.3  # memory vs fp32
+
+
+def test_bench_cpu_times_per_token_activation_variants():
+    from torch_lowbit.bench.cpu import bench_cpu, split_act_suffix
+    assert split_act_suffix("q4_0+a8") == ("q4_0", 8) and split_act_suffix("int4_g64") == ("int4_g64", 0)
+    rows, _ = bench_cpu(shapes=((48, 64),), ms=(3,), threads=(1,), formats=("q4_0", "q4_0+a4"), rotate_mib=1,
+                        progress=lambda msg: None)
+    names = [r.name for r in rows]
+    assert any("q4_0+a4" in n and "int4 per-token act" in n for n in names) and all(r.us > 0 for r in rows)

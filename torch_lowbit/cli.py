@@ -393,7 +393,7 @@ def main(argv=None) -> None:
                     "4096x4096 (first shape only)")
     sp.add_argument("--m", type=int, nargs="+", default=[1, 8, 64, 512])
     sp.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    sp.add_argument("--formats", nargs="+", help=f"cpu default: {' '.join(CPU_BENCH_FORMATS)}; gpu default: "
+    sp.add_argument("--formats", nargs="+", help=f"cpu default: {' '.join(CPU_BENCH_FORMATS)} (F+a8 / F+a4: with per-token int8 / int4 activations, QuaRot); gpu default: "
                     "q4_0 int4_g128 iq4_nl nuq3 vq2 tcq2 int2_g64 gcb2 (each in its CUDA layout; palette formats: rotation timed too); distortion default: every palette format")
     sp.add_argument("--layouts", nargs="+", help="CPU layouts to run where they hold the format (default: each "
                     "format's CPU default; lut*_i8_n16: int8 activations, lut4_rowmajor: fp32 activations)")
@@ -479,7 +479,8 @@ def _check_before_work(p: argparse.ArgumentParser, args) -> None:
         from .bench.e2e import variant_formats
         names += [f for v in args.formats or [] for f in variant_formats(v)]
     elif args.cmd == "bench":
-        names += list(args.formats or [])
+        from .bench.cpu import split_act_suffix
+        names += [split_act_suffix(f)[0] for f in args.formats or []]
     if args.cmd == "bench" and args.path:
         if args.what != "cpu":
             p.error("--path goes with bench cpu")

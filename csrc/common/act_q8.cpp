@@ -1,6 +1,6 @@
 #include "common/act_q8.h"
 
-
+#include <algorithm>
 #include <cmath>
 
 #include "common/dispatch.h"
@@ -39,6 +39,32 @@ void quantize_acts_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* d,
 #endif
   const int64_t blocks = M * (K / 32);
   parallel_for(0, blocks, 256, [&](int64_t b0, int64_t b1) { blocks_fn(x, b0, b1, q, d, sum); });
+}
+
+void quantize_acts_per_token(const float* x, int64_t M, int64_t K, int bits, double clip, int8_t* q, float* d,
+                             int32_t* sum) {
+  const int qmax = (1 << (bits - 1)) - 1;
+  const int qmin = bits == 8 ? -qmax : -qmax - 1;  // -128 never: the kernels negate codes with vpsignb
+  const float ratio = static_cast<float>(clip / qmax);  // as torch: fp32 amax times the scalar cast to fp32
+  const int64_t kb = K / 32;
+  parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* xr = x + m * K;
+      float amax = 0.f;
+      for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(xr[k]));
+      float dt = amax * ratio;
+      if (!(dt > 0.f)) dt = 1.f;
+      int8_t* qr = q + m * K;
+      for (int64_t k = 0; k < K; ++k)  // x / d rounded half to even (the default mode), as torch.round
+        qr[k] = static_cast<int8_t>(std::min<float>(std::max<float>(std::nearbyint(xr[k] / dt), qmin), qmax));
+      for (int64_t b = 0; b < kb; ++b) {
+        int32_t s = 0;
+        for (int64_t i = 0; i < 32; ++i) s += qr[b * 32 + i];
+        d[m * kb + b] = dt;
+        sum[m * kb + b] = s;
+      }
+    }
+  });
 }
 
 void group_dsums(const Q8Acts& a, int64_t group, float* out) {

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from ..formats import get_format
 from ..layouts import default_layout, get_layout
-from ..nn import QuantLinear
+from ..nn import ActQuantLinear, QuantLinear
 from ..ops import use_backend
 from .machine import active_path, check_paths
 
@@ -106,17 +106,29 @@ def _contenders(n: int, k: int, formats: list[str], rotate_mib: int, layouts: li
     lin = torch.nn.Linear(k, n, bias=False)
     with torch.no_grad():
         lin.weight.copy_(w)
-    for fmt in formats:
+    for spec in formats:
+        fmt, act_bits = split_act_suffix(spec)
         for layout in layouts or [default_layout(get_format(fmt), "cpu").name]:
             if not get_layout(layout).supports(get_format(fmt)) or "cpu" not in get_layout(layout).backends:
                 continue
             ql = QuantLinear.from_linear(lin, fmt, layout=layout)
             nbytes = ql.weight_nbytes()
-            mods = [ql] + [copy.deepcopy(ql) for _ in range(_copies(nbytes, rotate_mib) - 1)]
             act = "int8 act" if "_i8_" in layout else "fp32 act"
-            out[f"torch_lowbit {fmt} [{layout}, {act}]"] = (lambda i, mods=mods: mods[i], nbytes, torch.float32,
-                                                             len(mods), fmt, layout)
+            if act_bits:  # per-token integer activations, rounded in the kernel where the layout can
+                ql = ActQuantLinear(ql, act_bits, clip_ratio=0.9)
+                act = f"int{act_bits} per-token act"
+            mods = [ql] + [copy.deepcopy(ql) for _ in range(_copies(nbytes, rotate_mib) - 1)]
+            out[f"torch_lowbit {spec} [{layout}, {act}]"] = (lambda i, mods=mods: mods[i], nbytes, torch.float32,
+                                                              len(mods), spec, layout)
     return out
+
+
+def split_act_suffix(spec: str) -> tuple[str, int]:
+    """'q4_0+a8' -> ('q4_0', 8): a weight format with QuaRot-style per-token activations; 'q4_0' -> ('q4_0', 0)."""
+    fmt, sep, act = spec.rpartition("+a")
+    if sep and act.isdigit():
+        return fmt, int(act)
+    return spec, 0
 
 
 def _forcing(paths: list[str]):

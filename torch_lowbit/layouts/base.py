@@ -57,6 +57,13 @@ class Layout(ABC):
                backend: str, out_features: int) -> Tensor:
         """y = x @ W.T + bias with the kernels of `backend` ("cpu" or "triton")."""
 
+    def linear_int_acts(self, fmt: Format, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
+                        backend: str, out_features: int, bits: int, clip: float) -> Optional[Tensor]:
+        """y = q(x) @ W.T + bias with x rounded per token to `bits` (symmetric, clip ratio `clip`) inside
+        the kernel, which multiplies the integer activations (QuaRot's A8 / A4); None where this
+        layout's kernels cannot (nn.ActQuantLinear then rounds x in torch and calls linear)."""
+        return None
+
     def kernel_ops(self, fmt: Format) -> tuple[tuple[str, Optional[str]], ...]:
         """(op, Triton module or None) of each torch_lowbit op this layout's forward runs for fmt, in
         order (the format index reads it; empty: plain torch only)."""

@@ -96,13 +96,21 @@ class LutI8Tiled(Layout):
         return fake_quantize_q8_blocks(x)
 
     def _run(self, x: Tensor, buffers: dict[str, Tensor], bits: int, group: int, bias, backend: str,
-             out_features: int) -> Tensor:
+             out_features: int, act: tuple[int, float] = (0, 1.0)) -> Tensor:
         if backend != "cpu" or x.device.type != "cpu":
             raise RuntimeError(f"layout {self.name} runs on the CPU backend only; repack the module with "
                                "QuantLinear.repack(...) to a portable layout (lut4_rowmajor, palette_dense) for "
                                "Triton/CUDA")
-        return run_op("lut_i8_linear", None, (x, buffers["qweight"], buffers["scales"], buffers.get("mins"),
-                                              buffers["lut_i8"], bits, group, out_features, bias), backend, x)
+        args = (x, buffers["qweight"], buffers["scales"], buffers.get("mins"), buffers["lut_i8"], bits, group,
+                out_features, bias)
+        return run_op("lut_i8_linear", None, args + ((None, *act) if act[0] else ()), backend, x)
+
+    def linear_int_acts(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], x: Tensor,
+                        bias: Optional[Tensor], backend: str, out_features: int, bits: int,
+                        clip: float) -> Optional[Tensor]:
+        if backend != "cpu" or x.device.type != "cpu":
+            return None
+        return self._run(x, buffers, self.bits, fmt.group_size, bias, backend, out_features, (bits, clip))
 
     def kernel_ops(self, fmt) -> tuple:
         return super().kernel_ops(fmt) + (("lut_i8_linear", None),)  # nuq: the rotation first
@@ -164,6 +172,9 @@ class NuqI8Tiled(LutI8Tiled):
                backend: str, out_features: int) -> Tensor:
         xr = fmt.rotate_activations(x.float(), buffers.get("signs"))  # fp32: no second rounding of bf16 inputs
         return self._run(xr, buffers, fmt.code_bits, x.shape[-1], bias, backend, out_features).to(x.dtype)
+
+    def linear_int_acts(self, *args, **kwargs) -> Optional[Tensor]:
+        return None  # the kernel sees the rotated input; per-token rounding of x must come first
 
     def reference_activations(self, x: Tensor, fmt=None, buffers=None) -> Tensor:
         # kernel: q8(x') @ W'^T with x' = x S H; as a product with W = W' H^T S that is

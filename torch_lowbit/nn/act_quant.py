@@ -2,7 +2,7 @@
 
 `quantize_activations_(model, bits)` wraps each selected linear layer so its input is rounded to a
 per-token integer grid before the layer runs: symmetric q = clamp(round(x / d), -2^(b-1), 2^(b-1)-1)
-with d = c * max|x| / (2^(b-1) - 1), or asymmetric (min/max to 0 .. 2^b - 1 with a zero point).
+(-127 .. 127 at 8 bits) with d = c * max|x| / (2^(b-1) - 1), or asymmetric (min/max to 0 .. 2^b - 1 with a zero point).
 c <= 1 is the clipping ratio; with calibration batches it is searched per layer over a grid (the
 ratio minimizing the squared error of the layer's quantized input, as QuaRot picks its clip ratio).
 
@@ -20,6 +20,12 @@ from torch import Tensor, nn
 CLIP_GRID = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0, 0.95, ..., 0.5
 
 
+def symmetric_min_code(bits: int) -> int:
+    """The lowest symmetric code: -2^(b-1) (QuaRot's grid), except -127 at 8 bits, the restricted int8
+    range, because the int8 kernels negate activations with vpsignb, which cannot negate -128."""
+    return -127 if bits == 8 else -(2 ** (bits - 1))
+
+
 def _check_bits(bits: int) -> None:
     if bits not in (2, 3, 4, 8):
         raise ValueError(f"activation quantization: bits must be 2, 3, 4 or 8, got {bits!r}")
@@ -35,7 +41,7 @@ def fake_quantize_per_token(x: Tensor, bits: int, symmetric: bool = True, clip_r
         qmax = 2 ** (bits - 1) - 1
         d = xf.abs().amax(-1, keepdim=True) * (clip_ratio / qmax)
         d = torch.where(d > 0, d, torch.ones_like(d))
-        return (torch.clamp(torch.round(xf / d), -qmax - 1, qmax) * d).to(x.dtype)
+        return (torch.clamp(torch.round(xf / d), symmetric_min_code(bits), qmax) * d).to(x.dtype)
     qmax = 2 ** bits - 1
     hi, lo = xf.amax(-1, keepdim=True) * clip_ratio, xf.amin(-1, keepdim=True) * clip_ratio
     d = (hi - lo) / qmax
@@ -60,8 +66,13 @@ class ActQuantLinear(nn.Module):
         self.layer, self.bits, self.symmetric, self.clip_ratio = layer, bits, symmetric, float(clip_ratio)
         if hasattr(layer, "split_sizes"):  # a fused qkv / gate_up module: its parent's hook splits our output
             self.split_sizes = layer.split_sizes
+        self._int_acts = hasattr(layer, "forward_int_acts")  # a QuantLinear: its layout may round in-kernel
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.symmetric and self._int_acts:  # the kernel rounds x per token and multiplies integers
+            y = self.layer.forward_int_acts(x, self.bits, self.clip_ratio)
+            if y is not None:
+                return y
         return self.layer(fake_quantize_per_token(x, self.bits, self.symmetric, self.clip_ratio))
 
     def extra_repr(self) -> str:

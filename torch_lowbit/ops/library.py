@@ -177,8 +177,9 @@ def _register() -> None:
 
     @torch.library.register_fake("torch_lowbit::lut_i8_linear")
     def _lut_i8_linear_fake(x, qweight, scales, mins, lut, code_bits, group_size, out_features, bias,
-                            sub_groups=None):
+                            sub_groups=None, act_bits=0, act_clip=1.0):
         _check(1 <= code_bits <= 4 or code_bits == 8, f"lut_i8: code_bits must be 1..4 or 8, got {code_bits}")
+        _check(act_bits in (0, 8, 4, 3, 2), f"lut_i8: act_bits must be 0, 8, 4, 3 or 2, got {act_bits}")
         _check(qweight.dtype == torch.uint8 and qweight.dim() == 3 and qweight.shape[2] == 64 * code_bits,
                f"lut_i8: qweight must be uint8 [N/16, K/32, {64 * code_bits}] for {code_bits}-bit codes")
         tiles, k = qweight.shape[0], qweight.shape[1] * 32
