@@ -1,7 +1,8 @@
 """Build of torch_lowbit: Python packages plus the csrc/ C++ extension (torch_lowbit._C).
 
-One build runs on any x86-64: ISA-specific kernels carry per-function `target` attributes and are
-chosen at run time from CPU features (see csrc/common/dispatch.h), so no global -march is used.
+One build runs on any x86-64 (or aarch64): ISA-specific kernels carry per-function `target` attributes
+(or a per-file target pragma) and are chosen at run time from CPU features (see csrc/common/dispatch.h),
+so no global -march is used.
 """
 import glob
 import os
@@ -16,6 +17,10 @@ sources = sorted(glob.glob(os.path.join("csrc", "**", "*.cpp"), recursive=True))
 cxx_flags = ["-O3", "-std=c++17", "-fopenmp", "-Wall", "-Wno-unused-function"]
 if platform.machine() in ("x86_64", "AMD64"):
     cxx_flags.append("-DTORCH_LOWBIT_X86=1")
+elif platform.machine() in ("aarch64", "arm64"):
+    # scalar paths stay bit-exact with x86's (whose baseline has no FMA to contract into); the
+    # dotprod kernel's file carries its own target pragma, chosen at run time from HWCAP
+    cxx_flags.append("-ffp-contract=off")
 
 packages = [p for p in find_packages(include=["torch_lowbit", "torch_lowbit.*"])]
 packages.append("torch_lowbit.triton_kernels")

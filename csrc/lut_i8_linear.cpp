@@ -22,7 +22,12 @@ LutI8Fn kernel_for(CpuPath p, bool row_codebooks) {
   if (p == CpuPath::AvxVnni || (p == CpuPath::Avx512 && cpu_has_avx_vnni())) return lut_i8_avxvnni;
   if (p == CpuPath::Avx512 || p == CpuPath::Avx2) return lut_i8_avx2;  // AVX-512 without VNNI: AVX2
 #endif
+#if defined(__aarch64__)
+  if (p == CpuPath::Dotprod) return lut_i8_dotprod;  // group codebooks and 1-3-bit codes: scalar inside
+  if (p == CpuPath::Neon) return lut_i8_neon;
+#endif
   (void)p;
+  (void)row_codebooks;
   return lut_i8_scalar;
 }
 

@@ -2,6 +2,13 @@
 
 #include <c10/util/Exception.h>
 
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+#endif
+
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -11,14 +18,15 @@ namespace {
 
 // TORCH_LOWBIT_CPU_MAX_PATH=scalar|avx2|avxvnni|avx512 makes the library treat the CPU as lacking every ISA
 // above that path (read once), so an AVX-512 machine can run the whole suite as an AVX2-only one.
+// On aarch64 the levels are scalar 0, neon 1, dotprod 2.
 int max_path_from_env() {
   const char* env = std::getenv("TORCH_LOWBIT_CPU_MAX_PATH");
   if (env == nullptr || std::string(env).empty() || std::string(env) == "avx512") return 3;
-  if (std::string(env) == "avxvnni") return 2;
-  if (std::string(env) == "avx2") return 1;
+  if (std::string(env) == "avxvnni" || std::string(env) == "dotprod") return 2;
+  if (std::string(env) == "avx2" || std::string(env) == "neon") return 1;
   if (std::string(env) == "scalar") return 0;
   TORCH_CHECK(false, "torch_lowbit: unknown TORCH_LOWBIT_CPU_MAX_PATH '", env,
-              "'; choose one of scalar, avx2, avxvnni, avx512");
+              "'; choose one of scalar, avx2, avxvnni, avx512 (x86) or scalar, neon, dotprod (aarch64)");
 }
 
 int max_path() {
@@ -38,6 +46,23 @@ bool cpu_has_avx512() {
 #if defined(TORCH_LOWBIT_X86)
   return max_path() >= 3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
+// Advanced SIMD is part of every aarch64 Linux target; dotprod (sdot/udot) from Armv8.2 where HWCAP says so.
+bool cpu_has_neon() {
+#if defined(__aarch64__)
+  return max_path() >= 1;
+#else
+  return false;
+#endif
+}
+
+bool cpu_has_dotprod() {
+#if defined(__aarch64__) && defined(__linux__)
+  return max_path() >= 2 && (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
 #else
   return false;
 #endif
@@ -77,6 +102,8 @@ bool can_run(CpuPath p) {
     case CpuPath::Avx2: return cpu_has_avx2();
     case CpuPath::AvxVnni: return cpu_has_avx_vnni();
     case CpuPath::Avx512: return cpu_has_avx512();
+    case CpuPath::Neon: return cpu_has_neon();
+    case CpuPath::Dotprod: return cpu_has_dotprod();
   }
   return false;
 }
@@ -86,11 +113,15 @@ CpuPath parse(const std::string& name) {
   if (name == "avx2") return CpuPath::Avx2;
   if (name == "avxvnni") return CpuPath::AvxVnni;
   if (name == "avx512") return CpuPath::Avx512;
+  if (name == "neon") return CpuPath::Neon;
+  if (name == "dotprod") return CpuPath::Dotprod;
   TORCH_CHECK(false, "torch_lowbit: unknown CPU path '", name,
-              "'; choose one of auto, scalar, avx2, avxvnni, avx512");
+              "'; choose one of auto, scalar, avx2, avxvnni, avx512 (x86), neon, dotprod (aarch64)");
 }
 
 CpuPath best_path() {
+  if (cpu_has_dotprod()) return CpuPath::Dotprod;
+  if (cpu_has_neon()) return CpuPath::Neon;
   if (cpu_has_avx512()) return CpuPath::Avx512;
   if (cpu_has_avx_vnni()) return CpuPath::AvxVnni;
   if (cpu_has_avx2()) return CpuPath::Avx2;
@@ -106,7 +137,8 @@ int forced_from_env() {
   CpuPath p = parse(env);
   TORCH_CHECK(can_run(p), "torch_lowbit: TORCH_LOWBIT_CPU_PATH=", env,
               " but this CPU cannot run it; available: scalar",
-              cpu_has_avx2() ? ", avx2" : "", cpu_has_avx_vnni() ? ", avxvnni" : "", cpu_has_avx512() ? ", avx512" : "");
+              cpu_has_avx2() ? ", avx2" : "", cpu_has_avx_vnni() ? ", avxvnni" : "", cpu_has_avx512() ? ", avx512" : "",
+              cpu_has_neon() ? ", neon" : "", cpu_has_dotprod() ? ", dotprod" : "");
   return static_cast<int>(p);
 }
 
@@ -118,6 +150,8 @@ std::string cpu_path_name(CpuPath p) {
     case CpuPath::Avx2: return "avx2";
     case CpuPath::AvxVnni: return "avxvnni";
     case CpuPath::Avx512: return "avx512";
+    case CpuPath::Neon: return "neon";
+    case CpuPath::Dotprod: return "dotprod";
   }
   return "?";
 }
@@ -127,6 +161,8 @@ std::vector<std::string> available_cpu_paths() {
   if (cpu_has_avx512()) out.push_back("avx512");
   if (cpu_has_avx_vnni()) out.push_back("avxvnni");
   if (cpu_has_avx2()) out.push_back("avx2");
+  if (cpu_has_dotprod()) out.push_back("dotprod");
+  if (cpu_has_neon()) out.push_back("neon");
   out.push_back("scalar");
   return out;
 }

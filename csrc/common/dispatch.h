@@ -12,10 +12,17 @@
 
 namespace torch_lowbit {
 
-enum class CpuPath { Scalar = 0, Avx2 = 1, AvxVnni = 2, Avx512 = 3 };
+// x86: scalar, avx2, avxvnni, avx512. aarch64: scalar, neon (every aarch64 CPU), dotprod (Armv8.2 sdot,
+// HWCAP_ASIMDDP); only the int8-tile kernels have ARM code so far (csrc/arm), the others run their
+// scalar code there (their dispatch names x86 paths only).
+enum class CpuPath { Scalar = 0, Avx2 = 1, AvxVnni = 2, Avx512 = 3, Neon = 4, Dotprod = 5 };
 
-// The path whose code a kernel without an AVX-VNNI variant runs: avxvnni -> avx2.
-inline CpuPath kernel_isa(CpuPath p) { return p == CpuPath::AvxVnni ? CpuPath::Avx2 : p; }
+// The path whose code a kernel without an AVX-VNNI variant runs: avxvnni -> avx2; ARM paths -> scalar
+// (kernels without ARM code).
+inline CpuPath kernel_isa(CpuPath p) {
+  if (p == CpuPath::Neon || p == CpuPath::Dotprod) return CpuPath::Scalar;
+  return p == CpuPath::AvxVnni ? CpuPath::Avx2 : p;
+}
 
 // AVX-512 VNNI (vpdpbusd), used by the int8-activation kernels of the avx512 path.
 bool cpu_has_avx512_vnni();

@@ -99,5 +99,9 @@ void lut_i8_avx512vbmi(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, flo
 void lut_i8_avx2(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);
 void lut_i8_avxvnni(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);
 #endif
+#if defined(__aarch64__)
+void lut_i8_neon(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);     // csrc/arm
+void lut_i8_dotprod(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);  // Armv8.2 sdot
+#endif
 
 }  // namespace torch_lowbit

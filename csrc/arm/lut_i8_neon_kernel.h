@@ -1,0 +1,88 @@
+// The NEON tile kernel of lut{4,8}_i8_n16 (common/lut_i8.h), shared by lut_i8_neon.cpp (plain
+// NEON dot product) and lut_i8_dotprod.cpp (sdot, compiled for Armv8.2-a+dotprod): each includes
+// this into its own anonymous namespace with its Dot policy, Dot::dot<LANE>(acc, vals, x) adding
+// sum_j vals[4i + j] * x[4 LANE + j] to lane i of acc (4 rows x 4 codes against one activation
+// quad). Same operations in the same order as lut_i8_scalar, so every path agrees bit for bit.
+#pragma once
+#include <arm_neon.h>
+
+#include <algorithm>
+
+#include "common/lut_i8.h"
+
+namespace torch_lowbit {
+namespace {
+
+// isum[rq] (rows 4rq .. 4rq+3) of one (tile, block) against the 32 activations x0 | x1.
+template <class Dot, int BITS, int C>
+inline void block_chunk(const uint8_t* p, int8x16_t table, int8x16_t x0, int8x16_t x1, int32x4_t* isum) {
+#pragma GCC unroll 4
+  for (int rq = 0; rq < 4; ++rq) {
+    if constexpr (BITS == 4) {  // chunk C: quad C in the low nibbles, quad C + 4 in the high ones
+      const uint8x16_t v = vld1q_u8(p + C * 64 + rq * 16);
+      const int8x16_t lo = vqtbl1q_s8(table, vandq_u8(v, vdupq_n_u8(15)));
+      const int8x16_t hi = vqtbl1q_s8(table, vshrq_n_u8(v, 4));
+      isum[rq] = Dot::template dot<C>(Dot::template dot<C>(isum[rq], lo, x0), hi, x1);
+    } else {  // 8-bit: chunk q is quad q, bytes q + 128
+      const int8x16_t a = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p + C * 64 + rq * 16), vdupq_n_u8(0x80)));
+      const int8x16_t b = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p + (C + 4) * 64 + rq * 16), vdupq_n_u8(0x80)));
+      isum[rq] = Dot::template dot<C>(Dot::template dot<C>(isum[rq], a, x0), b, x1);
+    }
+  }
+}
+
+template <class Dot, int BITS>
+void kernel(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out, int64_t ldo) {
+  const int64_t kb_count = w.K / 32, groups = w.K / w.group, blocks_per_group = w.group / 32;
+  const int64_t block_bytes = lut_i8_block_bytes(BITS);
+  int8_t signed_table[16] = {0};
+  for (int i = 0; i < 16 && BITS == 4; ++i) signed_table[i] = static_cast<int8_t>(w.utable[i] - w.offset);
+  const int8x16_t table = vld1q_s8(signed_table);
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t rows = std::min(kI8TileRows, w.N - t * kI8TileRows);
+    for (int64_t m = 0; m < a.M; ++m) {
+      float bias[kI8TileRows] = {0};
+      for (int64_t r = 0; r < rows && w.bias; ++r) bias[r] = w.bias[t * kI8TileRows + r];
+      float32x4_t acc[4];
+      for (int rq = 0; rq < 4; ++rq) acc[rq] = vld1q_f32(bias + 4 * rq);
+      for (int64_t g = 0; g < groups; ++g) {
+        float32x4_t gacc[4] = {vdupq_n_f32(0.f), vdupq_n_f32(0.f), vdupq_n_f32(0.f), vdupq_n_f32(0.f)};
+        for (int64_t bb = 0; bb < blocks_per_group; ++bb) {
+          const int64_t b = g * blocks_per_group + bb;
+          const uint8_t* p = w.qweight + (t * kb_count + b) * block_bytes;
+          const int8_t* xq = a.q + m * a.K + b * 32;
+          const int8x16_t x0 = vld1q_s8(xq), x1 = vld1q_s8(xq + 16);
+          int32x4_t isum[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
+          block_chunk<Dot, BITS, 0>(p, table, x0, x1, isum);
+          block_chunk<Dot, BITS, 1>(p, table, x0, x1, isum);
+          block_chunk<Dot, BITS, 2>(p, table, x0, x1, isum);
+          block_chunk<Dot, BITS, 3>(p, table, x0, x1, isum);
+          const float32x4_t xd = vdupq_n_f32(a.d[m * kb_count + b]);
+          for (int rq = 0; rq < 4; ++rq) gacc[rq] = vfmaq_f32(gacc[rq], vcvtq_f32_s32(isum[rq]), xd);
+        }
+        const int64_t pidx = (t * groups + g) * kI8TileRows;
+        const auto* sp = reinterpret_cast<const float16_t*>(w.scales + pidx);
+        for (int rq = 0; rq < 4; ++rq) {
+          acc[rq] = vfmaq_f32(acc[rq], gacc[rq], vcvt_f32_f16(vld1_f16(sp + 4 * rq)));
+          if (w.mins) {
+            const auto* mp = reinterpret_cast<const float16_t*>(w.mins + pidx);
+            acc[rq] = vfmaq_f32(acc[rq], vcvt_f32_f16(vld1_f16(mp + 4 * rq)), vdupq_n_f32(a.group_dsum[m * groups + g]));
+          }
+        }
+      }
+      float res[kI8TileRows];
+      for (int rq = 0; rq < 4; ++rq) vst1q_f32(res + 4 * rq, acc[rq]);
+      for (int64_t r = 0; r < rows; ++r) out[m * ldo + t * kI8TileRows + r] = res[r];
+    }
+  }
+}
+
+template <class Dot>
+void lut_i8_neon_tiles(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out, int64_t ldo) {
+  if (w.sub_groups || (w.bits != 4 && w.bits != 8)) return lut_i8_scalar(w, a, t0, t1, out, ldo);
+  if (w.bits == 4) return kernel<Dot, 4>(w, a, t0, t1, out, ldo);
+  return kernel<Dot, 8>(w, a, t0, t1, out, ldo);
+}
+
+}  // namespace
+}  // namespace torch_lowbit

@@ -1,0 +1,100 @@
+// Standalone check of the ARM int8-tile kernels (no Python, no torch library: runs under
+// qemu-aarch64). Reads test vectors written by tests/test_arm_kernels.py (weights packed by the
+// Python layouts, activations quantized by the Python twin of the kernels' quantizer, and the
+// output of the x86 scalar kernel), runs the scalar, NEON and (where HWCAP says so) dotprod
+// kernels, and requires each to equal the x86 scalar output bit for bit.
+//   usage: lut_i8_driver VECTORS.bin     prints one line per case and path; exit 0 iff all equal
+#include <sys/auxv.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/lut_i8.h"
+
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+
+using namespace torch_lowbit;
+
+namespace {
+
+struct Reader {
+  FILE* f;
+  template <typename T>
+  std::vector<T> read(size_t n) {
+    std::vector<T> v(n);
+    if (n && fread(v.data(), sizeof(T), n, f) != n) throw std::string("truncated vector file");
+    return v;
+  }
+  int64_t i64() { return read<int64_t>(1)[0]; }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: %s VECTORS.bin\n", argv[0]);
+    return 2;
+  }
+  FILE* f = fopen(argv[1], "rb");
+  if (!f) {
+    fprintf(stderr, "cannot open %s\n", argv[1]);
+    return 2;
+  }
+  const bool dotprod = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+  printf("dotprod: %s\n", dotprod ? "yes" : "no (path skipped)");
+  Reader rd{f};
+  int failures = 0;
+  try {
+    const int64_t cases = rd.i64();
+    for (int64_t c = 0; c < cases; ++c) {
+      const int64_t bits = rd.i64(), N = rd.i64(), K = rd.i64(), group = rd.i64(), M = rd.i64();
+      const int64_t has_mins = rd.i64(), has_bias = rd.i64(), offset = rd.i64();
+      const int64_t tiles = (N + 15) / 16, kb = K / 32, groups = K / group;
+      auto utable = rd.read<uint8_t>(kI8MaxTable);
+      auto qweight = rd.read<uint8_t>(tiles * kb * lut_i8_block_bytes(static_cast<int>(bits)));
+      auto scales = rd.read<c10::Half>(tiles * groups * 16);
+      auto mins = rd.read<c10::Half>(has_mins ? tiles * groups * 16 : 0);
+      auto bias = rd.read<float>(has_bias ? N : 0);
+      auto xq = rd.read<int8_t>(M * K);
+      auto xd = rd.read<float>(M * kb);
+      auto xsum = rd.read<int32_t>(M * kb);
+      auto gdsum = rd.read<float>(M * groups);
+      auto expected = rd.read<float>(M * N);
+      LutI8Weights w{qweight.data(), scales.data(), has_mins ? mins.data() : nullptr, nullptr, {}, 0, N, K, group,
+                     has_bias ? bias.data() : nullptr, static_cast<int>(bits)};
+      std::memcpy(w.utable, utable.data(), kI8MaxTable);
+      w.offset = static_cast<int32_t>(offset);
+      const Q8Acts a{xq.data(), xd.data(), xsum.data(), M, K, gdsum.data()};
+      std::vector<std::pair<const char*, LutI8Fn>> paths = {{"scalar", lut_i8_scalar}, {"neon", lut_i8_neon}};
+      if (dotprod) paths.push_back({"dotprod", lut_i8_dotprod});
+      for (auto& [name, fn] : paths) {
+        std::vector<float> out(M * N, -1.f);
+        const int64_t mid = tiles / 2;  // two calls over disjoint tile ranges, as the threads make
+        fn(w, a, 0, mid, out.data(), N);
+        fn(w, a, mid, tiles, out.data(), N);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < M * N; ++i) bad += std::memcmp(&out[i], &expected[i], sizeof(float)) != 0;
+        printf("case %lld bits=%lld N=%lld K=%lld group=%lld M=%lld mins=%lld bias=%lld %s: %s\n",
+               (long long)c, (long long)bits, (long long)N, (long long)K, (long long)group, (long long)M,
+               (long long)has_mins, (long long)has_bias, name, bad ? "MISMATCH" : "equal");
+        if (bad) {
+          ++failures;
+          for (int64_t i = 0; i < M * N && bad; ++i)
+            if (std::memcmp(&out[i], &expected[i], sizeof(float)) != 0) {
+              printf("  first difference at %lld: %.9g vs %.9g\n", (long long)i, out[i], expected[i]);
+              break;
+            }
+        }
+      }
+    }
+  } catch (const std::string& e) {
+    fprintf(stderr, "%s\n", e.c_str());
+    return 2;
+  }
+  printf(failures ? "FAILED\n" : "ALL EQUAL\n");
+  return failures ? 1 : 0;
+}

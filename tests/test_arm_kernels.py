@@ -1,0 +1,101 @@
+"""ARM kernels without an ARM machine: cross-compile the standalone driver (tests/arm/lut_i8_driver.cpp
+with csrc/common/lut_i8_scalar.cpp and csrc/arm/*.cpp) with g++-aarch64-linux-gnu and run it under
+qemu-aarch64 on three CPU models: `max` (dotprod and i8mm), `cortex-a76` (dotprod, no i8mm) and
+`cortex-a53` (plain NEON). The vectors come from this package: weights packed by the Python layouts,
+activations by the Python twin of the kernels' quantizer, and the expected output is the x86 scalar
+kernel's, which every ARM path must equal bit for bit (the formats' math has one source)."""
+import os
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+import torch_lowbit as tl
+from conftest import random_linear
+from torch_lowbit.formats.activations import quantize_q8_blocks
+
+ROOT = Path(__file__).resolve().parents[1]
+CXX, QEMU = "aarch64-linux-gnu-g++", "qemu-aarch64"
+CPU_MODELS = {"max": True, "cortex-a76": True, "cortex-a53": False}  # model: has dotprod
+# (format, out N, in K, tokens M, bias): odd N (a ragged last tile), several groups, M = 1..33
+CASES = [("q4_0", 37, 96, 1, True), ("q4_0", 16, 64, 33, False), ("int4_g64", 50, 128, 5, True),
+         ("iq4_nl", 23, 64, 2, False), ("q8_0", 29, 96, 3, True), ("int2_g64", 17, 64, 4, True),
+         ("int3_g64", 9, 128, 1, False)]
+
+pytestmark = pytest.mark.skipif(shutil.which(CXX) is None or shutil.which(QEMU) is None,
+                                reason=f"needs {CXX} and {QEMU} (Debian: apt-get install g++-aarch64-linux-gnu "
+                                       "qemu-user; .ci/setup installs them where it runs as root)")
+
+
+def _i64(*values):
+    return struct.pack(f"<{len(values)}q", *values)
+
+
+def _case_bytes(fmt, n, k, m, bias, gen) -> bytes:
+    q = tl.QuantLinear.from_linear(random_linear(k, n, bias, gen), fmt)
+    assert q.layout.name.endswith("_i8_n16"), q.layout.name
+    bufs = dict(q.named_buffers())
+    table = bufs["lut_i8"].to(torch.int8)
+    offset = -int(table.min())
+    utable = torch.zeros(256, dtype=torch.uint8)
+    utable[:table.numel()] = (table.to(torch.int32) + offset).to(torch.uint8)
+    group = q.fmt.group_size
+    x = torch.randn(m, k, generator=gen) * torch.rand(m, 1, generator=gen).add(0.2)
+    xq, xd = quantize_q8_blocks(x)
+    xsum = xq.to(torch.int32).reshape(m, k // 32, 32).sum(-1).to(torch.int32)
+    gdsum = torch.zeros(m, k // group)
+    per = group // 32
+    for g in range(k // group):  # fp32 sums in block order, as group_dsums
+        s = torch.zeros(m)
+        for b in range(g * per, (g + 1) * per):
+            s = s + xd[:, b] * xsum[:, b].float()
+        gdsum[:, g] = s
+    with tl.use_backend("cpu", path="scalar"):
+        expected = q(x)
+    mins = bufs.get("mins")
+    parts = [_i64(q.layout.bits, n, k, group, m, mins is not None, bias, offset), utable.numpy().tobytes(),
+             bufs["qweight"].contiguous().numpy().tobytes(), bufs["scales"].contiguous().view(torch.int16).numpy().tobytes()]
+    if mins is not None:
+        parts.append(mins.contiguous().view(torch.int16).numpy().tobytes())
+    if bias:
+        parts.append(q.bias.float().contiguous().numpy().tobytes())
+    parts += [xq.contiguous().numpy().tobytes(), xd.float().contiguous().numpy().tobytes(),
+              xsum.contiguous().numpy().tobytes(), gdsum.contiguous().numpy().tobytes(),
+              expected.float().contiguous().numpy().tobytes()]
+    return b"".join(parts)
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    out = tmp_path_factory.mktemp("arm") / "lut_i8_driver"
+    sources = ["tests/arm/lut_i8_driver.cpp", "csrc/common/lut_i8_scalar.cpp", "csrc/arm/lut_i8_neon.cpp",
+               "csrc/arm/lut_i8_dotprod.cpp"]
+    torch_include = Path(torch.__file__).parent / "include"
+    # -ffp-contract=off: as the extension's flags, no fused multiply-add the source does not spell out
+    cmd = [CXX, "-O2", "-std=c++17", "-ffp-contract=off", "-static", f"-I{ROOT / 'csrc'}", f"-I{torch_include}",
+           *[str(ROOT / s) for s in sources], "-o", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def vectors(tmp_path_factory):
+    seed = int.from_bytes(os.urandom(4), "little")  # fresh data each run; the seed is in every failure message
+    gen = torch.Generator().manual_seed(seed)
+    path = tmp_path_factory.mktemp("arm") / "lut_i8_vectors.bin"
+    path.write_bytes(_i64(len(CASES)) + b"".join(_case_bytes(*case, gen) for case in CASES))
+    return path, seed
+
+
+@pytest.mark.parametrize("cpu", list(CPU_MODELS))
+def test_arm_int8_tile_kernels_equal_the_x86_scalar_kernel_under_qemu(driver, vectors, cpu):
+    path, seed = vectors
+    r = subprocess.run([QEMU, "-cpu", cpu, str(driver), str(path)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "ALL EQUAL" in r.stdout, f"seed {seed}\n" + r.stdout[-3000:] + r.stderr[-2000:]
+    assert (f"dotprod: {'yes' if CPU_MODELS[cpu] else 'no'}") in r.stdout
+    paths = {line.rsplit(" ", 2)[-2].rstrip(":") for line in r.stdout.splitlines() if line.startswith("case ")}
+    assert paths == ({"scalar", "neon", "dotprod"} if CPU_MODELS[cpu] else {"scalar", "neon"})
