@@ -44,20 +44,21 @@ def _quantize(model, tok, args):
     from .nn import MixedBits, mix_summary
     calib = calibration_batches(tok, args.calib, args.ctx) if args.rounding != "rtn" else None
     fmt = MixedBits(args.mix, args.target_bpw, args.sensitivity) if args.mix else args.format
-    if getattr(args, "quarot", None):
+    quarot = getattr(args, "quarot", None)  # (callers building their own Namespace may leave it out)
+    if quarot:
         import dataclasses
 
         from .quarot import QuaRot
-        fmt = QuaRot.parse(args.quarot, rounding=args.rounding,  # the spec was checked before any work
-                           rotate=not args.no_rotation)
+        fmt = QuaRot.parse(quarot, rounding=args.rounding,  # the spec was checked before any work
+                           rotate=not getattr(args, "no_rotation", False))
         if fmt.weights is not None:
             fmt = dataclasses.replace(fmt, weights=args.format)
         if calib is None and fmt.acts is not None:  # the clip-ratio search needs a few windows even with rtn
             calib = calibration_batches(tok, min(args.calib, 2), args.ctx)
     how = f"{args.rounding}, {len(calib)} calibration windows of {args.ctx} tokens" if calib else "rtn, data-free"
-    what = f"QuaRot {fmt.label()}" if args.quarot else _format_label(args)
+    what = f"QuaRot {fmt.label()}" if quarot else _format_label(args)
     print(f"quantizing to {what} ({how}); with calibration this takes minutes on a 2-core CPU...", flush=True)
-    quantize_(model, fmt, calibration=calib, rounding=None if args.quarot else args.rounding,
+    quantize_(model, fmt, calibration=calib, rounding=None if quarot else args.rounding,
               skip_incompatible=args.skip_incompatible, include_lm_head=args.include_lm_head)
     if args.mix:
         how = (args.sensitivity or "fisher") if calib else "data-free weight error"
