@@ -47,6 +47,9 @@ void quantize_acts_per_token(const float* x, int64_t M, int64_t K, int bits, dou
   const int qmin = bits == 8 ? -qmax : -qmax - 1;  // -128 never: the kernels negate codes with vpsignb
   const float ratio = static_cast<float>(clip / qmax);  // as torch: fp32 amax times the scalar cast to fp32
   const int64_t kb = K / 32;
+#if defined(TORCH_LOWBIT_X86)
+  const bool simd = kernel_isa(active_cpu_path()) != CpuPath::Scalar;
+#endif
   parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
       const float* xr = x + m * K;
@@ -55,6 +58,11 @@ void quantize_acts_per_token(const float* x, int64_t M, int64_t K, int bits, dou
       float dt = amax * ratio;
       if (!(dt > 0.f)) dt = 1.f;
       int8_t* qr = q + m * K;
+#if defined(TORCH_LOWBIT_X86)
+      if (simd) {
+        quantize_token_avx2(xr, K, dt, qmin, qmax, qr);
+      } else
+#endif
       for (int64_t k = 0; k < K; ++k)  // x / d rounded half to even (the default mode), as torch.round
         qr[k] = static_cast<int8_t>(std::min<float>(std::max<float>(std::nearbyint(xr[k] / dt), qmin), qmax));
       for (int64_t b = 0; b < kb; ++b) {

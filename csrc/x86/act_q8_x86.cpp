@@ -52,5 +52,19 @@ __attribute__((target("avx2,fma"))) void quantize_act_blocks_avx2(const float* x
   }
 }
 
+// Per-token codes (quantize_acts_per_token): q = clamp(round_half_even(x / d), qmin, qmax) for one
+// token's K values, 8 at a time (a true division, as torch's, so the codes equal the scalar loop's).
+__attribute__((target("avx2,fma"))) void quantize_token_avx2(const float* x, int64_t K, float d, int qmin, int qmax,
+                                                               int8_t* q) {
+  const __m256 dv = _mm256_set1_ps(d), lo = _mm256_set1_ps(static_cast<float>(qmin)),
+               hi = _mm256_set1_ps(static_cast<float>(qmax));
+  for (int64_t k = 0; k < K; k += 8) {
+    const __m256 r = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + k), dv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i v = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(q + k), _mm_packs_epi16(w, w));
+  }
+}
+
 }  // namespace torch_lowbit
 #endif
