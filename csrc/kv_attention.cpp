@@ -3,8 +3,10 @@
 // dequantized row by row in registers: the cache is streamed at 0.56 bytes per value (4-bit,
 // group 64) instead of 4. Grouped-query heads as gqa_attention (query head h reads KV head
 // h / (H / Hkv)); output [B, S, H, D] in q's dtype. One task per (batch, KV head, query row).
+// Optionally the most recent tokens come exact from fp32 rings (KIVI: QuantizedKVLayer's residual).
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -17,7 +19,8 @@ namespace torch_lowbit {
 at::Tensor kv_attention_cpu(const at::Tensor& q, const at::Tensor& k_codes, const at::Tensor& k_scale,
                             const at::Tensor& k_min, const at::Tensor& v_codes, const at::Tensor& v_scale,
                             const at::Tensor& v_min, const c10::optional<at::Tensor>& mask, double scale,
-                            int64_t bits) {
+                            int64_t bits, const c10::optional<at::Tensor>& k_recent,
+                            const c10::optional<at::Tensor>& v_recent, const c10::optional<at::Tensor>& recent_end) {
   TORCH_CHECK(bits == 4 || bits == 8, "kv_attention: bits must be 4 or 8, got ", bits);
   TORCH_CHECK(q.dim() == 4, "kv_attention: q must be [B, heads, S, D]");
   const int64_t B = q.size(0), H = q.size(1), S = q.size(2), D = q.size(3);
@@ -50,6 +53,21 @@ at::Tensor kv_attention_cpu(const at::Tensor& q, const at::Tensor& k_codes, cons
     mf = (m.scalar_type() == at::kBool ? at::where(m, 0.0f, -std::numeric_limits<float>::infinity())
                                        : m.to(at::kFloat))
              .expand({B, H, S, L});
+  }
+  // exact recent tokens: rings [B, Hkv, R, D] holding positions [end - R, end) at slot position % R
+  at::Tensor kr, vr;
+  int64_t R = 0, recent_lo = 0, recent_hi = 0;
+  if (k_recent.has_value()) {
+    TORCH_CHECK(v_recent.has_value() && recent_end.has_value(), "kv_attention: k_recent needs v_recent and recent_end");
+    R = k_recent->size(2);
+    TORCH_CHECK(k_recent->dim() == 4 && k_recent->size(0) == B && k_recent->size(1) == Hkv && k_recent->size(3) == D &&
+                    v_recent->sizes() == k_recent->sizes() && R > 0,
+                "kv_attention: k_recent / v_recent must be [B, Hkv, R, D] rings");
+    TORCH_CHECK(recent_end->numel() == 1, "kv_attention: recent_end must hold one position");
+    kr = k_recent->to(at::kFloat).contiguous();
+    vr = v_recent->to(at::kFloat).contiguous();
+    recent_hi = std::min<int64_t>(recent_end->item<int64_t>(), L);
+    recent_lo = std::max<int64_t>(recent_hi - R, 0);
   }
   auto out = at::empty({B, S, H, D}, qf.options());
   const CpuPath path = kernel_isa(active_cpu_path());
@@ -92,6 +110,13 @@ at::Tensor kv_attention_cpu(const at::Tensor& q, const at::Tensor& k_codes, cons
       t.scale = static_cast<float>(scale);
       t.scores = scratch.data();
       t.row = scratch.data() + G * L;
+      if (R) {
+        t.k_recent = kr.data_ptr<float>() + (b * Hkv + kv) * R * D;
+        t.v_recent = vr.data_ptr<float>() + (b * Hkv + kv) * R * D;
+        t.recent_len = R;
+        t.recent_lo = recent_lo;
+        t.recent_hi = recent_hi;
+      }
       task_fn(t);
     }
   });

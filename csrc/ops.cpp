@@ -30,7 +30,8 @@ at::Tensor tcq_dequantize_cpu(const at::Tensor& codes, const at::Tensor& table, 
 at::Tensor kv_attention_cpu(const at::Tensor& q, const at::Tensor& k_codes, const at::Tensor& k_scale,
                             const at::Tensor& k_min, const at::Tensor& v_codes, const at::Tensor& v_scale,
                             const at::Tensor& v_min, const c10::optional<at::Tensor>& mask, double scale,
-                            int64_t bits);
+                            int64_t bits, const c10::optional<at::Tensor>& k_recent,
+                            const c10::optional<at::Tensor>& v_recent, const c10::optional<at::Tensor>& recent_end);
 at::Tensor gqa_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const c10::optional<at::Tensor>& mask, double scale);
 void register_base(const at::Tensor& base);  // csrc/hadamard.cpp
@@ -74,7 +75,8 @@ TORCH_LIBRARY(torch_lowbit, m) {
   m.def("gqa_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor");
   // the same over a group-wise quantized KV cache (torch_lowbit/kv_cache.py), [B, S, H, D] out
   m.def("kv_attention(Tensor q, Tensor k_codes, Tensor k_scale, Tensor k_min, Tensor v_codes, Tensor v_scale, "
-        "Tensor v_min, Tensor? mask, float scale, int bits) -> Tensor");
+        "Tensor v_min, Tensor? mask, float scale, int bits, Tensor? k_recent=None, Tensor? v_recent=None, "
+        "Tensor? recent_end=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(torch_lowbit, CPU, m) {

@@ -101,9 +101,9 @@ def test_memory_of_a_4bit_cache_is_under_a_third_of_fp32():
 
 
 def test_compiled_generation_with_a_4bit_cache_matches_eager():
-    """residual 0: decode steps run the kv_attention kernel on the codes (bound to the attention
-    modules while generating); the same tokens as transformers' eager attention over the dequantized
-    cache (the reference), eager or compiled; residual > 0 keeps the reference route."""
+    """Decode steps run the kv_attention kernel on the codes (bound to the attention modules while
+    generating): the same tokens as transformers' eager attention over the dequantized cache (the
+    reference), eager or compiled, with every token rounded or the last 4 exact."""
     gen = _gen()
     model = tl.rotate_(tiny_llama(), seed=3)
     ids = torch.randint(0, 256, (2, 9), generator=gen)
@@ -121,8 +121,10 @@ def test_compiled_generation_with_a_4bit_cache_matches_eager():
     assert torch.equal(compiled.generate(ids, 6), out)
     assert isinstance(compiled._cache, tl.QuantizedKVCache)
     assert not any(hasattr(m, "_lowbit_kv_layer") for m in model.modules())  # unbound after generating
+    ring_reference = tl.CompiledGenerator(model, max_cache_len=24, compile=False, attn_implementation="eager",
+                                          kv_bits=4, kv_group=32, kv_residual=4)
     ring = tl.CompiledGenerator(model, max_cache_len=24, compile=False, kv_bits=4, kv_group=32, kv_residual=4)
-    assert ring.generate(ids, 6).shape == out.shape
+    assert torch.equal(ring.generate(ids, 6), ring_reference.generate(ids, 6))  # the kernel reads the exact ring
 
 
 
@@ -139,15 +141,15 @@ def _reference_attention(q, keys, values, mask, scale):
 
 @pytest.mark.parametrize("path", ["scalar", "avx2"])
 @pytest.mark.parametrize("bits,group,d", [(4, 64, 64), (4, 16, 48), (8, 32, 96), (4, 6, 24)])
-@pytest.mark.parametrize("rows", [1, 3])
-def test_kv_attention_kernel_matches_the_dequantized_reference(path, bits, group, d, rows):
+@pytest.mark.parametrize("rows,residual", [(1, 0), (3, 0), (1, 5)])
+def test_kv_attention_kernel_matches_the_dequantized_reference(path, bits, group, d, rows, residual):
     from torch_lowbit.ops.library import cpu_extension
     if path not in cpu_extension().available_cpu_paths():
         pytest.skip(f"CPU path {path} not available")
     gen = _gen()
     b, hkv, g, length = 2, 3, 2, 37
     rotate = d in (64, 96, 48, 24)
-    layer = tl.QuantizedKVLayer(length, bits=bits, group=group, residual_length=0, rotate_keys=rotate)
+    layer = tl.QuantizedKVLayer(length, bits=bits, group=group, residual_length=residual, rotate_keys=rotate)
     filled = 29  # ragged: the last positions of the static cache stay empty and masked
     layer.update(torch.randn(b, hkv, filled, d, generator=gen) * 2, torch.randn(b, hkv, filled, d, generator=gen))
     keys, values = layer.update(torch.randn(b, hkv, 1, d, generator=gen), torch.randn(b, hkv, 1, d, generator=gen))

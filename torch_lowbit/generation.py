@@ -67,9 +67,9 @@ def _register_attention() -> None:
 
 @contextlib.contextmanager
 def _bind_kv_layers(model: nn.Module, cache, enabled: bool):
-    """While generating: each attention module of a model with a QuantizedKVCache whose tokens are
-    all rounded gets its cache layer (`_lowbit_kv_layer`), so gqa_attention runs the kv_attention
-    kernel on the codes at decode instead of attending to a dequantized copy."""
+    """While generating: each attention module of a model with a QuantizedKVCache gets its cache
+    layer (`_lowbit_kv_layer`), so gqa_attention runs the kv_attention kernel on the codes at
+    decode instead of attending to a dequantized copy."""
     from .kv_cache import QuantizedKVLayer
     bound = []
     if enabled and cache is not None:
@@ -78,7 +78,7 @@ def _bind_kv_layers(model: nn.Module, cache, enabled: bool):
             if idx is None or not hasattr(mod, "o_proj") or idx >= len(cache.layers):
                 continue
             layer = cache.layers[idx]
-            if isinstance(layer, QuantizedKVLayer) and layer.residual_length == 0:
+            if isinstance(layer, QuantizedKVLayer):
                 mod._lowbit_kv_layer, layer.defer_read = layer, True
                 bound.append(mod)
     try:

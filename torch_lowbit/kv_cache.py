@@ -13,8 +13,8 @@ attention code is untouched. The last `residual_length` tokens are also kept in 
 
 update() dequantizes the whole cache for the model's attention (the reference: saves memory, not
 time). QuantizedKVLayer.attention() runs the kv_attention kernel, which reads the codes directly
-(csrc/kv_attention.cpp); CompiledGenerator uses it for its decode steps when every token is
-rounded (residual_length=0; the kernel does not read the exact recent ring).
+(csrc/kv_attention.cpp), the exact recent ring included; CompiledGenerator uses it for its decode
+steps.
 """
 from __future__ import annotations
 
@@ -109,15 +109,18 @@ class QuantizedKVLayer(StaticLayer):
         """softmax(q kᵀ · scale + mask) v over the rounded cache, read by the kv_attention kernel
         (codes dequantized in registers; CPU): query [B, H, S, D] (H a multiple of the KV heads),
         mask broadcastable to [B, H, S, max_cache_len] (bool or additive; unfilled positions must
-        be masked), returns [B, S, H, D]. The recent ring is not consulted: every position is
-        read rounded (residual_length = 0 semantics)."""
+        be masked), returns [B, S, H, D]. The exact recent tokens come from the ring, as in read()."""
         if not self.is_initialized:
             raise RuntimeError("QuantizedKVLayer.attention: the cache is empty; update() it first")
         scale = query.shape[-1] ** -0.5 if scale is None else scale
         q = hadamard_transform(query) if self.rotate_keys else query  # (qH)·dequant(kH) = q·kᵀ
         k, v = self.key_store, self.value_store
+        rings = ()
+        if self.residual_length:  # exact rows; keys rotated like the codes (a few rows per step)
+            k_ring = hadamard_transform(k["recent"]) if self.rotate_keys else k["recent"]
+            rings = (k_ring, v["recent"], self.cumulative_length)
         return torch.ops.torch_lowbit.kv_attention(q, k["codes"], k["scale"], k["min"], v["codes"], v["scale"],
-                                                   v["min"], mask, scale, self.bits)
+                                                   v["min"], mask, scale, self.bits, *rings)
 
     def reset(self) -> None:
         if self.is_initialized:

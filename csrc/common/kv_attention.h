@@ -26,7 +26,17 @@ struct KvAttentionTask {
   float scale;
   float* scores;           // scratch: G * L floats
   float* row;              // scratch: D floats
+  // exact recent tokens (or nullptr): positions [recent_lo, recent_hi) read fp32 rows
+  // k_recent + (j % recent_len) * D instead of their codes (a ring, as QuantizedKVLayer keeps it)
+  const float* k_recent = nullptr;
+  const float* v_recent = nullptr;
+  int64_t recent_len = 0, recent_lo = 0, recent_hi = 0;
 };
+
+// The fp32 row of position j: the exact one from the ring where it holds j, else nullptr.
+inline const float* kv_recent_row(const float* ring, const KvAttentionTask& t, int64_t j) {
+  return ring && j >= t.recent_lo && j < t.recent_hi ? ring + (j % t.recent_len) * t.D : nullptr;
+}
 
 void kv_attention_task_scalar(const KvAttentionTask& t);
 #if defined(TORCH_LOWBIT_X86)

@@ -36,13 +36,17 @@ void kv_attention_task_scalar(const KvAttentionTask& t) {
       any |= m != neg_inf;
     }
     if (!any) continue;  // e.g. the unfilled positions of a static cache: no row to rebuild
-    dequant_row(t.k_codes + j * row_bytes, t.k_scale + j * groups, t.k_min + j * groups, t.D, t.group, t.bits, t.row);
+    const float* krow = kv_recent_row(t.k_recent, t, j);
+    if (!krow) {
+      dequant_row(t.k_codes + j * row_bytes, t.k_scale + j * groups, t.k_min + j * groups, t.D, t.group, t.bits, t.row);
+      krow = t.row;
+    }
     for (int64_t g = 0; g < t.G; ++g) {
       float& s = t.scores[g * t.L + j];
       if (s == neg_inf) continue;
       const float* q = t.q + g * t.q_stride;
       float dot = 0.f;
-      for (int64_t i = 0; i < t.D; ++i) dot += q[i] * t.row[i];
+      for (int64_t i = 0; i < t.D; ++i) dot += q[i] * krow[i];
       s += dot * t.scale;
       mx[g] = std::max(mx[g], s);
     }
@@ -61,12 +65,16 @@ void kv_attention_task_scalar(const KvAttentionTask& t) {
       any |= s != 0.f;
     }
     if (!any) continue;
-    dequant_row(t.v_codes + j * row_bytes, t.v_scale + j * groups, t.v_min + j * groups, t.D, t.group, t.bits, t.row);
+    const float* vrow = kv_recent_row(t.v_recent, t, j);
+    if (!vrow) {
+      dequant_row(t.v_codes + j * row_bytes, t.v_scale + j * groups, t.v_min + j * groups, t.D, t.group, t.bits, t.row);
+      vrow = t.row;
+    }
     for (int64_t g = 0; g < t.G; ++g) {
       const float e = t.scores[g * t.L + j];
       if (e == 0.f) continue;
       float* o = t.out + g * t.out_stride;
-      for (int64_t i = 0; i < t.D; ++i) o[i] += e * t.row[i];
+      for (int64_t i = 0; i < t.D; ++i) o[i] += e * vrow[i];
     }
   }
   for (int64_t g = 0; g < t.G; ++g) {

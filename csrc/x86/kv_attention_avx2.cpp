@@ -98,11 +98,15 @@ TLB_AVX2 void kv_attention_task_avx2(const KvAttentionTask& t) {
       any |= m != neg_inf;
     }
     if (!any) continue;
-    dequant_row(t.k_codes + j * row_bytes, t.k_scale + j * groups, t.k_min + j * groups, t.D, t.group, t.bits, t.row);
+    const float* krow = kv_recent_row(t.k_recent, t, j);
+    if (!krow) {
+      dequant_row(t.k_codes + j * row_bytes, t.k_scale + j * groups, t.k_min + j * groups, t.D, t.group, t.bits, t.row);
+      krow = t.row;
+    }
     for (int64_t g = 0; g < t.G; ++g) {
       float& s = t.scores[g * t.L + j];
       if (s == neg_inf) continue;
-      s += dot(t.q + g * t.q_stride, t.row, t.D) * t.scale;
+      s += dot(t.q + g * t.q_stride, krow, t.D) * t.scale;
       mx[g] = s > mx[g] ? s : mx[g];
     }
   }
@@ -134,10 +138,14 @@ TLB_AVX2 void kv_attention_task_avx2(const KvAttentionTask& t) {
     bool any = false;
     for (int64_t g = 0; g < t.G; ++g) any |= t.scores[g * t.L + j] != 0.f;
     if (!any) continue;
-    dequant_row(t.v_codes + j * row_bytes, t.v_scale + j * groups, t.v_min + j * groups, t.D, t.group, t.bits, t.row);
+    const float* vrow = kv_recent_row(t.v_recent, t, j);
+    if (!vrow) {
+      dequant_row(t.v_codes + j * row_bytes, t.v_scale + j * groups, t.v_min + j * groups, t.D, t.group, t.bits, t.row);
+      vrow = t.row;
+    }
     for (int64_t g = 0; g < t.G; ++g) {
       const float e = t.scores[g * t.L + j];
-      if (e != 0.f) axpy(e, t.row, t.out + g * t.out_stride, t.D);
+      if (e != 0.f) axpy(e, vrow, t.out + g * t.out_stride, t.D);
     }
   }
   for (int64_t g = 0; g < t.G; ++g) {

@@ -212,7 +212,8 @@ def _register() -> None:
         return q.new_empty((b, s, h, d))
 
     @torch.library.register_fake("torch_lowbit::kv_attention")
-    def _kv_attention_fake(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, mask, scale, bits):
+    def _kv_attention_fake(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, mask, scale, bits, k_recent=None,
+                           v_recent=None, recent_end=None):
         _check(q.dim() == 4 and k_codes.dim() == 4, "kv_attention: q and k_codes must be 4-D")
         _check(k_codes.shape[1] > 0 and q.shape[1] % k_codes.shape[1] == 0,
                f"kv_attention: query heads {q.shape[1]} are not a multiple of KV heads {k_codes.shape[1]}")
