@@ -840,7 +840,7 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     done = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(done) >= 40 and max(v[0] for v in done.values()) <= 227 * 1024
     word_kernels = ("_lut4_linear_kernel ", "_lowbit_linear_kernel ", "_tcq_linear_kernel ", "_codebook_linear_kernel ")
-    for kernel in ("_group_dequant_kernel", "_splitk_reduce_kernel", "_hadamard_kernel") \
+    for kernel in ("_group_dequant_kernel", "_splitk_reduce_kernel", "_hadamard_kernel", "_kv_attention_kernel") \
             + tuple(w.strip() for w in word_kernels):
         assert any(key.startswith(kernel + " ") for key in done), kernel
     gemv = {key: v for key, v in done.items() if "('GEMV', True)" in key}

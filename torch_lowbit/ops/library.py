@@ -260,6 +260,8 @@ def _register() -> None:
     # palette_packed (nuq/vq/tcq): triton_kernels/palette.py, same signatures as the ops
     for name in ("codebook_linear", "codebook_dequantize", "tcq_linear", "tcq_dequantize", "tcq_half_linear"):
         torch.library.impl(f"torch_lowbit::{name}", "CUDA")(_triton_cuda("palette", name))
+    # decode attention over a quantized KV cache: triton_kernels/kv_attention.py
+    torch.library.impl("torch_lowbit::kv_attention", "CUDA")(_triton_cuda("kv_attention", "kv_attention"))
     # lowbit_rowmajor / gcb_rowmajor: triton_kernels/lowbit.py
     for name in ("lowbit_linear", "lowbit_dequantize", "gcb_linear", "gcb_dequantize"):
         torch.library.impl(f"torch_lowbit::{name}", "CUDA")(_triton_cuda("lowbit", name))

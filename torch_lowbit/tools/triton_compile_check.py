@@ -126,8 +126,8 @@ class Checker:
 
 
 def _modules():
-    from ..triton_kernels import hadamard, lowbit, lut4, matmul, palette
-    return (matmul, lut4, lowbit, palette, hadamard)
+    from ..triton_kernels import hadamard, kv_attention, lowbit, lut4, matmul, palette
+    return (matmul, lut4, lowbit, palette, hadamard, kv_attention)
 
 
 def _install(checker: Checker) -> None:
@@ -207,6 +207,15 @@ def run(arch: int = 90, formats=FORMATS, ms=(1, 16, 512), dtypes=(torch.float16,
         for m in (1, 64):  # a power of two, and K = 7 or 9 blocks of a base order
             hadamard_transform(torch.empty(m, n_rot, device="meta", dtype=dtype),
                                torch.empty(n_rot, device="meta", dtype=torch.float32))
+    from ..triton_kernels.kv_attention import kv_attention
+    for bits, d, hkv, ring in ((4, 128, 8, False), (4, 64, 3, True), (8, 128, 8, False)):  # Llama-8B, SmolLM2
+        meta = dict(device="meta")
+        codes = torch.empty(1, hkv, 4096, d * bits // 8, dtype=torch.uint8, **meta)
+        groups = torch.empty(1, hkv, 4096, 1, dtype=torch.float16, **meta)
+        rings = (torch.empty(1, hkv, 128, d, **meta), torch.empty(1, hkv, 128, d, **meta),
+                 torch.empty((), dtype=torch.int64, **meta)) if ring else ()
+        kv_attention(torch.empty(1, 4 * hkv, 1, d, dtype=torch.float16, **meta), codes, groups, groups, codes, groups,
+                     groups, torch.empty(1, 1, 1, 4096, dtype=torch.bool, **meta), d ** -0.5, bits, *rings)
     too_big = {key: r.shared for key, r in checker.done.items() if r.shared > checker.limit}
     if too_big:
         raise RuntimeError(f"kernels over sm_{arch}'s {checker.limit} B of shared memory per block: {too_big}")

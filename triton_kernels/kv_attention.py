@@ -1,0 +1,128 @@
+"""Decode attention over a group-wise quantized KV cache (torch_lowbit/formats/kv.py layout), the
+Triton twin of csrc/kv_attention.cpp: softmax(q kᵀ · scale + mask) v with each key / value row
+rebuilt from its codes in registers (4-bit: channel d's nibble is byte d // 2 shifted by 4 (d % 2);
+value = code * scale + min of its group), the exact recent tokens (a ring of R fp32 rows holding
+positions [end - R, end)) read in their place. Grouped-query heads as gqa_attention.
+
+One program per query row (batch, head, position), streaming the cache in BLOCK_L-position blocks
+with an online softmax (running max, sum and output, as flash-decoding does within one split).
+No tl.dot: at decode a row is a matrix-vector product, whose block shapes every GPU accepts.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+_BLOCK_VALUES = 2048  # positions x channels of one key (or value) block in registers: 16 per thread at 4 warps
+
+
+@triton.jit
+def _kv_attention_kernel(q_ptr, kc_ptr, ks_ptr, km_ptr, vc_ptr, vs_ptr, vm_ptr, mask_ptr, kr_ptr, vr_ptr, end_ptr,
+                         out_ptr, H, S, HKV, L, R, scale, msb, msh, mss, msl,
+                         D: tl.constexpr, D_PAD: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr,
+                         BLOCK_L: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RING: tl.constexpr):
+    pid = tl.program_id(0)
+    s = pid % S
+    h = (pid // S) % H
+    b = pid // (S * H)
+    kv = h // (H // HKV)
+    ROW_BYTES: tl.constexpr = D * BITS // 8
+    GROUPS: tl.constexpr = D // GROUP
+    offs_d = tl.arange(0, D_PAD)
+    dmask = offs_d < D
+    q = tl.load(q_ptr + ((b * H + h) * S + s) * D + offs_d, mask=dmask, other=0.0).to(tl.float32)
+    cache_row = (b * HKV + kv).to(tl.int64) * L
+    if BITS == 4:
+        byte_col = offs_d // 2
+        shift = (offs_d % 2) * 4
+    else:
+        byte_col = offs_d
+        shift = offs_d * 0
+    group_col = offs_d // GROUP
+    lo = 0
+    hi = 0
+    if HAS_RING:
+        hi = tl.minimum(tl.load(end_ptr).to(tl.int32), L)
+        lo = tl.maximum(hi - R, 0)
+    m_i = -float("inf")
+    l_i = 0.0
+    acc = tl.zeros((D_PAD,), dtype=tl.float32)
+    for l0 in range(0, L, BLOCK_L):
+        offs_l = l0 + tl.arange(0, BLOCK_L)
+        lmask = offs_l < L
+        rows = cache_row + offs_l
+        both = lmask[:, None] & dmask[None, :]
+        scores = tl.where(lmask, 0.0, -float("inf"))
+        if HAS_MASK:
+            scores += tl.load(mask_ptr + b * msb + h * msh + s * mss + offs_l * msl, mask=lmask, other=-float("inf"))
+        # keys
+        codes = (tl.load(kc_ptr + rows[:, None] * ROW_BYTES + byte_col[None, :], mask=both, other=0).to(tl.int32)
+                 >> shift[None, :]) & ((1 << BITS) - 1)
+        g_off = rows[:, None] * GROUPS + group_col[None, :]
+        k = codes.to(tl.float32) * tl.load(ks_ptr + g_off, mask=both, other=0.0).to(tl.float32) \
+            + tl.load(km_ptr + g_off, mask=both, other=0.0).to(tl.float32)
+        if HAS_RING:
+            in_ring = (offs_l >= lo) & (offs_l < hi)
+            ring_off = ((b * HKV + kv) * R + offs_l % R)[:, None] * D + offs_d[None, :]
+            k = tl.where(in_ring[:, None], tl.load(kr_ptr + ring_off, mask=in_ring[:, None] & dmask[None, :],
+                                                   other=0.0).to(tl.float32), k)
+        scores += tl.sum(k * q[None, :], axis=1) * scale
+        # online softmax (a block wholly masked so far keeps everything at 0)
+        m_new = tl.maximum(m_i, tl.max(scores, axis=0))
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(scores - m_safe)
+        # values
+        codes = (tl.load(vc_ptr + rows[:, None] * ROW_BYTES + byte_col[None, :], mask=both, other=0).to(tl.int32)
+                 >> shift[None, :]) & ((1 << BITS) - 1)
+        v = codes.to(tl.float32) * tl.load(vs_ptr + g_off, mask=both, other=0.0).to(tl.float32) \
+            + tl.load(vm_ptr + g_off, mask=both, other=0.0).to(tl.float32)
+        if HAS_RING:
+            v = tl.where(in_ring[:, None], tl.load(vr_ptr + ring_off, mask=in_ring[:, None] & dmask[None, :],
+                                                   other=0.0).to(tl.float32), v)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        m_i = m_new
+    out = acc / l_i  # every key masked: 0 / 0 = NaN, as softmax over -inf
+    tl.store(out_ptr + ((b * S + s) * H + h) * D + offs_d, out.to(out_ptr.dtype.element_ty), mask=dmask)
+
+
+def kv_attention(q: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, k_min: torch.Tensor,
+                 v_codes: torch.Tensor, v_scale: torch.Tensor, v_min: torch.Tensor, mask: Optional[torch.Tensor],
+                 scale: float, bits: int, k_recent: Optional[torch.Tensor] = None,
+                 v_recent: Optional[torch.Tensor] = None, recent_end: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """[B, S, H, D] in q's dtype; arguments as torch.ops.torch_lowbit.kv_attention."""
+    from .matmul import check_device
+    check_device("kv_attention", "q", q, {"k_codes": k_codes, "k_scale": k_scale, "k_min": k_min,
+                                          "v_codes": v_codes, "v_scale": v_scale, "v_min": v_min, "mask": mask,
+                                          "k_recent": k_recent, "v_recent": v_recent})
+    if bits not in (4, 8):
+        raise ValueError(f"kv_attention: bits must be 4 or 8, got {bits}")
+    b, h, s, d = q.shape
+    hkv, length = k_codes.shape[1], k_codes.shape[2]
+    if hkv == 0 or h % hkv:
+        raise ValueError(f"kv_attention: query heads {h} are not a multiple of KV heads {hkv}")
+    group = d // k_scale.shape[-1]
+    out = torch.empty(b, s, h, d, device=q.device, dtype=q.dtype)
+    if mask is not None:
+        mask = (torch.where(mask, 0.0, float("-inf")) if mask.dtype == torch.bool else mask.float()) \
+            .expand(b, h, s, length)
+        strides = mask.stride()
+    else:
+        strides = (0, 0, 0, 0)
+    ring = k_recent is not None
+    kr = k_recent.float().contiguous() if ring else q
+    vr = v_recent.float().contiguous() if ring else q
+    end = recent_end.reshape(1).to(device=q.device) if ring else q
+    d_pad = triton.next_power_of_2(d)
+    block_l = max(16, min(128, _BLOCK_VALUES // d_pad))  # 32 positions at D = 64, 16 at 128
+    _kv_attention_kernel[(b * h * s,)](
+        q.contiguous(), k_codes.contiguous(), k_scale.contiguous(), k_min.contiguous(), v_codes.contiguous(),
+        v_scale.contiguous(), v_min.contiguous(), mask if mask is not None else q, kr, vr, end, out,
+        h, s, hkv, length, kr.shape[2] if ring else 1, float(scale), *strides,
+        D=d, D_PAD=d_pad, GROUP=group, BITS=bits, BLOCK_L=block_l, HAS_MASK=mask is not None, HAS_RING=ring,
+        num_warps=4)
+    return out
