@@ -72,3 +72,30 @@ def test_recipe_without_rotation_and_a16_leaves_those_parts_out():
     plain = tl.quantize_(copy.deepcopy(model), "q4_0", progress=False)
     with torch.no_grad():
         torch.testing.assert_close(q(ids).logits, plain(ids).logits)
+
+
+def test_quarot_model_saves_as_a_hugging_face_folder(tmp_path):
+    """torch_lowbit.hf.save_pretrained of a rotated, activation- and KV-quantized model: config.json
+    records the online Hadamards, the activation settings and the KV setting; from_pretrained
+    rebuilds the same model (same logits through the quantized cache)."""
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM
+
+    from torch_lowbit.hf import save_pretrained
+    gen = _gen()
+    model = tiny_llama(num_attention_heads=2, num_key_value_heads=2)
+    ids = torch.randint(0, 256, (1, 12), generator=gen)
+    tl.quantize_(model, tl.QuaRot.parse("W4A4KV4", rounding="rtn"), calibration=[ids], progress=False)
+    save_pretrained(model, tmp_path / "q")
+    import json
+    cfg = json.loads((tmp_path / "q" / "config.json").read_text())
+    assert cfg["quantization_config"]["online_hadamard"] and cfg["quantization_config"]["act_quant"]
+    assert cfg["lowbit_kv_cache"]["bits"] == 4
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "q")
+    assert kv_cache_config(loaded) == kv_cache_config(model)
+    assert sum(isinstance(m, tl.ActQuantLinear) for m in loaded.modules()) == \
+        sum(isinstance(m, tl.ActQuantLinear) for m in model.modules())
+    torch.testing.assert_close(_kv_logits(loaded, ids), _kv_logits(model, ids), rtol=0, atol=0)
+    loaded.save_pretrained(tmp_path / "again")  # a loaded folder saves the same way (no torch_lowbit call)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "again")
+    torch.testing.assert_close(_kv_logits(again, ids), _kv_logits(model, ids), rtol=0, atol=0)

@@ -67,13 +67,15 @@ class LowbitConfig(QuantizationConfigMixin):
     model, then torch_lowbit.hf.save_pretrained). fuse: q/k/v and gate/up become one QuantLinear
     each. layout: a layout name for every module (default: the weight device's best).
     modules_to_not_convert: module names (or prefixes) kept in float. include_lm_head: quantize the
-    LM head too. modules / format_version / torch_lowbit_version are written by saving.
+    LM head too. modules / format_version / torch_lowbit_version (and, for QuaRot models,
+    online_hadamard / act_quant) are written by saving.
     """
 
     def __init__(self, format: FormatArg = "q4_0", rounding: str = "rtn", fuse: bool = True,
                  layout: Optional[str] = None, modules_to_not_convert: Optional[list[str]] = None,
                  include_lm_head: bool = False, *, modules: Optional[dict[str, dict]] = None,
                  format_version: int = HF_FORMAT_VERSION, torch_lowbit_version: Optional[str] = None,
+                 online_hadamard: Optional[list[str]] = None, act_quant: Optional[dict[str, dict]] = None,
                  **kwargs):
         self.quant_method = QUANT_METHOD
         if format_version != HF_FORMAT_VERSION:
@@ -109,6 +111,10 @@ class LowbitConfig(QuantizationConfigMixin):
             raise TypeError("LowbitConfig: modules_to_not_convert is a list of module names, e.g. ['lm_head']")
         self.modules_to_not_convert = list(modules_to_not_convert) if modules_to_not_convert else None
         self.modules = modules
+        # written by saving a QuaRot model: rotate_'s online-Hadamard layers and the per-token activation
+        # settings of its ActQuantLinear wrappers (the KV-cache setting travels in the model config)
+        self.online_hadamard = list(online_hadamard) if online_hadamard else None
+        self.act_quant = dict(act_quant) if act_quant else None
         self.format_version = HF_FORMAT_VERSION
         self.torch_lowbit_version = torch_lowbit_version or _pkg_version()
         if kwargs:
@@ -118,7 +124,8 @@ class LowbitConfig(QuantizationConfigMixin):
         return {"quant_method": QUANT_METHOD, "format": format_to_json(self.format), "rounding": self.rounding,
                 "fuse": self.fuse, "layout": self.layout, "modules_to_not_convert": self.modules_to_not_convert,
                 "include_lm_head": self.include_lm_head, "format_version": self.format_version,
-                "torch_lowbit_version": self.torch_lowbit_version, "modules": self.modules}
+                "torch_lowbit_version": self.torch_lowbit_version, "modules": self.modules,
+                "online_hadamard": self.online_hadamard, "act_quant": self.act_quant}
 
     @classmethod
     def from_dict(cls, config_dict: dict, return_unused_kwargs: bool = False, **kwargs):

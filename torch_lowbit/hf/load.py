@@ -79,7 +79,17 @@ def load_quantized_model(path: PathLike, base_model: Optional[PathLike] = None, 
 
 
 def _describing_config(model: nn.Module, rounding: Optional[str]) -> LowbitConfig:
-    """A LowbitConfig that describes a model quantized with torch_lowbit.quantize_ (its modules)."""
+    """A LowbitConfig that describes a model quantized with torch_lowbit.quantize_ (its modules; the
+    QuaRot parts are added by the quantizer's _describe when saving)."""
+    from ..nn.act_quant import unwrap_activation_quant, wrap_activation_quant
+    act_quant = unwrap_activation_quant(model)  # name the layers as a fresh skeleton has them
+    try:
+        return _describe_modules(model, rounding)
+    finally:
+        wrap_activation_quant(model, act_quant)
+
+
+def _describe_modules(model: nn.Module, rounding: Optional[str]) -> LowbitConfig:
     entries = module_entries(model)
     if not entries:
         raise ValueError("the model has no QuantLinear modules; quantize it first (torch_lowbit.quantize_) or "

@@ -26,6 +26,8 @@ from transformers.core_model_loading import ConversionOps
 from transformers.quantizers.base import HfQuantizer
 
 from ..io import CheckpointError, install_shells, module_entries
+from ..io.checkpoint import install_online_hadamards, online_hadamard_modules
+from ..nn.act_quant import ActQuantLinear, unwrap_activation_quant, wrap_activation_quant
 from ..nn import QuantLinear
 from ..nn.fusion import Job, job_members
 from ..nn.quantize import plan_jobs, quantize_job
@@ -135,6 +137,7 @@ class LowbitHfQuantizer(HfQuantizer):
                 raise CheckpointError("the folder's config.json has a torch_lowbit quantization_config without "
                                       "'modules' (the quantized layers); save it again with save_pretrained")
             with torch.device("cpu"):  # from_pretrained builds under a meta-device context; the format tables are real
+                install_online_hadamards(model, cfg.online_hadamard or [], "config.json quantization_config")
                 install_shells(model, cfg.modules, "config.json quantization_config")
             _untie_quantized(model)
             return model
@@ -205,17 +208,36 @@ class LowbitHfQuantizer(HfQuantizer):
         for m in model.modules():
             if isinstance(m, QuantLinear):
                 m.reset_runtime_buffers()  # transformers replaced non-persistent buffers by empty placeholders
+        if self.pre_quantized and self.quantization_config.act_quant:
+            wrap_activation_quant(model, self.quantization_config.act_quant)
         self._describe(model)
         return model
 
     def _describe(self, model: nn.Module) -> None:
         from ..version import __version__
-        self.quantization_config.modules = module_entries(model)
-        self.quantization_config.torch_lowbit_version = __version__
+        cfg = self.quantization_config
+        act_quant = unwrap_activation_quant(model)  # entries name the layers as a fresh skeleton has them
+        try:
+            cfg.modules = module_entries(model)
+            cfg.online_hadamard = online_hadamard_modules(model) or None
+        finally:
+            wrap_activation_quant(model, act_quant)
+        cfg.act_quant = act_quant or None
+        cfg.torch_lowbit_version = __version__
 
     def get_state_dict_and_metadata(self, model: nn.Module):
         self._describe(model)  # save_pretrained writes config.json after this: the modules as they are now
-        return None, {}
+        wrapped = [name for name, m in model.named_modules() if isinstance(m, ActQuantLinear)]
+        if not wrapped:
+            return None, {}
+        state = {}  # tensors under the unwrapped names (what the skeleton of from_pretrained has)
+        for key, value in model.state_dict().items():
+            for name in wrapped:
+                if key.startswith(f"{name}.layer."):
+                    key = f"{name}.{key[len(name) + len('.layer.'):]}"
+                    break
+            state[key] = value
+        return state, {}
 
     def is_serializable(self) -> bool:
         return True
