@@ -23,7 +23,7 @@ CPU_MODELS = {"max": True, "cortex-a76": True, "cortex-a53": False}  # model: ha
 # (format, out N, in K, tokens M, bias): odd N (a ragged last tile), several groups, M = 1..33
 CASES = [("q4_0", 37, 96, 1, True), ("q4_0", 16, 64, 33, False), ("int4_g64", 50, 128, 5, True),
          ("iq4_nl", 23, 64, 2, False), ("q8_0", 29, 96, 3, True), ("int2_g64", 17, 64, 4, True),
-         ("int3_g64", 9, 128, 1, False)]
+         ("int3_g64", 9, 128, 1, False), ("int1_g32", 33, 64, 2, True), ("int2_sym_g32", 16, 96, 3, False)]
 
 pytestmark = pytest.mark.skipif(shutil.which(CXX) is None or shutil.which(QEMU) is None,
                                 reason=f"needs {CXX} and {QEMU} (Debian: apt-get install g++-aarch64-linux-gnu "

@@ -13,21 +13,34 @@
 namespace torch_lowbit {
 namespace {
 
-// isum[rq] (rows 4rq .. 4rq+3) of one (tile, block) against the 32 activations x0 | x1.
-template <class Dot, int BITS, int C>
-inline void block_chunk(const uint8_t* p, int8x16_t table, int8x16_t x0, int8x16_t x1, int32x4_t* isum) {
+// The signed values of quad QD (codes 4QD .. 4QD+3) of rows 4rq .. 4rq+3 of the (tile, block) at p:
+// the layout of common/lut_i8.h read with NEON. A plane of width W holds quad QD in chunk QD % W at
+// bit offset W * (QD / W); 3-bit codes add their high bit from the 1-bit plane at byte 128. The
+// table lookup is one tbl (table padded to 16 entries); 8-bit codes (q + 128) take one eor.
+template <int BITS, int QD>
+inline int8x16_t quad_values(const uint8_t* p, int rq, int8x16_t table) {
+  constexpr int W = BITS == 3 ? 2 : BITS;
+  constexpr int SHIFT = W * (QD / W);
+  const uint8x16_t v = vld1q_u8(p + (QD % W) * 64 + rq * 16);
+  if constexpr (BITS == 8) return vreinterpretq_s8_u8(veorq_u8(v, vdupq_n_u8(0x80)));
+  uint8x16_t c = v;
+  if constexpr (SHIFT > 0) c = vshrq_n_u8(c, SHIFT);
+  if constexpr (SHIFT + W < 8) c = vandq_u8(c, vdupq_n_u8((1 << W) - 1));  // the top field needs no mask
+  if constexpr (BITS == 3) {
+    uint8x16_t hi = vld1q_u8(p + 128 + rq * 16);
+    if constexpr (QD > 0) hi = vshrq_n_u8(hi, QD);
+    c = vorrq_u8(c, vshlq_n_u8(vandq_u8(hi, vdupq_n_u8(1)), 2));
+  }
+  return vqtbl1q_s8(table, c);
+}
+
+// isum[rq] += the dot products of rows 4rq .. 4rq+3 with quads QD and QD + 4 (activations x0 | x1).
+template <class Dot, int BITS, int QD>
+inline void block_quads(const uint8_t* p, int8x16_t table, int8x16_t x0, int8x16_t x1, int32x4_t* isum) {
 #pragma GCC unroll 4
   for (int rq = 0; rq < 4; ++rq) {
-    if constexpr (BITS == 4) {  // chunk C: quad C in the low nibbles, quad C + 4 in the high ones
-      const uint8x16_t v = vld1q_u8(p + C * 64 + rq * 16);
-      const int8x16_t lo = vqtbl1q_s8(table, vandq_u8(v, vdupq_n_u8(15)));
-      const int8x16_t hi = vqtbl1q_s8(table, vshrq_n_u8(v, 4));
-      isum[rq] = Dot::template dot<C>(Dot::template dot<C>(isum[rq], lo, x0), hi, x1);
-    } else {  // 8-bit: chunk q is quad q, bytes q + 128
-      const int8x16_t a = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p + C * 64 + rq * 16), vdupq_n_u8(0x80)));
-      const int8x16_t b = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(p + (C + 4) * 64 + rq * 16), vdupq_n_u8(0x80)));
-      isum[rq] = Dot::template dot<C>(Dot::template dot<C>(isum[rq], a, x0), b, x1);
-    }
+    isum[rq] = Dot::template dot<QD>(isum[rq], quad_values<BITS, QD>(p, rq, table), x0);
+    isum[rq] = Dot::template dot<QD>(isum[rq], quad_values<BITS, QD + 4>(p, rq, table), x1);
   }
 }
 
@@ -36,7 +49,7 @@ void kernel(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, floa
   const int64_t kb_count = w.K / 32, groups = w.K / w.group, blocks_per_group = w.group / 32;
   const int64_t block_bytes = lut_i8_block_bytes(BITS);
   int8_t signed_table[16] = {0};
-  for (int i = 0; i < 16 && BITS == 4; ++i) signed_table[i] = static_cast<int8_t>(w.utable[i] - w.offset);
+  for (int i = 0; i < (1 << BITS) && BITS < 8; ++i) signed_table[i] = static_cast<int8_t>(w.utable[i] - w.offset);
   const int8x16_t table = vld1q_s8(signed_table);
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t rows = std::min(kI8TileRows, w.N - t * kI8TileRows);
@@ -53,10 +66,10 @@ void kernel(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, floa
           const int8_t* xq = a.q + m * a.K + b * 32;
           const int8x16_t x0 = vld1q_s8(xq), x1 = vld1q_s8(xq + 16);
           int32x4_t isum[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
-          block_chunk<Dot, BITS, 0>(p, table, x0, x1, isum);
-          block_chunk<Dot, BITS, 1>(p, table, x0, x1, isum);
-          block_chunk<Dot, BITS, 2>(p, table, x0, x1, isum);
-          block_chunk<Dot, BITS, 3>(p, table, x0, x1, isum);
+          block_quads<Dot, BITS, 0>(p, table, x0, x1, isum);
+          block_quads<Dot, BITS, 1>(p, table, x0, x1, isum);
+          block_quads<Dot, BITS, 2>(p, table, x0, x1, isum);
+          block_quads<Dot, BITS, 3>(p, table, x0, x1, isum);
           const float32x4_t xd = vdupq_n_f32(a.d[m * kb_count + b]);
           for (int rq = 0; rq < 4; ++rq) gacc[rq] = vfmaq_f32(gacc[rq], vcvtq_f32_s32(isum[rq]), xd);
         }
@@ -79,9 +92,8 @@ void kernel(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, floa
 
 template <class Dot>
 void lut_i8_neon_tiles(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out, int64_t ldo) {
-  if (w.sub_groups || (w.bits != 4 && w.bits != 8)) return lut_i8_scalar(w, a, t0, t1, out, ldo);
-  if (w.bits == 4) return kernel<Dot, 4>(w, a, t0, t1, out, ldo);
-  return kernel<Dot, 8>(w, a, t0, t1, out, ldo);
+  if (w.sub_groups) return lut_i8_scalar(w, a, t0, t1, out, ldo);  // gcb: per-(row, block) codebooks
+  with_code_bits(w.bits, [&](auto bits) { kernel<Dot, decltype(bits)::value>(w, a, t0, t1, out, ldo); });
 }
 
 }  // namespace
