@@ -2,6 +2,13 @@
 // int8-tile layouts: the kernel of lut_i8_neon_kernel.h with sdot by lane. The whole file is
 // compiled for that ISA; lut_i8_linear calls it only where HWCAP_ASIMDDP says the CPU has it.
 #if defined(__aarch64__)
+#include <arm_neon.h>
+
+#include <algorithm>
+
+#include "common/lut_i8.h"  // before the target pragma: shared inline code stays plain Armv8-a
+
+// The rest of the file is dotprod code, lut_i8_neon_kernel.h's templates included (internal linkage).
 #pragma GCC target("arch=armv8.2-a+dotprod")
 #include "arm/lut_i8_neon_kernel.h"
 

@@ -34,7 +34,7 @@ struct KvAttentionTask {
 };
 
 // The fp32 row of position j: the exact one from the ring where it holds j, else nullptr.
-inline const float* kv_recent_row(const float* ring, const KvAttentionTask& t, int64_t j) {
+static inline const float* kv_recent_row(const float* ring, const KvAttentionTask& t, int64_t j) {
   return ring && j >= t.recent_lo && j < t.recent_hi ? ring + (j % t.recent_len) * t.D : nullptr;
 }
 

@@ -10,7 +10,13 @@
 #include <cstring>
 #include <limits>
 
-#include "common/kv_attention.h"
+#include "common/kv_attention.h"  // before the target pragma: shared inline code stays baseline x86-64
+
+// The rest of the file is AVX2 code, common/kv_attention_task.h's template included (it has
+// internal linkage, so no baseline caller can end up with this copy).
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#include "common/kv_attention_task.h"
 
 #define TLB_AVX2 __attribute__((target("avx2,fma,f16c")))
 
@@ -26,7 +32,7 @@ TLB_AVX2 inline float hsum(__m256 v) {
 
 TLB_AVX2 inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 
-TLB_AVX2 void dequant_row(const uint8_t* codes, const uint16_t* scale, const uint16_t* mn, int64_t D, int64_t group,
+TLB_AVX2 void avx2_dequant_row(const uint8_t* codes, const uint16_t* scale, const uint16_t* mn, int64_t D, int64_t group,
                           int bits, float* out) {
   const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
   const __m256i nib = _mm256_set1_epi32(15);
@@ -47,7 +53,7 @@ TLB_AVX2 void dequant_row(const uint8_t* codes, const uint16_t* scale, const uin
   }
 }
 
-TLB_AVX2 float dot(const float* a, const float* b, int64_t D) {
+TLB_AVX2 float avx2_dot(const float* a, const float* b, int64_t D) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= D; i += 16) {
@@ -77,84 +83,44 @@ TLB_AVX2 inline __m256 exp256(__m256 x) {
   return _mm256_andnot_ps(is_neg_inf, _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n)));
 }
 
-TLB_AVX2 void axpy(float e, const float* x, float* y, int64_t D) {
+TLB_AVX2 void avx2_axpy(float e, const float* x, float* y, int64_t D) {
   const __m256 ev = _mm256_set1_ps(e);
   for (int64_t i = 0; i < D; i += 8)
     _mm256_storeu_ps(y + i, _mm256_fmadd_ps(ev, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
 }
 
+// softmax numerators, 8 keys at a time
+TLB_AVX2 float avx2_numerators(float* s, int64_t L, float mx) {
+  const __m256 m = _mm256_set1_ps(mx);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= L; j += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), m));
+    _mm256_storeu_ps(s + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float tail = 0.f;
+  for (; j < L; ++j) {
+    s[j] = s[j] == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(s[j] - mx);
+    tail += s[j];
+  }
+  return hsum(acc) + tail;
+}
+
+struct Avx2Ops {
+  static void dequant_row(const uint8_t* codes, const uint16_t* scale, const uint16_t* mn, int64_t D, int64_t group,
+                          int bits, float* out) {
+    avx2_dequant_row(codes, scale, mn, D, group, bits, out);
+  }
+  static float dot(const float* a, const float* b, int64_t D) { return avx2_dot(a, b, D); }
+  static void axpy(float e, const float* x, float* y, int64_t D) { avx2_axpy(e, x, y, D); }
+  static float numerators(float* s, int64_t L, float mx) { return avx2_numerators(s, L, mx); }
+};
+
 }  // namespace
 
-TLB_AVX2 void kv_attention_task_avx2(const KvAttentionTask& t) {
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  const int64_t row_bytes = t.D * t.bits / 8, groups = t.D / t.group;
-  float mx[64], total[64];
-  for (int64_t g = 0; g < t.G; ++g) mx[g] = neg_inf;
-  for (int64_t j = 0; j < t.L; ++j) {
-    bool any = false;
-    for (int64_t g = 0; g < t.G; ++g) {
-      const float m = t.mask ? t.mask[g * t.mask_head_stride + j * t.mask_key_stride] : 0.f;
-      t.scores[g * t.L + j] = m;
-      any |= m != neg_inf;
-    }
-    if (!any) continue;
-    const float* krow = kv_recent_row(t.k_recent, t, j);
-    if (!krow) {
-      dequant_row(t.k_codes + j * row_bytes, t.k_scale + j * groups, t.k_min + j * groups, t.D, t.group, t.bits, t.row);
-      krow = t.row;
-    }
-    for (int64_t g = 0; g < t.G; ++g) {
-      float& s = t.scores[g * t.L + j];
-      if (s == neg_inf) continue;
-      s += dot(t.q + g * t.q_stride, krow, t.D) * t.scale;
-      mx[g] = s > mx[g] ? s : mx[g];
-    }
-  }
-  // softmax numerators, 8 keys at a time
-  for (int64_t g = 0; g < t.G; ++g) {
-    std::memset(t.out + g * t.out_stride, 0, t.D * sizeof(float));
-    float* s = t.scores + g * t.L;
-    if (mx[g] == neg_inf) {  // every key masked: no weight anywhere (the row comes out NaN, as softmax's)
-      std::memset(s, 0, t.L * sizeof(float));
-      total[g] = 0.f;
-      continue;
-    }
-    const __m256 m = _mm256_set1_ps(mx[g]);
-    __m256 acc = _mm256_setzero_ps();
-    int64_t j = 0;
-    for (; j + 8 <= t.L; j += 8) {
-      const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), m));
-      _mm256_storeu_ps(s + j, e);
-      acc = _mm256_add_ps(acc, e);
-    }
-    float tail = 0.f;
-    for (; j < t.L; ++j) {
-      s[j] = s[j] == neg_inf ? 0.f : std::exp(s[j] - mx[g]);
-      tail += s[j];
-    }
-    total[g] = hsum(acc) + tail;
-  }
-  for (int64_t j = 0; j < t.L; ++j) {
-    bool any = false;
-    for (int64_t g = 0; g < t.G; ++g) any |= t.scores[g * t.L + j] != 0.f;
-    if (!any) continue;
-    const float* vrow = kv_recent_row(t.v_recent, t, j);
-    if (!vrow) {
-      dequant_row(t.v_codes + j * row_bytes, t.v_scale + j * groups, t.v_min + j * groups, t.D, t.group, t.bits, t.row);
-      vrow = t.row;
-    }
-    for (int64_t g = 0; g < t.G; ++g) {
-      const float e = t.scores[g * t.L + j];
-      if (e != 0.f) axpy(e, vrow, t.out + g * t.out_stride, t.D);
-    }
-  }
-  for (int64_t g = 0; g < t.G; ++g) {
-    const float inv = total[g] > 0.f ? 1.f / total[g] : std::numeric_limits<float>::quiet_NaN();
-    float* o = t.out + g * t.out_stride;
-    const __m256 iv = _mm256_set1_ps(inv);
-    for (int64_t i = 0; i < t.D; i += 8) _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(o + i), iv));
-  }
-}
+void kv_attention_task_avx2(const KvAttentionTask& t) { run_task<Avx2Ops>(t); }
+#pragma GCC pop_options
 
 }  // namespace torch_lowbit
 #endif  // TORCH_LOWBIT_X86
