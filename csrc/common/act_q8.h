@@ -35,8 +35,8 @@ inline int32_t load_act4(const int8_t* p) {
 // the active ISA path's block quantizer (all produce the same bytes).
 void quantize_acts_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sum);
 
-// Per-token symmetric activations of `bits` bits (QuaRot's A8 / A4; torch_lowbit/formats/activations.py
-// quantize_per_token is the twin): d = max|x| * (clip / (2^(bits-1) - 1)) per token (1 if 0),
+// Per-token symmetric activations of `bits` bits (QuaRot's A8 / A4; fake_quantize_per_token in
+// torch_lowbit/nn/act_quant.py is the twin): d = max|x| * (clip / (2^(bits-1) - 1)) per token (1 if 0),
 // q = clamp(round_half_even(x / d), -2^(bits-1) (-127 at 8 bits), 2^(bits-1) - 1); every block of the
 // token gets d.
 void quantize_acts_per_token(const float* x, int64_t M, int64_t K, int bits, double clip, int8_t* q, float* d,
