@@ -90,19 +90,35 @@ at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, con
 
   // The activation buffer: the only allocation on the hot path besides the output.
   const int64_t kb = K / 32, groups = K / group;
-  at::Tensor qbuf = at::empty({M * K + M * kb * 8 + M * groups * 4}, x2.options().dtype(at::kChar));
+  at::Tensor qbuf = at::empty({M * K + M * kb * 8 + M * groups * 8}, x2.options().dtype(at::kChar));
   int8_t* xq = qbuf.data_ptr<int8_t>();
   float* xd = reinterpret_cast<float*>(xq + M * K);
   int32_t* xs = reinterpret_cast<int32_t*>(xd + M * kb);
   float* dsum = reinterpret_cast<float*>(xs + M * kb);
+  int32_t* qsum = reinterpret_cast<int32_t*>(dsum + M * groups);
+  // per-token activations: integer group sums (not with group codebooks, whose factor is per block)
+  const bool per_token = act_bits != 0 && !sub_groups.has_value();
+  TORCH_CHECK(!per_token || group <= kI8MaxIntGroup, "lut_i8_linear: per-token activations sum a group in int32, "
+              "which holds groups of at most ", kI8MaxIntGroup, " features; got ", group,
+              ": use a format with smaller groups or act_bits=0");
   at::Tensor out = at::empty({M, N}, x2.options());
   if (M > 0) {
     if (act_bits == 0)
       quantize_acts_q8(x2.data_ptr<float>(), M, K, xq, xd, xs);
     else  // QuaRot-style per-token activations: the same blocks, one scale repeated over the token
       quantize_acts_per_token(x2.data_ptr<float>(), M, K, static_cast<int>(act_bits), act_clip, xq, xd, xs);
-    const Q8Acts a{xq, xd, xs, M, K, dsum};
+    Q8Acts a{xq, xd, xs, M, K, dsum};
     if (mins.has_value()) group_dsums(a, group, dsum);
+    if (per_token) {
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t g = 0; g < groups; ++g) {
+          int32_t s = 0;
+          for (int64_t b = g * (group / 32); b < (g + 1) * (group / 32); ++b) s += xs[m * kb + b];
+          qsum[m * groups + g] = s;
+        }
+      a.per_token = true;
+      a.group_qsum = qsum;
+    }
     const LutI8Fn kern = kernel_for(active_cpu_path(), sub_groups.has_value());
     float* op = out.data_ptr<float>();
     parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) { kern(w, a, t0, t1, op, N); });

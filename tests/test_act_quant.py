@@ -1,4 +1,6 @@
 """Per-token activation quantization (torch_lowbit/nn/act_quant.py) and its use with rotate_."""
+import copy
+
 import pytest
 import torch
 
@@ -119,3 +121,47 @@ def test_integer_activation_kernel_matches_the_rounded_product(path, fmt, bits):
             twice = q(xq)
         with pytest.raises(AssertionError):
             assert_matches_product(twice, xq, w, q.bias, roundings=8)
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "int4_pc", "int4_g64", "int4_g128", "iq4_nl", "int2_g64", "int3_g64", "q8_0"])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_integer_activation_paths_agree_bit_for_bit(fmt, bits):
+    """Per-token activations: every SIMD path sums a group's integer products in int32 and converts once
+    per group, as the scalar path does, so their outputs are identical bytes (odd N, ragged token
+    counts below and above the register blocks, bias; tables of every dot kind: identity, unsigned,
+    signed)."""
+    from conftest import random_linear
+    from torch_lowbit.ops.library import cpu_extension
+    paths = [p for p in cpu_extension().available_cpu_paths() if p != "scalar"]
+    if not paths:
+        pytest.skip("this CPU runs only the scalar path")
+    gen = _gen()
+    layer = tl.ActQuantLinear(tl.QuantLinear.from_linear(random_linear(256, 53, True, gen), fmt), bits, clip_ratio=0.95)
+    for m in (1, 3, 6, 17):
+        x = torch.randn(m, 256, generator=gen) * torch.rand(m, 1, generator=gen).add(0.1)
+        with tl.use_backend("cpu", path="scalar"):
+            ref = layer(x)
+        for path in paths:
+            with tl.use_backend("cpu", path=path):
+                assert torch.equal(layer(x), ref), f"{fmt} A{bits} M={m}: {path} differs from scalar"
+
+
+def test_integer_activation_kernel_refuses_groups_its_int32_sums_cannot_hold():
+    layer = tl.ActQuantLinear(tl.QuantLinear.from_linear(torch.nn.Linear(65536 + 32, 4), "int4_pc"), 8)
+    with pytest.raises(RuntimeError, match="at most 65536 features"):
+        layer(torch.randn(1, 65536 + 32))
+
+
+def test_quarot_recipe_takes_per_channel_int4_weights():
+    """QuaRot(weights="int4_pc"): GPTQ per-channel W4 on the rotated model, per-token A8 in the kernel."""
+    gen = _gen()
+    model = tiny_llama()
+    ids = torch.randint(0, 256, (2, 16), generator=gen)
+    with torch.no_grad():
+        ref = model(ids).logits
+        q = tl.quantize_(copy.deepcopy(model), tl.QuaRot(weights="int4_pc", acts=8, kv=None), calibration=[ids],
+                         progress=False)
+        layers = [m for m in q.modules() if isinstance(m, tl.QuantLinear)]
+        assert layers and all(m.fmt.name == "int4_pc" and m.scales.shape[1] == 1 for m in layers)
+        out = q(ids).logits
+    assert ((out - ref).norm() / ref.norm()) < 0.2

@@ -20,10 +20,13 @@ from torch_lowbit.formats.activations import quantize_q8_blocks
 ROOT = Path(__file__).resolve().parents[1]
 CXX, QEMU = "aarch64-linux-gnu-g++", "qemu-aarch64"
 CPU_MODELS = {"max": True, "cortex-a76": True, "cortex-a53": False}  # model: has dotprod
-# (format, out N, in K, tokens M, bias): odd N (a ragged last tile), several groups, M = 1..33
+# (format, out N, in K, tokens M, bias[, per-token activation bits]): odd N (a ragged last tile), several
+# groups, M = 1..33; the last cases run QuaRot's per-token A8 / A4 (int32 group sums)
 CASES = [("q4_0", 37, 96, 1, True), ("q4_0", 16, 64, 33, False), ("int4_g64", 50, 128, 5, True),
          ("iq4_nl", 23, 64, 2, False), ("q8_0", 29, 96, 3, True), ("int2_g64", 17, 64, 4, True),
-         ("int3_g64", 9, 128, 1, False), ("int1_g32", 33, 64, 2, True), ("int2_sym_g32", 16, 96, 3, False)]
+         ("int3_g64", 9, 128, 1, False), ("int1_g32", 33, 64, 2, True), ("int2_sym_g32", 16, 96, 3, False),
+         ("q4_0", 21, 96, 3, True, 8), ("int4_g64", 19, 128, 2, False, 4), ("iq4_nl", 40, 64, 5, True, 8),
+         ("int4_pc", 18, 160, 1, True, 4)]
 
 pytestmark = pytest.mark.skipif(shutil.which(CXX) is None or shutil.which(QEMU) is None,
                                 reason=f"needs {CXX} and {QEMU} (Debian: apt-get install g++-aarch64-linux-gnu "
@@ -34,7 +37,16 @@ def _i64(*values):
     return struct.pack(f"<{len(values)}q", *values)
 
 
-def _case_bytes(fmt, n, k, m, bias, gen) -> bytes:
+def _per_token_codes(x, bits, clip):
+    """The kernel's per-token rounding (fake_quantize_per_token's codes): xq, d repeated per block."""
+    qmax = 2 ** (bits - 1) - 1
+    d = x.abs().amax(-1, keepdim=True) * (clip / qmax)
+    d = torch.where(d > 0, d, torch.ones_like(d))
+    xq = torch.clamp(torch.round(x / d), -qmax if bits == 8 else -qmax - 1, qmax).to(torch.int8)
+    return xq, d.expand(-1, x.shape[1] // 32).contiguous()
+
+
+def _case_bytes(fmt, n, k, m, bias, gen, act_bits=0) -> bytes:
     q = tl.QuantLinear.from_linear(random_linear(k, n, bias, gen), fmt)
     assert q.layout.name.endswith("_i8_n16"), q.layout.name
     bufs = dict(q.named_buffers())
@@ -44,7 +56,8 @@ def _case_bytes(fmt, n, k, m, bias, gen) -> bytes:
     utable[:table.numel()] = (table.to(torch.int32) + offset).to(torch.uint8)
     group = q.fmt.group_size
     x = torch.randn(m, k, generator=gen) * torch.rand(m, 1, generator=gen).add(0.2)
-    xq, xd = quantize_q8_blocks(x)
+    clip = 0.9
+    xq, xd = _per_token_codes(x, act_bits, clip) if act_bits else quantize_q8_blocks(x)
     xsum = xq.to(torch.int32).reshape(m, k // 32, 32).sum(-1).to(torch.int32)
     gdsum = torch.zeros(m, k // group)
     per = group // 32
@@ -54,9 +67,9 @@ def _case_bytes(fmt, n, k, m, bias, gen) -> bytes:
             s = s + xd[:, b] * xsum[:, b].float()
         gdsum[:, g] = s
     with tl.use_backend("cpu", path="scalar"):
-        expected = q(x)
+        expected = tl.ActQuantLinear(q, act_bits, clip_ratio=clip)(x) if act_bits else q(x)
     mins = bufs.get("mins")
-    parts = [_i64(q.layout.bits, n, k, group, m, mins is not None, bias, offset), utable.numpy().tobytes(),
+    parts = [_i64(q.layout.bits, n, k, group, m, mins is not None, bias, offset, act_bits > 0), utable.numpy().tobytes(),
              bufs["qweight"].contiguous().numpy().tobytes(), bufs["scales"].contiguous().view(torch.int16).numpy().tobytes()]
     if mins is not None:
         parts.append(mins.contiguous().view(torch.int16).numpy().tobytes())
@@ -87,7 +100,7 @@ def vectors(tmp_path_factory):
     seed = int.from_bytes(os.urandom(4), "little")  # fresh data each run; the seed is in every failure message
     gen = torch.Generator().manual_seed(seed)
     path = tmp_path_factory.mktemp("arm") / "lut_i8_vectors.bin"
-    path.write_bytes(_i64(len(CASES)) + b"".join(_case_bytes(*case, gen) for case in CASES))
+    path.write_bytes(_i64(len(CASES)) + b"".join(_case_bytes(*case[:5], gen, *case[5:]) for case in CASES))
     return path, seed
 
 

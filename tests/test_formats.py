@@ -96,7 +96,8 @@ def test_quantization_error_is_small_and_bits_counted(fmt):
     per_bits = 2.2 ** (4 - f.code_bits) if f.code_bits <= 4 else 2.0 ** (4 - f.code_bits)
     assert 0.01 * per_bits < rel < 0.13 * per_bits
     q = tl.QuantLinear.from_weights([w], [None], fmt)
-    assert q.weight_nbytes() * 8 / w.numel() == pytest.approx(f.bits_per_weight())
+    assert q.weight_nbytes() * 8 / w.numel() == pytest.approx(q.fmt.bits_per_weight())  # int4_pc: bound to K
+    assert q.fmt == f.for_layer(256)
 
 
 def test_fewer_bits_more_error_for_int_formats():
@@ -263,3 +264,33 @@ def test_gcb_kernel_op_rejects_bad_buffers():
         op(**args(mins=b["super_scales"]))
     with pytest.raises(RuntimeError, match="2- or 3-bit codes"):
         op(**args(code_bits=4, qweight=torch.zeros(2, 8, 256, dtype=torch.uint8)))
+
+
+def test_int4_pc_binds_one_scale_per_row_to_each_layer(tmp_path):
+    """int4_pc (QuaRot's per-channel W4): the registered config is unbound; a layer binds it to its row
+    length, checkpoints record the bound config, and a config bound to one width refuses another."""
+    f = tl.get_format("int4_pc")
+    w = torch.randn(24, 160) * torch.rand(24, 1).add(0.1)
+    q = f.quantize(w)
+    assert q["scales"].shape == (24, 1) and q["codes"].shape == (24, 160)
+    assert ((f.dequantize(q) - w).norm() / w.norm()) < 0.12
+    # the scale search beats ggml's signed-max / -8 rule on every row's squared error
+    d = w.gather(1, w.abs().argmax(1, keepdim=True)) / -8
+    naive = (torch.round(w / d).clamp(-8, 7) * d - w).square().sum(1)
+    assert bool(((f.dequantize(q) - w).square().sum(1) <= naive * (1 + 1e-5)).all())
+    lin = torch.nn.Linear(160, 24)
+    layer = tl.QuantLinear.from_linear(lin, "int4_pc")
+    assert layer.fmt.group_size == 160 and layer.fmt.name == "int4_pc" and layer.scales.shape[1] == 1
+    with pytest.raises(ValueError, match="bound to rows of 160"):
+        layer.fmt.for_layer(192)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        tl.QuantLinear.from_linear(torch.nn.Linear(100, 8), "int4_pc")
+    def mlp():
+        return torch.nn.Sequential(torch.nn.Linear(160, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+
+    model = tl.quantize_(mlp(), "int4_pc", progress=False)
+    tl.save_quantized(model, tmp_path / "pc.safetensors")
+    loaded = tl.load_quantized(mlp(), tmp_path / "pc.safetensors")
+    x = torch.randn(3, 160)
+    torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+    assert [m.fmt.group_size for m in loaded.modules() if isinstance(m, tl.QuantLinear)] == [160, 64]

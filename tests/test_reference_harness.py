@@ -152,7 +152,7 @@ def test_dequantize_op_matches_format(fmt, path):
     q = tl.QuantLinear.from_linear(lin, fmt, layout="lut4_rowmajor")
     b = {k: getattr(q, k) for k in q._kernel_buffer_names}
     with tl.use_backend("cpu", path=path):
-        w = torch.ops.torch_lowbit.lut4_dequantize(b["qweight"], b["scales"], b.get("mins"), b["lut"], f.group_size)
+        w = torch.ops.torch_lowbit.lut4_dequantize(b["qweight"], b["scales"], b.get("mins"), b["lut"], q.fmt.group_size)
     torch.testing.assert_close(w, q.dequantize(), rtol=1e-6, atol=1e-7)
 
 
@@ -163,7 +163,7 @@ def test_triton_dequantize_matches_format(fmt):
     f = tl.get_format(fmt)
     lin = random_linear(f.group_size * 3, 37, False, torch.Generator().manual_seed(11))
     q = tl.QuantLinear.from_linear(lin, fmt, layout="lut4_rowmajor")
-    w = lut4_dequantize(q.qweight, q.scales, getattr(q, "mins", None), q.lut, f.group_size)
+    w = lut4_dequantize(q.qweight, q.scales, getattr(q, "mins", None), q.lut, q.fmt.group_size)
     torch.testing.assert_close(w, q.dequantize(), rtol=1e-6, atol=1e-7)
 
 

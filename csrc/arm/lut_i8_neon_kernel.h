@@ -60,6 +60,7 @@ void kernel(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, floa
       for (int rq = 0; rq < 4; ++rq) acc[rq] = vld1q_f32(bias + 4 * rq);
       for (int64_t g = 0; g < groups; ++g) {
         float32x4_t gacc[4] = {vdupq_n_f32(0.f), vdupq_n_f32(0.f), vdupq_n_f32(0.f), vdupq_n_f32(0.f)};
+        int32x4_t gisum[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};  // per token
         for (int64_t bb = 0; bb < blocks_per_group; ++bb) {
           const int64_t b = g * blocks_per_group + bb;
           const uint8_t* p = w.qweight + (t * kb_count + b) * block_bytes;
@@ -70,9 +71,15 @@ void kernel(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, floa
           block_quads<Dot, BITS, 1>(p, table, x0, x1, isum);
           block_quads<Dot, BITS, 2>(p, table, x0, x1, isum);
           block_quads<Dot, BITS, 3>(p, table, x0, x1, isum);
+          if (a.per_token) {  // the group's integer sum, converted once below
+            for (int rq = 0; rq < 4; ++rq) gisum[rq] = vaddq_s32(gisum[rq], isum[rq]);
+            continue;
+          }
           const float32x4_t xd = vdupq_n_f32(a.d[m * kb_count + b]);
           for (int rq = 0; rq < 4; ++rq) gacc[rq] = vfmaq_f32(gacc[rq], vcvtq_f32_s32(isum[rq]), xd);
         }
+        if (a.per_token)
+          for (int rq = 0; rq < 4; ++rq) gacc[rq] = vmulq_f32(vcvtq_f32_s32(gisum[rq]), vdupq_n_f32(a.d[m * kb_count]));
         const int64_t pidx = (t * groups + g) * kI8TileRows;
         const auto* sp = reinterpret_cast<const float16_t*>(w.scales + pidx);
         for (int rq = 0; rq < 4; ++rq) {

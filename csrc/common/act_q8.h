@@ -13,6 +13,10 @@ struct Q8Acts {
   const int32_t* sum;  // [M, K/32]: sum of q over the block (for offsets and mins)
   int64_t M, K;
   const float* group_dsum = nullptr;  // [M, K/group]: sum of d * float(sum) over a group's blocks
+  // Per-token activations (one d per token, quantize_acts_per_token): the lut_i8 kernels sum a
+  // group's integer products in int32 and convert once per group (common/lut_i8.h).
+  bool per_token = false;
+  const int32_t* group_qsum = nullptr;  // per_token: [M, K/group] sum of q over a group's blocks
 };
 
 #if defined(TORCH_LOWBIT_X86)

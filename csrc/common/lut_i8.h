@@ -22,6 +22,12 @@
 // applied once per group. Accumulators start at the bias (0 without one). Every path performs
 // exactly these operations in this order, so all paths agree bit for bit.
 //
+// Per-token activations (Q8Acts::per_token: QuaRot's A8 / A4, one scale xd per token): the group's
+// isums add up in int32 (exact, whatever the order: -fwrapv, and |sum| < 2^31 for groups of at most
+// 65536 features, which the op checks) and gacc = float(isum_group) * xd, converted once per group,
+// then the same scale / min epilogue. With one group per row (int4_pc) a whole row is one integer
+// dot product. Not with group codebooks (their block factor is per block).
+//
 // Group codebooks (gcb2/gcb3, layout gcb_i8_n16): sub_groups [N/16, K/32, 16] holds one byte per
 // (row, 32-block) = (codebook c << 4) | sub-scale s; the table is the C <= 16 codebooks of 2^b entries
 // back to back, so a code q of that row and block reads u[(c << b) | q] (one vpermb / vpermi2b over
@@ -53,6 +59,9 @@ struct LutI8Weights {
 };
 
 inline int64_t lut_i8_block_bytes(int bits) { return 64 * bits; }
+
+// The per-token kernels' int32 group sums hold groups of at most this many features.
+constexpr int64_t kI8MaxIntGroup = 65536;
 
 // Row r's code k (< 32) of the (tile, block) whose bytes start at p: the layout's definition.
 inline int lut_i8_code(const uint8_t* p, int bits, int r, int k) {

@@ -16,6 +16,7 @@ void lut_i8_scalar(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t
       for (int64_t r = 0; r < rows && w.bias; ++r) acc[r] = w.bias[t * kI8TileRows + r];
       for (int64_t g = 0; g < groups; ++g) {
         float gacc[kI8TileRows] = {0};
+        int32_t gisum[kI8TileRows] = {0};  // per-token activations: the group's integer sum
         for (int64_t bb = 0; bb < blocks_per_group; ++bb) {
           const int64_t b = g * blocks_per_group + bb;
           const uint8_t* p = w.qweight + (t * kb_count + b) * block_bytes;
@@ -27,10 +28,14 @@ void lut_i8_scalar(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t
             int32_t isum = 0;
             for (int k = 0; k < 32; ++k) isum += lut_i8_value(w, p, sub, r, k) * xq[k];
             isum -= w.offset * xsum;
-            gacc[r] = std::fma(static_cast<float>(isum), lut_i8_block_factor(sub, r, xd), gacc[r]);
+            if (a.per_token)
+              gisum[r] += isum;
+            else
+              gacc[r] = std::fma(static_cast<float>(isum), lut_i8_block_factor(sub, r, xd), gacc[r]);
           }
         }
         for (int r = 0; r < kI8TileRows; ++r) {
+          if (a.per_token) gacc[r] = static_cast<float>(gisum[r]) * a.d[m * kb_count];
           const int64_t pidx = (t * groups + g) * kI8TileRows + r;
           acc[r] = std::fma(gacc[r], static_cast<float>(w.scales[pidx]), acc[r]);
           if (w.mins) acc[r] = std::fma(static_cast<float>(w.mins[pidx]), a.group_dsum[m * groups + g], acc[r]);

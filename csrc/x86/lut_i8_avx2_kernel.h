@@ -140,8 +140,9 @@ TLB_KERNEL inline void pin(__m256i& v) { asm("" : "+x"(v)); }
 
 // isum[m][k] of MT tokens (activations xq[m], already at the block) against NH halves. The quad loop is
 // outermost: each prepared vector is loaded once and feeds every token, each broadcast activation
-// word feeds every half, and the MT x NH sums stay in registers (no spills at 4 x 2).
-template <Dot D, int NH, int MT>
+// word feeds every half, and the MT x NH sums stay in registers (no spills at 4 x 2). Offset: subtract
+// offset_sums here (per-token activations do it once per group instead).
+template <Dot D, int NH, int MT, bool Offset = true>
 TLB_KERNEL __attribute__((always_inline)) inline void block_isums(const PreparedHalf<D>* h, const int8_t* const* xq,
                                                                   const int32_t* offset_sums, __m256i (&isum)[MT][NH]) {
   #pragma GCC unroll 8
@@ -176,7 +177,7 @@ TLB_KERNEL __attribute__((always_inline)) inline void block_isums(const Prepared
     #pragma GCC unroll 8
     for (int k = 0; k < NH; ++k) {
       if constexpr (D == Dot::Small) isum[m][k] = _mm256_madd_epi16(isum[m][k], _mm256_set1_epi16(1));
-      if constexpr (D != Dot::Signed) isum[m][k] = _mm256_sub_epi32(isum[m][k], _mm256_set1_epi32(offset_sums[m]));
+      if constexpr (D != Dot::Signed && Offset) isum[m][k] = _mm256_sub_epi32(isum[m][k], _mm256_set1_epi32(offset_sums[m]));
     }
 }
 
@@ -192,11 +193,12 @@ TLB_KERNEL inline __m256 half_params(const c10::Half* p, int64_t groups, int64_t
 }
 
 // Tokens [m0, m0 + MT) against NH halves (from h0) of tile t; prepared(b) gives the NH halves of
-// block b (decoded now, or read from the prefill buffer); Sub: group codebooks (per-row sub-scales).
-// The float epilogue per block and group is the scalar path's. The per-group accumulators stay in
+// block b (decoded now, or read from the prefill buffer); Sub: group codebooks (per-row sub-scales);
+// PT: per-token activations (the group's isums add up in int32, converted once per group). The
+// float epilogue per block and group is the scalar path's. The per-group accumulators stay in
 // registers; the running sums live in memory (touched once per group), which leaves the registers
 // to the block loop.
-template <Dot D, bool Sub, int NH, int MT, typename Prepared>
+template <Dot D, bool Sub, bool PT, int NH, int MT, typename Prepared>
 TLB_KERNEL __attribute__((always_inline)) inline void run_tokens(const LutI8Weights& w, const Q8Acts& a, int64_t t,
                                                                  int h0, int64_t m0, float* out, int64_t ldo,
                                                                  Prepared prepared) {
@@ -221,10 +223,14 @@ TLB_KERNEL __attribute__((always_inline)) inline void run_tokens(const LutI8Weig
   const uint8_t* sub = Sub ? w.sub_groups + t * kb_count * kI8TileRows + 8 * h0 : nullptr;
   for (int64_t g = 0; g < groups; ++g) {
     __m256 gacc[MT][NH];
+    __m256i gisum[MT][NH];  // PT
     #pragma GCC unroll 8
     for (int m = 0; m < MT; ++m)
       #pragma GCC unroll 8
-      for (int k = 0; k < NH; ++k) gacc[m][k] = _mm256_setzero_ps();
+      for (int k = 0; k < NH; ++k) {
+        gacc[m][k] = _mm256_setzero_ps();
+        if constexpr (PT) gisum[m][k] = _mm256_setzero_si256();
+      }
     for (int64_t b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b) {
       const PreparedHalf<D>* halves = prepared(b);
       const int8_t* xb[MT];
@@ -235,7 +241,14 @@ TLB_KERNEL __attribute__((always_inline)) inline void run_tokens(const LutI8Weig
         offset_sums[m] = w.offset * xs[m][b];
       }
       __m256i isum[MT][NH];
-      block_isums<D, NH, MT>(halves, xb, offset_sums, isum);
+      block_isums<D, NH, MT, !PT>(halves, xb, offset_sums, isum);
+      if constexpr (PT) {
+        #pragma GCC unroll 8
+        for (int m = 0; m < MT; ++m)
+          #pragma GCC unroll 8
+          for (int k = 0; k < NH; ++k) gisum[m][k] = _mm256_add_epi32(gisum[m][k], isum[m][k]);
+        continue;
+      }
       #pragma GCC unroll 8
       for (int m = 0; m < MT; ++m) {
         const __m256 factor = _mm256_broadcast_ss(xd[m] + b);
@@ -252,6 +265,12 @@ TLB_KERNEL __attribute__((always_inline)) inline void run_tokens(const LutI8Weig
       const __m256 mn = w.mins ? half_params(w.mins, groups, t, g, h0 + k) : _mm256_setzero_ps();
       #pragma GCC unroll 8
       for (int m = 0; m < MT; ++m) {
+        if constexpr (PT) {
+          __m256i gs = gisum[m][k];
+          if constexpr (D != Dot::Signed)
+            gs = _mm256_sub_epi32(gs, _mm256_set1_epi32(w.offset * a.group_qsum[(m0 + m) * groups + g]));
+          gacc[m][k] = _mm256_mul_ps(_mm256_cvtepi32_ps(gs), _mm256_set1_ps(xd[m][0]));
+        }
         __m256 v = _mm256_fmadd_ps(gacc[m][k], scale, _mm256_load_ps(acc[m][k]));
         if (w.mins) v = _mm256_fmadd_ps(mn, _mm256_set1_ps(a.group_dsum[(m0 + m) * groups + g]), v);
         _mm256_store_ps(acc[m][k], v);
@@ -265,7 +284,7 @@ TLB_KERNEL __attribute__((always_inline)) inline void run_tokens(const LutI8Weig
 }
 
 // Few tokens: each half's blocks decoded in registers, once per block of up to 4 tokens.
-template <Dot D, bool Sub, int B>
+template <Dot D, bool Sub, bool PT, int B>
 TLB_KERNEL void tile_decode_tokens(const LutI8Weights& w, const TableBytes& tab, const Q8Acts& a, int64_t t, float* out,
                                    int64_t ldo) {
   const int64_t kb_count = w.K / 32;
@@ -274,7 +293,7 @@ TLB_KERNEL void tile_decode_tokens(const LutI8Weights& w, const TableBytes& tab,
     if (t * kI8TileRows + 8 * h >= w.N) break;
     for_token_blocks<kTokenBlock>(a.M, [&](auto mt, int64_t m0) TLB_KERNEL {
       PreparedHalf<D> half;
-      run_tokens<D, Sub, 1, decltype(mt)::value>(w, a, t, h, m0, out, ldo, [&](int64_t b) TLB_KERNEL {
+      run_tokens<D, Sub, PT, 1, decltype(mt)::value>(w, a, t, h, m0, out, ldo, [&](int64_t b) TLB_KERNEL {
         const uint8_t* sub = Sub ? w.sub_groups + (t * kb_count + b) * kI8TileRows + 8 * h : nullptr;
         prepare_half<D, B>(tile + b * (64 * B) + 32 * h, tab, sub, half);
         return &half;
@@ -285,7 +304,7 @@ TLB_KERNEL void tile_decode_tokens(const LutI8Weights& w, const TableBytes& tab,
 
 // Many tokens: the tile's blocks prepared once into `buf` (2 halves per block, 32-byte aligned), then
 // every token block runs both halves against them.
-template <Dot D, bool Sub, int B>
+template <Dot D, bool Sub, bool PT, int B>
 TLB_KERNEL void tile_prefill(const LutI8Weights& w, const TableBytes& tab, const Q8Acts& a, int64_t t,
                              PreparedHalf<D>* buf, float* out, int64_t ldo) {
   const int64_t kb_count = w.K / 32;
@@ -297,31 +316,32 @@ TLB_KERNEL void tile_prefill(const LutI8Weights& w, const TableBytes& tab, const
     }
   const PreparedHalf<D>* prepared = buf;
   for_token_blocks<kTokenBlock>(a.M, [&](auto mt, int64_t m0) TLB_KERNEL {
-    run_tokens<D, Sub, 2, decltype(mt)::value>(w, a, t, 0, m0, out, ldo,
+    run_tokens<D, Sub, PT, 2, decltype(mt)::value>(w, a, t, 0, m0, out, ldo,
                                           [&](int64_t b) TLB_KERNEL { return prepared + 2 * b; });
   });
 }
 
-template <Dot D, bool Sub, int B>
+template <Dot D, bool Sub, bool PT, int B>
 TLB_KERNEL void run_tiles(const LutI8Weights& w, const TableBytes& tab, const Q8Acts& a, int64_t t0, int64_t t1,
                           float* out, int64_t ldo) {
   if (a.M <= kTokenBlock) {
-    for (int64_t t = t0; t < t1; ++t) tile_decode_tokens<D, Sub, B>(w, tab, a, t, out, ldo);
+    for (int64_t t = t0; t < t1; ++t) tile_decode_tokens<D, Sub, PT, B>(w, tab, a, t, out, ldo);
     return;
   }
   // (std::vector does not promise the 32-byte alignment the prepared vectors need)
   std::vector<uint8_t> storage(2 * (w.K / 32) * sizeof(PreparedHalf<D>) + 32);
   auto* buf = reinterpret_cast<PreparedHalf<D>*>((reinterpret_cast<uintptr_t>(storage.data()) + 31) & ~uintptr_t{31});
-  for (int64_t t = t0; t < t1; ++t) tile_prefill<D, Sub, B>(w, tab, a, t, buf, out, ldo);
+  for (int64_t t = t0; t < t1; ++t) tile_prefill<D, Sub, PT, B>(w, tab, a, t, buf, out, ldo);
 }
 
 template <Dot D, int B>
 TLB_KERNEL void run_range(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out, int64_t ldo) {
   const TableBytes tab = table_bytes<D>(w);
   if constexpr (B == 2 || B == 3) {  // group codebooks
-    if (w.sub_groups) return run_tiles<D, true, B>(w, tab, a, t0, t1, out, ldo);
+    if (w.sub_groups) return run_tiles<D, true, false, B>(w, tab, a, t0, t1, out, ldo);
   }
-  run_tiles<D, false, B>(w, tab, a, t0, t1, out, ldo);
+  if (a.per_token) return run_tiles<D, false, true, B>(w, tab, a, t0, t1, out, ldo);
+  run_tiles<D, false, false, B>(w, tab, a, t0, t1, out, ldo);
 }
 
 }  // namespace

@@ -78,11 +78,14 @@ TLB_KERNEL inline void map_quads(__m512i q[8], const __m512i tables[2], const ui
 }
 
 // NT tiles (consecutive, t .. t+NT-1) x MT tokens per pass: NT > 1 keeps several weight streams in
-// flight per thread, which is what decode (M = 1) is bound by.
-template <Lookup L, int B, int NT, int MT>
+// flight per thread, which is what decode (M = 1) is bound by. PT: per-token activations, whose
+// group sums stay in int32 (two vpdpbusd chains per tile and token across the whole group, the
+// offset subtracted once per group from the token's group sum of q).
+template <Lookup L, int B, int NT, int MT, bool PT>
 TLB_KERNEL void tiles_tokens(const LutI8Weights& w, const Q8Acts& a, int64_t t, int64_t m0, float* out, int64_t ldo) {
   constexpr int64_t block_bytes = 64 * B;
   const int64_t kb_count = w.K / 32, groups = w.K / w.group, blocks_per_group = w.group / 32;
+  constexpr bool kTwoChains = NT * MT < 4;
   __m512i tables[2];
   if constexpr (L == Lookup::RowCodebook) {
     tables[0] = _mm512_loadu_si512(w.utable);
@@ -100,8 +103,12 @@ TLB_KERNEL void tiles_tokens(const LutI8Weights& w, const Q8Acts& a, int64_t t, 
   }
   for (int64_t g = 0; g < groups; ++g) {
     __m512 gacc[NT][MT];
+    __m512i ilo[NT][MT], ihi[NT][MT];  // PT
     for (int n = 0; n < NT; ++n)
-      for (int m = 0; m < MT; ++m) gacc[n][m] = _mm512_setzero_ps();
+      for (int m = 0; m < MT; ++m) {
+        gacc[n][m] = _mm512_setzero_ps();
+        if constexpr (PT) ilo[n][m] = ihi[n][m] = _mm512_setzero_si512();
+      }
     for (int64_t bb = 0; bb < blocks_per_group; ++bb) {
       const int64_t b = g * blocks_per_group + bb;
       __m512i quad[NT][8];
@@ -123,6 +130,14 @@ TLB_KERNEL void tiles_tokens(const LutI8Weights& w, const Q8Acts& a, int64_t t, 
         const int8_t* xq = a.q + (m0 + m) * a.K + b * 32;
         const float xd = a.d[(m0 + m) * kb_count + b];
         for (int n = 0; n < NT; ++n) {
+          if constexpr (PT) {  // one chain per (tile, token) once there are enough of them to hide the latency
+            __m512i& hi = kTwoChains ? ihi[n][m] : ilo[n][m];
+            for (int qd = 0; qd < 4; ++qd) {
+              ilo[n][m] = _mm512_dpbusd_epi32(ilo[n][m], quad[n][qd], _mm512_set1_epi32(load_act4(xq + 4 * qd)));
+              hi = _mm512_dpbusd_epi32(hi, quad[n][qd + 4], _mm512_set1_epi32(load_act4(xq + 16 + 4 * qd)));
+            }
+            continue;
+          }
           // two chains of 4 (not one of 8): the dpbusd latency is what a single token waits on
           __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
           for (int qd = 0; qd < 4; ++qd) {
@@ -143,6 +158,11 @@ TLB_KERNEL void tiles_tokens(const LutI8Weights& w, const Q8Acts& a, int64_t t, 
       const __m512 mn = w.mins ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.mins + pidx)))
                                : _mm512_setzero_ps();
       for (int m = 0; m < MT; ++m) {
+        if constexpr (PT) {
+          __m512i isum = kTwoChains ? _mm512_add_epi32(ilo[n][m], ihi[n][m]) : ilo[n][m];
+          if (w.offset) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(w.offset * a.group_qsum[(m0 + m) * groups + g]));
+          gacc[n][m] = _mm512_mul_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(a.d[(m0 + m) * kb_count]));
+        }
         acc[n][m] = _mm512_fmadd_ps(gacc[n][m], scale, acc[n][m]);
         if (w.mins) acc[n][m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a.group_dsum[(m0 + m) * groups + g]), acc[n][m]);
       }
@@ -154,8 +174,16 @@ TLB_KERNEL void tiles_tokens(const LutI8Weights& w, const Q8Acts& a, int64_t t, 
 
 template <Lookup L, int B, int NT>
 TLB_KERNEL void run_tiles(const LutI8Weights& w, const Q8Acts& a, int64_t t, float* out, int64_t ldo) {
+  if constexpr (L != Lookup::RowCodebook) {
+    if (a.per_token) {
+      for_token_blocks<8 / NT>(a.M, [&](auto mt, int64_t m0) TLB_KERNEL {
+        tiles_tokens<L, B, NT, decltype(mt)::value, true>(w, a, t, m0, out, ldo);
+      });
+      return;
+    }
+  }
   for_token_blocks<8 / NT>(a.M, [&](auto mt, int64_t m0) TLB_KERNEL {
-    tiles_tokens<L, B, NT, decltype(mt)::value>(w, a, t, m0, out, ldo);
+    tiles_tokens<L, B, NT, decltype(mt)::value, false>(w, a, t, m0, out, ldo);
   });
 }
 

@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
     const int64_t cases = rd.i64();
     for (int64_t c = 0; c < cases; ++c) {
       const int64_t bits = rd.i64(), N = rd.i64(), K = rd.i64(), group = rd.i64(), M = rd.i64();
-      const int64_t has_mins = rd.i64(), has_bias = rd.i64(), offset = rd.i64();
+      const int64_t has_mins = rd.i64(), has_bias = rd.i64(), offset = rd.i64(), per_token = rd.i64();
       const int64_t tiles = (N + 15) / 16, kb = K / 32, groups = K / group;
       auto utable = rd.read<uint8_t>(kI8MaxTable);
       auto qweight = rd.read<uint8_t>(tiles * kb * lut_i8_block_bytes(static_cast<int>(bits)));
@@ -68,7 +68,12 @@ int main(int argc, char** argv) {
                      has_bias ? bias.data() : nullptr, static_cast<int>(bits)};
       std::memcpy(w.utable, utable.data(), kI8MaxTable);
       w.offset = static_cast<int32_t>(offset);
-      const Q8Acts a{xq.data(), xd.data(), xsum.data(), M, K, gdsum.data()};
+      Q8Acts a{xq.data(), xd.data(), xsum.data(), M, K, gdsum.data()};
+      std::vector<int32_t> gqsum(M * groups, 0);  // per-token activations: q summed over each group
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t b = 0; b < kb; ++b) gqsum[m * groups + b / (group / 32)] += xsum[m * kb + b];
+      a.per_token = per_token != 0;
+      a.group_qsum = gqsum.data();
       std::vector<std::pair<const char*, LutI8Fn>> paths = {{"scalar", lut_i8_scalar}, {"neon", lut_i8_neon}};
       if (dotprod) paths.push_back({"dotprod", lut_i8_dotprod});
       for (auto& [name, fn] : paths) {
@@ -78,9 +83,9 @@ int main(int argc, char** argv) {
         fn(w, a, mid, tiles, out.data(), N);
         int64_t bad = 0;
         for (int64_t i = 0; i < M * N; ++i) bad += std::memcmp(&out[i], &expected[i], sizeof(float)) != 0;
-        printf("case %lld bits=%lld N=%lld K=%lld group=%lld M=%lld mins=%lld bias=%lld %s: %s\n",
+        printf("case %lld bits=%lld N=%lld K=%lld group=%lld M=%lld mins=%lld bias=%lld per_token=%lld %s: %s\n",
                (long long)c, (long long)bits, (long long)N, (long long)K, (long long)group, (long long)M,
-               (long long)has_mins, (long long)has_bias, name, bad ? "MISMATCH" : "equal");
+               (long long)has_mins, (long long)has_bias, (long long)per_token, name, bad ? "MISMATCH" : "equal");
         if (bad) {
           ++failures;
           for (int64_t i = 0; i < M * N && bad; ++i)

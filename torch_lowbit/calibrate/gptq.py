@@ -44,6 +44,7 @@ def gptq_quantize(fmt: ScalarCodebookFormat, weight: Tensor, hessian: Tensor, *,
         raise ValueError(f"GPTQ rounding supports scalar-codebook and gcb formats; {fmt.name} is neither")
     fmt.check_weight(weight)
     n, k = weight.shape
+    fmt = fmt.for_layer(k)
     g = fmt.group_size
     if hessian.shape != (k, k):
         raise ValueError(f"GPTQ: hessian must be [{k}, {k}], got {tuple(hessian.shape)}")
@@ -59,7 +60,7 @@ def gptq_quantize(fmt: ScalarCodebookFormat, weight: Tensor, hessian: Tensor, *,
                              finish=lambda codes: dict(fixed, codes=codes))
     table = fmt.code_values().to(w.device)
 
-    static = act_order
+    static = act_order or g == k  # one group per row (int4_pc): its scale is fit up front either way
     if static:
         scales, mins = _fit16(fmt, w.reshape(n, k // g, g), fmt._importance_groups(torch.diag(h), k))
     else:
@@ -84,7 +85,8 @@ def gptq_quantize(fmt: ScalarCodebookFormat, weight: Tensor, hessian: Tensor, *,
             out["mins"] = mins.half()
         return out
 
-    return _gptq_columns(w, h, _order(h, act_order), damp, block, g, encode, finish,
+    # static groups: any block size (blocks of whole groups only matter when groups begin mid-sweep)
+    return _gptq_columns(w, h, _order(h, act_order), damp, block, 1 if static else g, encode, finish,
                          begin_group=None if static else begin_group)
 
 

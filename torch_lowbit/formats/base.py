@@ -45,6 +45,11 @@ class Format(ABC):
     def dequantize(self, q: dict[str, Tensor]) -> Tensor:
         """The reference dequantizer: the fp32 [out, in] weight the codes stand for."""
 
+    def for_layer(self, in_features: int) -> "Format":
+        """The config a layer of `in_features` inputs is quantized with: itself for formats of a fixed
+        group; per-channel formats (int4_pc) bind their group to the layer's whole row here."""
+        return self
+
     def check_weight(self, weight: Tensor, what: str = "weight") -> None:
         """Rejects what the format cannot represent, naming the fix."""
         if not isinstance(weight, Tensor) or weight.dim() != 2:

@@ -173,6 +173,76 @@ class IntSym(IntGroupFormat):
         return scale, err
 
 
+@dataclasses.dataclass(frozen=True)
+class Int4PerChannel(ScalarCodebookFormat):
+    """int4_pc: QuaRot's per-channel symmetric int4, value = (q - 8) * scale with one fp16 scale per
+    output row (q4_0's -8..7 grid; the group is the layer's whole row).
+
+    The registered config is unbound (group 0); `for_layer(K)` gives the config of a layer with K
+    inputs (group K), which is what a QuantLinear holds and a checkpoint records. The scale is the
+    clipping search QuaRot runs for its weights: the candidate of least (importance-weighted)
+    squared error among divisors of the row's signed max (ggml's -8 among them), each also refit by
+    least squares. With per-token activations a whole row is one int32 dot product in the CPU
+    kernels (csrc/common/lut_i8.h), the W4A8 / W4A4 fast path.
+    """
+
+    kind: ClassVar[str] = "int4_pc"
+    group: int = 0  # 0: not bound to a layer yet
+
+    def __post_init__(self):
+        if self.group < 0 or self.group % 32:
+            raise ValueError(f"int4_pc: group must be 0 (unbound) or the layer's in_features, a multiple of 32; "
+                             f"got {self.group}")
+
+    @property
+    def name(self) -> str:
+        return "int4_pc"
+
+    @property
+    def group_size(self) -> int:
+        # unbound: the multiple a layer's in_features must be (what shape checks and tests ask of it);
+        # everything that rounds or packs runs on the bound config
+        return self.group or 32
+
+    def for_layer(self, in_features: int) -> "Int4PerChannel":
+        if self.group and self.group != in_features:
+            raise ValueError(f"int4_pc: this config is bound to rows of {self.group} features, the layer has "
+                             f"{in_features}; use the format name 'int4_pc'")
+        if in_features <= 0 or in_features % 32:
+            raise ValueError(f"int4_pc: in_features must be a positive multiple of 32 (int8 activation blocks), "
+                             f"got {in_features}; exclude this layer with filter_fn")
+        return dataclasses.replace(self, group=in_features)
+
+    def shape_problem(self, out_features: int, in_features: int) -> Optional[str]:
+        if in_features % 32 or (self.group and in_features != self.group):
+            return (f"has in_features={in_features}; int4_pc needs a multiple of 32 and a config bound to it "
+                    "(format name 'int4_pc'); or exclude this layer with filter_fn")
+        return None
+
+    # Unbound, the config binds itself to the tensors it is handed.
+    def quantize(self, weight: Tensor, importance: Optional[Tensor] = None) -> dict[str, Tensor]:
+        if not self.group and isinstance(weight, Tensor) and weight.dim() == 2:
+            return self.for_layer(weight.shape[1]).quantize(weight, importance)
+        return super().quantize(weight, importance)
+
+    def dequantize(self, q: dict[str, Tensor]) -> Tensor:
+        return super(Int4PerChannel, self.for_layer(q["codes"].shape[1])).dequantize(q)
+
+    def check_quantized(self, q: dict[str, Tensor], out_features: int, in_features: int) -> None:
+        super(Int4PerChannel, self.for_layer(in_features)).check_quantized(q, out_features, in_features)
+
+    def bits_per_weight(self) -> float:
+        return 4 + 16 / (self.group or 4096)  # one fp16 per row (counted at 4096 inputs while unbound)
+
+    def code_values(self) -> Tensor:
+        return torch.arange(16, dtype=torch.float32) - 8
+
+    def fit_groups(self, x: Tensor, importance: Optional[Tensor] = None) -> tuple[Tensor, None]:
+        signed_max = x.gather(-1, x.abs().argmax(dim=-1, keepdim=True))
+        w = torch.ones_like(x) if importance is None else importance
+        return _weighted_symmetric_scale(x, w, signed_max), None
+
+
 def _nearest_codes(x: Tensor, scale: Tensor, mn: Tensor, top: int) -> Tensor:
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     return torch.round((x - mn) / safe).clamp_(0, top).to(torch.uint8)
@@ -229,6 +299,7 @@ def _weighted_symmetric_scale(x: Tensor, w: Tensor, signed_max: Tensor) -> Tenso
 
 
 register_format(Q4_0())
+register_format(Int4PerChannel())
 for _g in (32, 64, 128):
     register_format(Int4(group=_g))
     for _b in (3, 2):

@@ -27,7 +27,7 @@ class QuantLinear(nn.Module):
                  layout: Optional[Layout] = None, split_sizes: Optional[Sequence[int]] = None):
         super().__init__()
         self.in_features, self.out_features = int(in_features), int(out_features)
-        self.fmt = get_format(fmt)
+        self.fmt = get_format(fmt).for_layer(self.in_features)
         self.layout = _resolve_layout(layout, self.fmt, "cpu")
         self.split_sizes = list(split_sizes) if split_sizes is not None else None
         if self.split_sizes is not None and sum(self.split_sizes) != self.out_features:
@@ -67,8 +67,10 @@ class QuantLinear(nn.Module):
     def from_weights(cls, weights: Sequence[Tensor], biases: Sequence[Optional[Tensor]],
                      fmt: Union[str, Format], *, layout: Optional[Layout] = None, split: bool = False,
                      importance: Optional[Tensor] = None, hessian: Optional[Tensor] = None) -> "QuantLinear":
-        fmt = get_format(fmt)
         weight = torch.cat([w.detach() for w in weights], dim=0) if len(weights) > 1 else weights[0].detach()
+        fmt = get_format(fmt)
+        if isinstance(weight, Tensor) and weight.dim() == 2:
+            fmt = fmt.for_layer(weight.shape[1])
         fmt.check_weight(weight)
         layout = _resolve_layout(layout, fmt, weight.device.type)
         if hessian is not None and isinstance(fmt, GaussianFormat):
@@ -97,7 +99,7 @@ class QuantLinear(nn.Module):
         e.g. q8_0 {"codes": uint8 [N, K], "scales": fp16 [N, K/32]} read from a GGUF file), packed into
         `layout` (default: the best one for q's device) without re-quantizing: dequantize() equals
         fmt.dequantize(q) bit for bit. bias: float [out_features] or None."""
-        fmt = get_format(fmt)
+        fmt = get_format(fmt).for_layer(in_features)
         fmt.check_quantized(q, out_features, in_features)
         if bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (out_features,)
                                  or not bias.is_floating_point()):
@@ -111,7 +113,7 @@ class QuantLinear(nn.Module):
               bias_dtype: torch.dtype = torch.float32, layout: Optional[Layout] = None,
               split_sizes: Optional[Sequence[int]] = None, device="meta") -> "QuantLinear":
         """An unfilled module of the right shapes (checkpoint loading assigns its buffers)."""
-        fmt = get_format(fmt)
+        fmt = get_format(fmt).for_layer(in_features)
         layout = _resolve_layout(layout, fmt, "cpu")
         shapes = layout.buffer_shapes(fmt, out_features, in_features)
         buffers = {k: torch.empty(shape, dtype=dt, device=device) for k, (shape, dt) in shapes.items()}
