@@ -72,6 +72,23 @@ def test_rotating_keys_spreads_an_outlier_channel():
     assert (rot_keys - k).norm() < 0.5 * (plain_keys - k).norm()
 
 
+def test_beam_reorder_permutes_the_batch_in_place():
+    """reorder_cache (beam search) permutes codes, scales and the exact ring in the same buffers a
+    compiled decode graph captured, and reads back what the reordered batch stored."""
+    gen = _gen()
+    k, v = torch.randn(3, 2, 9, 32, generator=gen), torch.randn(3, 2, 9, 32, generator=gen)
+    layer = tl.QuantizedKVLayer(12, bits=4, group=16, residual_length=4)
+    ref = tl.QuantizedKVLayer(12, bits=4, group=16, residual_length=4)
+    beams = torch.tensor([2, 0, 0])
+    layer.update(k, v)
+    ref.update(k[beams], v[beams])
+    before = {n: t.data_ptr() for n, t in (*layer.key_store.items(), *layer.value_store.items())}
+    layer.reorder_cache(beams)
+    assert {n: t.data_ptr() for n, t in (*layer.key_store.items(), *layer.value_store.items())} == before
+    for got, want in zip(layer.read(), ref.read()):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_decode_steps_keep_recent_tokens_exact_and_ragged_lengths_work():
     gen = _gen()
     layer = tl.QuantizedKVLayer(23, bits=4, group=16, residual_length=5)

@@ -138,12 +138,10 @@ class QuantizedKVLayer(StaticLayer):
         return sum(t.numel() * t.element_size() for t in (*self.key_store.values(), *self.value_store.values()))
 
     def reorder_cache(self, beam_idx: Tensor) -> None:
+        # in place: a compiled decode graph holds these buffers' addresses (static cache)
         for store in (self.key_store, self.value_store):
-            for name, t in store.items():
-                store[name] = t.index_select(0, beam_idx.to(t.device))
-
-    def crop(self, max_length: int) -> None:
-        raise NotImplementedError("QuantizedKVCache cannot be cropped (assisted decoding is not supported)")
+            for t in store.values():
+                t.copy_(t.index_select(0, beam_idx.to(t.device)))
 
 
 class QuantizedKVCache(Cache):

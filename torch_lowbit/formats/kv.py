@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .uniform import minmax_params, nearest_affine_codes
+
 KV_BITS = (4, 8)
 
 
@@ -26,16 +28,11 @@ def quantize_kv(x: Tensor, bits: int, group: int) -> tuple[Tensor, Tensor, Tenso
     """x [..., D] -> (codes uint8 [..., D * bits / 8], scale fp16 [..., D / group], min fp16 [..., D / group])."""
     check_kv_config(bits, group, x.shape[-1])
     xg = x.float().reshape(*x.shape[:-1], x.shape[-1] // group, group)
-    lo, hi = xg.amin(-1), xg.amax(-1)
-    qmax = 2 ** bits - 1
-    scale = ((hi - lo) / qmax).to(torch.float16)
-    mn = lo.to(torch.float16)
-    d = scale.float().unsqueeze(-1)
-    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
-    q = torch.round((xg - mn.float().unsqueeze(-1)) * inv).clamp_(0, qmax).to(torch.uint8).reshape(x.shape)
+    scale, mn = (p.to(torch.float16) for p in minmax_params(xg, bits))  # the weights' int_asym minmax rule
+    q = nearest_affine_codes(xg, scale.float(), mn.float(), 2 ** bits - 1).reshape(x.shape)
     if bits == 4:
         q = q[..., 0::2] | (q[..., 1::2] << 4)
-    return q, scale, mn
+    return q, scale.squeeze(-1), mn.squeeze(-1)
 
 
 def dequantize_kv(codes: Tensor, scale: Tensor, mn: Tensor, bits: int, dtype: torch.dtype = torch.float32) -> Tensor:

@@ -92,16 +92,15 @@ class IntAsym(IntGroupFormat):
         return torch.arange(2 ** self.bits, dtype=torch.float32)
 
     def fit_groups(self, x: Tensor, importance: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-        lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
         top = 2 ** self.bits - 1
-        scale, mn = (hi - lo) / top, lo
+        scale, mn = minmax_params(x, self.bits)
         if self.rounding == "lsq" or importance is not None:
             w = torch.ones_like(x) if importance is None else importance.expand_as(x)
             scale, mn = _refine_affine(x, w, scale, mn, self.lsq_iters, top)
         return scale, mn
 
     def encode(self, x: Tensor, scale: Tensor, mn: Tensor) -> Tensor:
-        return _nearest_codes(x, scale, mn, 2 ** self.bits - 1)
+        return nearest_affine_codes(x, scale, mn, 2 ** self.bits - 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,13 +242,21 @@ class Int4PerChannel(ScalarCodebookFormat):
         return _weighted_symmetric_scale(x, w, signed_max), None
 
 
-def _nearest_codes(x: Tensor, scale: Tensor, mn: Tensor, top: int) -> Tensor:
+def minmax_params(x: Tensor, bits: int) -> tuple[Tensor, Tensor]:
+    """Asymmetric min/max rounding of groups x [..., g]: fp32 (scale, min) [..., 1] spanning each group's
+    [min, max] with 2^bits levels (IntAsym's start and its "minmax" rule; the KV cache's rule)."""
+    lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+    return (hi - lo) / (2 ** bits - 1), lo
+
+
+def nearest_affine_codes(x: Tensor, scale: Tensor, mn: Tensor, top: int) -> Tensor:
+    """uint8 codes round((x - mn) / scale) clamped to 0..top (code 0 where the scale is 0)."""
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     return torch.round((x - mn) / safe).clamp_(0, top).to(torch.uint8)
 
 
 def _sq_err(x: Tensor, w: Tensor, scale: Tensor, mn: Tensor, top: int) -> Tensor:
-    return (w * (_nearest_codes(x, scale, mn, top).float() * scale + mn - x) ** 2).sum(-1, keepdim=True)
+    return (w * (nearest_affine_codes(x, scale, mn, top).float() * scale + mn - x) ** 2).sum(-1, keepdim=True)
 
 
 def _refine_affine(x: Tensor, w: Tensor, scale: Tensor, mn: Tensor, iters: int, top: int) -> tuple[Tensor, Tensor]:
@@ -258,7 +265,7 @@ def _refine_affine(x: Tensor, w: Tensor, scale: Tensor, mn: Tensor, iters: int, 
     n = w.sum(-1, keepdim=True)
     err = _sq_err(x, w, scale, mn, top)
     for _ in range(iters):
-        q = _nearest_codes(x, scale, mn, top).float()
+        q = nearest_affine_codes(x, scale, mn, top).float()
         sq, sqq = (w * q).sum(-1, keepdim=True), (w * q * q).sum(-1, keepdim=True)
         sx, sqx = (w * x).sum(-1, keepdim=True), (w * q * x).sum(-1, keepdim=True)
         det = n * sqq - sq * sq
