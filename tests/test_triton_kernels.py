@@ -840,7 +840,8 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     done = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(done) >= 40 and max(v[0] for v in done.values()) <= 227 * 1024
     word_kernels = ("_lut4_linear_kernel ", "_lowbit_linear_kernel ", "_tcq_linear_kernel ", "_codebook_linear_kernel ")
-    for kernel in ("_group_dequant_kernel", "_splitk_reduce_kernel", "_hadamard_kernel", "_kv_attention_kernel") \
+    for kernel in ("_group_dequant_kernel", "_splitk_reduce_kernel", "_hadamard_kernel", "_kv_attention_kernel",
+                   "_lut4_int_linear_kernel") \
             + tuple(w.strip() for w in word_kernels):
         assert any(key.startswith(kernel + " ") for key in done), kernel
     gemv = {key: v for key, v in done.items() if "('GEMV', True)" in key}
@@ -856,3 +857,33 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     assert len(words) >= 6 and all(v[2] == 0 for v in words.values()), words
     budget = {key: 16 if "('CODEBOOKS', True)" in key else 12 for key in words}
     assert any(b == 16 for b in budget.values()) and all(v[3] < budget[key] for key, v in words.items()), words
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "int4_g64", "int4_pc", "iq4_nl"])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_integer_activation_kernel_matches_the_rounded_product(fmt, bits, monkeypatch):
+    """QuaRot's W4A8 / W4A4 on the triton backend: ActQuantLinear rounds x per token and the integer
+    tl.dot kernel (triton_kernels/int_act.py) multiplies the codes; the result is x_rounded @ W.T within
+    fp32 error (odd N, 1..33 tokens, bias, mins), and the op's CPU reference agrees."""
+    from torch_lowbit.formats.activations import quantize_per_token
+    from torch_lowbit.nn.act_quant import fake_quantize_per_token
+    from torch_lowbit.triton_kernels import int_act
+    lut4_int_linear, calls = int_act.lut4_int_linear, []
+    monkeypatch.setattr(int_act, "lut4_int_linear", lambda *a: calls.append(1) or lut4_int_linear(*a))
+    gen = _gen()
+    q, _ = _quantized(fmt, 192, 37, True, gen)
+    layer = tl.ActQuantLinear(q, bits, clip_ratio=0.9)
+    w = q.dequantize()
+    for m in (1, 5, 33):
+        x = torch.randn(m, 192, generator=gen) * torch.rand(m, 1, generator=gen).add(0.1)
+        x[:, 3] *= 15
+        with tl.use_backend("triton"):
+            y = layer(x)
+        assert calls, "the layer did not reach the integer-activation kernel"
+        calls.clear()
+        assert_matches_product(y, fake_quantize_per_token(x, bits, clip_ratio=0.9), w, q.bias, roundings=8,
+                               msg=f"{fmt} A{bits} M={m}")
+        xq, xd = quantize_per_token(x, bits, 0.9)
+        args = (xq, xd, q.qweight, q.scales, getattr(q, "mins", None), q.lut_i8, q.fmt.group_size, q.bias)
+        torch.testing.assert_close(lut4_int_linear(*args), torch.ops.torch_lowbit.lut4_int_linear(*args),
+                                   rtol=1e-5, atol=1e-5)

@@ -7,12 +7,16 @@ triton_kernels/lut4.py) read this and a 16-entry fp32 table of code values taken
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
+from ..formats.activations import quantize_per_token
 from ..formats.scalar import ScalarCodebookFormat
 from ..packing import pack_nibbles, unpack_nibbles
-from .base import register_layout
+from .base import register_layout, run_op
+from .lut_i8 import int8_table
 from .scalar_rowmajor import ScalarRowMajor
 
 
@@ -32,6 +36,29 @@ class Lut4RowMajor(ScalarRowMajor):
 
     def codes_shape(self, fmt: ScalarCodebookFormat, out_features: int, in_features: int) -> tuple:
         return (out_features, in_features // 2), torch.uint8
+
+    def runtime_buffers(self, fmt: ScalarCodebookFormat) -> dict[str, Tensor]:
+        out = super().runtime_buffers(fmt)
+        table = int8_table(fmt)
+        if table is not None:  # integer tables (q4_0, int4_*, iq4_nl): the integer-activation kernel's
+            out["lut_i8"] = table
+        return out
+
+    def linear_int_acts(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], x: Tensor,
+                        bias: Optional[Tensor], backend: str, out_features: int, bits: int,
+                        clip: float) -> Optional[Tensor]:
+        """Triton / CUDA: x rounded per token here, then int8 x int8 tl.dot (triton_kernels/int_act.py).
+        The CPU backend keeps the float lut4 kernel on the rounded x (the int8 tiles are lut{b}_i8_n16)."""
+        if "lut_i8" not in buffers or (backend != "triton" and x.device.type != "cuda"):
+            return None
+        xq, xd = quantize_per_token(x.reshape(-1, x.shape[-1]), bits, clip)
+        args = (xq, xd, buffers[self.codes_key], buffers["scales"], buffers.get("mins"), buffers["lut_i8"],
+                fmt.group_size, bias)
+        y = run_op("lut4_int_linear", "int_act", args, backend, x)
+        return y.to(x.dtype).reshape(*x.shape[:-1], out_features)
+
+    def kernel_ops(self, fmt) -> tuple:
+        return super().kernel_ops(fmt) + ((("lut4_int_linear", "int_act"),) if int8_table(fmt) is not None else ())
 
 
 LUT4_ROWMAJOR = register_layout(Lut4RowMajor(), default_for="lut4")

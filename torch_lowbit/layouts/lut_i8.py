@@ -31,7 +31,8 @@ from ..rotations import hadamard_transform
 from .base import Layout, register_layout, run_op
 
 
-def _int8_table(fmt) -> Optional[Tensor]:
+def int8_table(fmt) -> Optional[Tensor]:
+    """The format's code values as int8 when they are integers in int8 range (else None)."""
     v = fmt.code_values()
     if bool((v == v.round()).all()) and v.min() >= -128 and v.max() <= 127 and v.max() - v.min() <= 255:
         return v.round().to(torch.int8)
@@ -50,7 +51,7 @@ class LutI8Tiled(Layout):
 
     def supports(self, fmt) -> bool:
         return (isinstance(fmt, ScalarCodebookFormat) and fmt.code_bits == self.bits and fmt.group_size % 32 == 0
-                and _int8_table(fmt) is not None)
+                and int8_table(fmt) is not None)
 
     def _check(self, fmt):
         if not self.supports(fmt):
@@ -90,7 +91,7 @@ class LutI8Tiled(Layout):
 
     def runtime_buffers(self, fmt) -> dict[str, Tensor]:
         self._check(fmt)
-        return {"lut_i8": _int8_table(fmt)}
+        return {"lut_i8": int8_table(fmt)}
 
     def reference_activations(self, x: Tensor, fmt=None, buffers=None) -> Tensor:
         return fake_quantize_q8_blocks(x)

@@ -17,13 +17,9 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import Tensor, nn
 
+from ..formats.activations import quantize_per_token
+
 CLIP_GRID = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0, 0.95, ..., 0.5
-
-
-def symmetric_min_code(bits: int) -> int:
-    """The lowest symmetric code: -2^(b-1) (QuaRot's grid), except -127 at 8 bits, the restricted int8
-    range, because the int8 kernels negate activations with vpsignb, which cannot negate -128."""
-    return -127 if bits == 8 else -(2 ** (bits - 1))
 
 
 def _check_bits(bits: int) -> None:
@@ -38,10 +34,8 @@ def fake_quantize_per_token(x: Tensor, bits: int, symmetric: bool = True, clip_r
         raise ValueError(f"activation quantization: clip_ratio must be in (0, 1], got {clip_ratio}")
     xf = x.float()
     if symmetric:
-        qmax = 2 ** (bits - 1) - 1
-        d = xf.abs().amax(-1, keepdim=True) * (clip_ratio / qmax)
-        d = torch.where(d > 0, d, torch.ones_like(d))
-        return (torch.clamp(torch.round(xf / d), symmetric_min_code(bits), qmax) * d).to(x.dtype)
+        codes, d = quantize_per_token(xf, bits, clip_ratio)
+        return (codes.float() * d).to(x.dtype)
     qmax = 2 ** bits - 1
     hi, lo = xf.amax(-1, keepdim=True) * clip_ratio, xf.amin(-1, keepdim=True) * clip_ratio
     d = (hi - lo) / qmax

@@ -126,8 +126,8 @@ class Checker:
 
 
 def _modules():
-    from ..triton_kernels import hadamard, kv_attention, lowbit, lut4, matmul, palette
-    return (matmul, lut4, lowbit, palette, hadamard, kv_attention)
+    from ..triton_kernels import hadamard, int_act, kv_attention, lowbit, lut4, matmul, palette
+    return (matmul, lut4, lowbit, palette, hadamard, kv_attention, int_act)
 
 
 def _install(checker: Checker) -> None:
@@ -216,6 +216,17 @@ def run(arch: int = 90, formats=FORMATS, ms=(1, 16, 512), dtypes=(torch.float16,
                  torch.empty((), dtype=torch.int64, **meta)) if ring else ()
         kv_attention(torch.empty(1, 4 * hkv, 1, d, dtype=torch.float16, **meta), codes, groups, groups, codes, groups,
                      groups, torch.empty(1, 1, 1, 4096, dtype=torch.bool, **meta), d ** -0.5, bits, *rings)
+    from ..triton_kernels.int_act import lut4_int_linear
+    # q4_0, int4_g128, int4_pc, iq4_nl (a gathered table); the meta tables' affine forms seeded
+    for m, group, mins, form in ((1, 32, False, (1.0, -8.0)), (512, 32, False, (1.0, -8.0)), (16, 128, True, (1.0, 0.0)),
+                                 (512, 4096, False, (1.0, -8.0)), (16, 32, False, None), (512, 32, False, None)):
+        meta = dict(device="meta")
+        scales = torch.empty(4096, 4096 // group, dtype=torch.float16, **meta)
+        lut = torch.empty(16, dtype=torch.int8, **meta)
+        matmul.derived(lut, "affine_form", lambda _lut, form=form: form)
+        lut4_int_linear(torch.empty(m, 4096, dtype=torch.int8, **meta), torch.empty(m, **meta),
+                        torch.empty(4096, 2048, dtype=torch.uint8, **meta), scales, scales if mins else None,
+                        lut, group, None)
     too_big = {key: r.shared for key, r in checker.done.items() if r.shared > checker.limit}
     if too_big:
         raise RuntimeError(f"kernels over sm_{arch}'s {checker.limit} B of shared memory per block: {too_big}")

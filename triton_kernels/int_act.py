@@ -1,0 +1,105 @@
+"""Integer-activation linear for the lut4_rowmajor layout (QuaRot's W4A8 / W4A4 on CUDA): activations
+already rounded per token to int8 codes xq with one fp32 scale xd per token (any of A8 / A4: the
+codes are int8 either way), weights decoded to their int8 table values (q4_0 / int4_pc: c - 8,
+int4_g*: c, iq4_nl: its integer table) and multiplied with an integer tl.dot (int8 x int8 -> int32,
+IMMA tensor cores on sm_80+).
+
+Math (the CPU kernels' per-token math, csrc/common/lut_i8.h): per group, isum = sum xq * t[c] in
+int32; acc += float(isum) * scale (+ float(sum xq) * min); y = acc * xd + bias. The op is
+torch_lowbit::lut4_int_linear; torch_lowbit/layouts/lut4.py rounds x and calls it.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .matmul import _affine_form, check_device, derived
+
+BLOCK_N = 64
+DOT_M = 16  # the smallest M tile an int8 tl.dot takes on GPUs (the interpreter would take less)
+
+
+@triton.jit
+def _lut4_int_linear_kernel(xq_ptr, xd_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, M, N, K,
+                            GROUP: tl.constexpr, HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr,
+                            AFFINE: tl.constexpr, LUT_A: tl.constexpr, LUT_B: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """AFFINE: t[c] = LUT_A c + LUT_B (q4_0, int4_pc: c - 8; int4_g*: c) in integer arithmetic; else a
+    gather from the 16-entry int8 table (iq4_nl)."""
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok, n_ok = offs_m < M, offs_n < N
+    x_rows = offs_m[:, None].to(tl.int64) * K
+    w_cols = offs_n[None, :].to(tl.int64) * (K // 2)  # [BLOCK_K, BLOCK_N] tiles: k down, rows across
+    g_rows = offs_n.to(tl.int64) * (K // GROUP)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for g in range(0, K // GROUP):
+        isum = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        qsum = tl.zeros((BLOCK_M,), dtype=tl.int32)
+        for k0 in range(g * GROUP, (g + 1) * GROUP, BLOCK_K):
+            k = k0 + offs_k
+            xq = tl.load(xq_ptr + x_rows + k[None, :], mask=m_ok[:, None], other=0)
+            byte = (k // 32) * 16 + (k % 16)  # lut4_rowmajor: code j and j + 16 of a 32-run share byte j
+            packed = tl.load(qw_ptr + w_cols + byte[:, None], mask=n_ok[None, :], other=0,
+                             eviction_policy="evict_first")
+            codes = (packed.to(tl.int32) >> (((k % 32) // 16) * 4)[:, None]) & 0xF
+            if AFFINE:  # int8 table values [BLOCK_K, BLOCK_N]
+                w = (codes * LUT_A + LUT_B).to(tl.int8)
+            else:
+                w = tl.load(lut_ptr + codes)
+            isum = tl.dot(xq, w, acc=isum, out_dtype=tl.int32)
+            if HAS_MIN:
+                qsum += tl.sum(xq.to(tl.int32), axis=1)
+        scale = tl.load(s_ptr + g_rows + g, mask=n_ok, other=0.0).to(tl.float32)
+        acc += isum.to(tl.float32) * scale[None, :]
+        if HAS_MIN:
+            mn = tl.load(mn_ptr + g_rows + g, mask=n_ok, other=0.0).to(tl.float32)
+            acc += qsum.to(tl.float32)[:, None] * mn[None, :]
+    y = acc * tl.load(xd_ptr + offs_m, mask=m_ok, other=0.0)[:, None]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :], y, mask=m_ok[:, None] & n_ok[None, :])
+
+
+def lut4_int_linear(xq, xd, qweight, scales, mins, lut, group_size, bias=None):
+    """fp32 y [M, N] = (xq * xd) @ W.T + bias: xq int8 [M, K] per-token codes, xd fp32 [M] (or [M, 1])
+    their scales, W the lut4_rowmajor weight with lut the int8 [16] code values (the op
+    torch_lowbit::lut4_int_linear)."""
+    op = "lut4_int_linear"
+    check_device(op, "xq", xq, {"xd": xd, "qweight": qweight, "scales": scales, "mins": mins, "lut": lut,
+                                "bias": bias})
+    if xq.dtype != torch.int8 or xq.dim() != 2:
+        raise ValueError(f"{op} (triton): xq must be int8 [M, K], got {xq.dtype} {tuple(xq.shape)}")
+    m, k = xq.shape
+    n = qweight.shape[0]
+    if qweight.dtype != torch.uint8 or tuple(qweight.shape) != (n, k // 2):
+        raise ValueError(f"{op} (triton): qweight must be uint8 [N, {k // 2}], got {qweight.dtype} "
+                         f"{tuple(qweight.shape)}")
+    if group_size <= 0 or group_size % 32 or k % group_size:
+        raise ValueError(f"{op} (triton): group size {group_size} must be a multiple of 32 dividing K={k}")
+    if scales.dtype != torch.float16 or tuple(scales.shape) != (n, k // group_size):
+        raise ValueError(f"{op} (triton): scales must be fp16 [{n}, {k // group_size}]")
+    if mins is not None and (mins.dtype != torch.float16 or mins.shape != scales.shape):
+        raise ValueError(f"{op} (triton): mins must be fp16 of the scales' shape")
+    if lut.dtype != torch.int8 or lut.numel() != 16:
+        raise ValueError(f"{op} (triton): lut must be the 16 int8 code values, got {lut.numel()} {lut.dtype}")
+    if xd.numel() != m:
+        raise ValueError(f"{op} (triton): xd must hold one scale per token ({m}), got {xd.numel()}")
+    y = torch.empty(m, n, dtype=torch.float32, device=xq.device)
+    if m == 0:
+        return y
+    block_m = DOT_M if m <= DOT_M else 64
+    block_k = 32  # 64 spills at BLOCK_M = 64 (sm_90 compile check)
+    form = derived(lut, "affine_form", _affine_form)  # one device sync per table, then remembered
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, BLOCK_N))
+    _lut4_int_linear_kernel[grid](
+        xq.contiguous(), xd.float().reshape(m).contiguous(), qweight.contiguous(), scales.contiguous(),
+        (mins if mins is not None else scales).contiguous(), lut.contiguous(),
+        bias.float().contiguous() if bias is not None else y, y, m, n, k, GROUP=group_size,
+        HAS_MIN=mins is not None, HAS_BIAS=bias is not None, AFFINE=form is not None,
+        LUT_A=int(form[0]) if form else 1, LUT_B=int(form[1]) if form else 0, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=block_k,
+        num_warps=4)
+    return y
