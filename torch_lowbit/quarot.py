@@ -18,7 +18,7 @@ from typing import Iterable, Optional, Union
 from torch import Tensor, nn
 
 KV_CONFIG_KEY = "lowbit_kv_cache"  # model.config attribute: {"bits", "group", "residual_length", "rotate_keys"}
-DEFAULT_W4 = "q4_0"  # QuaRot's W4 is per-channel int4; q4_0 (symmetric, groups of 32) is our closest kernel format
+DEFAULT_W4 = "q4_0"  # best 4-bit perplexity here; QuaRot's per-channel W4 is weights="int4_pc"
 
 
 @dataclasses.dataclass(frozen=True)
