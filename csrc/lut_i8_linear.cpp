@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "common/act_buffers.h"
 #include "common/dispatch.h"
 #include "common/linear_io.h"
 #include "common/lut_i8.h"
@@ -23,7 +24,7 @@ LutI8Fn kernel_for(CpuPath p, bool row_codebooks) {
   if (p == CpuPath::Avx512 || p == CpuPath::Avx2) return lut_i8_avx2;  // AVX-512 without VNNI: AVX2
 #endif
 #if defined(__aarch64__)
-  if (p == CpuPath::Dotprod) return lut_i8_dotprod;  // group codebooks and 1-3-bit codes: scalar inside
+  if (p == CpuPath::Dotprod || p == CpuPath::I8mm) return lut_i8_dotprod;  // gcb and 1-3-bit codes: scalar inside
   if (p == CpuPath::Neon) return lut_i8_neon;
 #endif
   (void)p;
@@ -37,10 +38,6 @@ at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, con
                              const c10::optional<at::Tensor>& mins, const at::Tensor& lut, int64_t code_bits,
                              int64_t group, int64_t out_features, const c10::optional<at::Tensor>& bias,
                              const c10::optional<at::Tensor>& sub_groups, int64_t act_bits, double act_clip) {
-  TORCH_CHECK(act_bits == 0 || act_bits == 8 || act_bits == 4 || act_bits == 3 || act_bits == 2,
-              "lut_i8_linear: act_bits must be 0 (per-32 int8 blocks) or 8, 4, 3, 2 (per token), got ", act_bits);
-  TORCH_CHECK(act_bits == 0 || (act_clip > 0 && act_clip <= 1), "lut_i8_linear: act_clip must be in (0, 1], got ",
-              act_clip);
   TORCH_CHECK((code_bits >= 1 && code_bits <= 4) || code_bits == 8, "lut_i8_linear: code_bits must be 1..4 or 8, got ",
               code_bits);
   const int64_t block_bytes = lut_i8_block_bytes(static_cast<int>(code_bits));
@@ -88,40 +85,14 @@ at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, con
                 "entry ", i, " is ", static_cast<int>(table[i]));
   }
 
-  // The activation buffer: the only allocation on the hot path besides the output.
-  const int64_t kb = K / 32, groups = K / group;
-  at::Tensor qbuf = at::empty({M * K + M * kb * 8 + M * groups * 8}, x2.options().dtype(at::kChar));
-  int8_t* xq = qbuf.data_ptr<int8_t>();
-  float* xd = reinterpret_cast<float*>(xq + M * K);
-  int32_t* xs = reinterpret_cast<int32_t*>(xd + M * kb);
-  float* dsum = reinterpret_cast<float*>(xs + M * kb);
-  int32_t* qsum = reinterpret_cast<int32_t*>(dsum + M * groups);
-  // per-token activations: integer group sums (not with group codebooks, whose factor is per block)
-  const bool per_token = act_bits != 0 && !sub_groups.has_value();
-  TORCH_CHECK(!per_token || group <= kI8MaxIntGroup, "lut_i8_linear: per-token activations sum a group in int32, "
-              "which holds groups of at most ", kI8MaxIntGroup, " features; got ", group,
-              ": use a format with smaller groups or act_bits=0");
+  // The activation buffers: the only allocation on the hot path besides the output.
+  const ActBuffers acts = quantize_activations("lut_i8_linear", x2, group, act_bits, act_clip, mins.has_value(),
+                                               /*per_token_sums=*/!sub_groups.has_value());
   at::Tensor out = at::empty({M, N}, x2.options());
   if (M > 0) {
-    if (act_bits == 0)
-      quantize_acts_q8(x2.data_ptr<float>(), M, K, xq, xd, xs);
-    else  // QuaRot-style per-token activations: the same blocks, one scale repeated over the token
-      quantize_acts_per_token(x2.data_ptr<float>(), M, K, static_cast<int>(act_bits), act_clip, xq, xd, xs);
-    Q8Acts a{xq, xd, xs, M, K, dsum};
-    if (mins.has_value()) group_dsums(a, group, dsum);
-    if (per_token) {
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t g = 0; g < groups; ++g) {
-          int32_t s = 0;
-          for (int64_t b = g * (group / 32); b < (g + 1) * (group / 32); ++b) s += xs[m * kb + b];
-          qsum[m * groups + g] = s;
-        }
-      a.per_token = true;
-      a.group_qsum = qsum;
-    }
     const LutI8Fn kern = kernel_for(active_cpu_path(), sub_groups.has_value());
     float* op = out.data_ptr<float>();
-    parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) { kern(w, a, t0, t1, op, N); });
+    parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) { kern(w, acts.acts, t0, t1, op, N); });
   }
   return finish_linear(out, x, bias, /*bias_fused=*/true);
 }

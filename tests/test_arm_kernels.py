@@ -1,7 +1,8 @@
-"""ARM kernels without an ARM machine: cross-compile the standalone driver (tests/arm/lut_i8_driver.cpp
-with csrc/common/lut_i8_scalar.cpp and csrc/arm/*.cpp) with g++-aarch64-linux-gnu and run it under
+"""ARM kernels without an ARM machine: cross-compile the standalone driver (tests/arm/kernels_driver.cpp
+with csrc/common/{lut_i8,q4x}_scalar.cpp and csrc/arm/*.cpp) with g++-aarch64-linux-gnu and run it under
 qemu-aarch64 on three CPU models: `max` (dotprod and i8mm), `cortex-a76` (dotprod, no i8mm) and
-`cortex-a53` (plain NEON). The vectors come from this package: weights packed by the Python layouts,
+`cortex-a53` (plain NEON). The int8-tile kernels (lut_i8) and the interleaved q4_RxS kernels (q4x:
+sdot for S = 4, smmla for S = 8) are both checked. The vectors come from this package: weights packed by the Python layouts,
 activations by the Python twin of the kernels' quantizer, and the expected output is the x86 scalar
 kernel's, which every ARM path must equal bit for bit (the formats' math has one source)."""
 import os
@@ -19,7 +20,7 @@ from torch_lowbit.formats.activations import quantize_q8_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 CXX, QEMU = "aarch64-linux-gnu-g++", "qemu-aarch64"
-CPU_MODELS = {"max": True, "cortex-a76": True, "cortex-a53": False}  # model: has dotprod
+CPU_MODELS = {"max": (True, True), "cortex-a76": (True, False), "cortex-a53": (False, False)}  # dotprod, i8mm
 # (format, out N, in K, tokens M, bias[, per-token activation bits]): odd N (a ragged last tile), several
 # groups, M = 1..33; the last cases run QuaRot's per-token A8 / A4 (int32 group sums)
 CASES = [("q4_0", 37, 96, 1, True), ("q4_0", 16, 64, 33, False), ("int4_g64", 50, 128, 5, True),
@@ -31,6 +32,14 @@ CASES = [("q4_0", 37, 96, 1, True), ("q4_0", 16, 64, 33, False), ("int4_g64", 50
 pytestmark = pytest.mark.skipif(shutil.which(CXX) is None or shutil.which(QEMU) is None,
                                 reason=f"needs {CXX} and {QEMU} (Debian: apt-get install g++-aarch64-linux-gnu "
                                        "qemu-user; .ci/setup installs them where it runs as root)")
+
+
+# (layout, format, N, K, M, bias, per-token activation bits): odd N, several groups (int4_pc: one per row),
+# odd and even token counts (i8mm runs tokens in pairs)
+Q4X_CASES = [("q4_4x4", "q4_0", 37, 96, 1, True, 0), ("q4_4x4", "iq4_nl", 23, 64, 3, False, 0),
+             ("q4_4x8", "q4_0", 29, 128, 5, True, 0), ("q4_4x8", "int4_pc", 18, 160, 2, False, 8),
+             ("q4_8x8", "q4_0", 43, 64, 4, True, 4), ("q4_8x8", "iq4_nl", 16, 96, 1, True, 0),
+             ("q4_4x4", "int4_pc", 13, 128, 6, True, 4), ("q4_8x8", "int4_pc", 9, 192, 7, False, 8)]
 
 
 def _i64(*values):
@@ -81,11 +90,32 @@ def _case_bytes(fmt, n, k, m, bias, gen, act_bits=0) -> bytes:
     return b"".join(parts)
 
 
+def _q4x_case_bytes(layout, fmt, n, k, m, bias, act_bits, gen) -> bytes:
+    q = tl.QuantLinear.from_linear(random_linear(k, n, bias, gen), fmt, layout=layout)
+    bufs = dict(q.named_buffers())
+    table = bufs["lut_i8"].to(torch.int8)
+    toggled = bool(torch.equal(table, torch.arange(16, dtype=torch.int8) - 8))
+    x = torch.randn(m, k, generator=gen) * torch.rand(m, 1, generator=gen).add(0.2)
+    xq, xd = _per_token_codes(x, act_bits, 0.9) if act_bits else quantize_q8_blocks(x)
+    xsum = xq.to(torch.int32).reshape(m, k // 32, 32).sum(-1).to(torch.int32)
+    with tl.use_backend("cpu", path="scalar"):
+        expected = tl.ActQuantLinear(q, act_bits, clip_ratio=0.9)(x) if act_bits else q(x)
+    parts = [_i64(q.layout.rows, q.layout.chunk, n, k, q.fmt.group_size, m, bias, act_bits > 0, toggled),
+             table.numpy().tobytes(), bufs["qweight"].contiguous().numpy().tobytes(),
+             bufs["scales"].contiguous().view(torch.int16).numpy().tobytes()]
+    if bias:
+        parts.append(q.bias.float().contiguous().numpy().tobytes())
+    parts += [xq.contiguous().numpy().tobytes(), xd.float().contiguous().numpy().tobytes(),
+              xsum.contiguous().numpy().tobytes(), expected.float().contiguous().numpy().tobytes()]
+    return b"".join(parts)
+
+
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory):
-    out = tmp_path_factory.mktemp("arm") / "lut_i8_driver"
-    sources = ["tests/arm/lut_i8_driver.cpp", "csrc/common/lut_i8_scalar.cpp", "csrc/arm/lut_i8_neon.cpp",
-               "csrc/arm/lut_i8_dotprod.cpp"]
+    out = tmp_path_factory.mktemp("arm") / "kernels_driver"
+    sources = ["tests/arm/kernels_driver.cpp", "csrc/common/lut_i8_scalar.cpp", "csrc/arm/lut_i8_neon.cpp",
+               "csrc/arm/lut_i8_dotprod.cpp", "csrc/common/q4x_scalar.cpp", "csrc/arm/q4x_dotprod.cpp",
+               "csrc/arm/q4x_i8mm.cpp"]
     torch_include = Path(torch.__file__).parent / "include"
     # -ffp-contract=off: as the extension's flags, no fused multiply-add the source does not spell out
     cmd = [CXX, "-O2", "-std=c++17", "-ffp-contract=off", "-static", f"-I{ROOT / 'csrc'}", f"-I{torch_include}",
@@ -99,8 +129,9 @@ def driver(tmp_path_factory):
 def vectors(tmp_path_factory):
     seed = int.from_bytes(os.urandom(4), "little")  # fresh data each run; the seed is in every failure message
     gen = torch.Generator().manual_seed(seed)
-    path = tmp_path_factory.mktemp("arm") / "lut_i8_vectors.bin"
-    path.write_bytes(_i64(len(CASES)) + b"".join(_case_bytes(*case[:5], gen, *case[5:]) for case in CASES))
+    path = tmp_path_factory.mktemp("arm") / "kernel_vectors.bin"
+    path.write_bytes(_i64(len(CASES)) + b"".join(_case_bytes(*case[:5], gen, *case[5:]) for case in CASES)
+                     + _i64(len(Q4X_CASES)) + b"".join(_q4x_case_bytes(*case, gen) for case in Q4X_CASES))
     return path, seed
 
 
@@ -109,6 +140,9 @@ def test_arm_int8_tile_kernels_equal_the_x86_scalar_kernel_under_qemu(driver, ve
     path, seed = vectors
     r = subprocess.run([QEMU, "-cpu", cpu, str(driver), str(path)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "ALL EQUAL" in r.stdout, f"seed {seed}\n" + r.stdout[-3000:] + r.stderr[-2000:]
-    assert (f"dotprod: {'yes' if CPU_MODELS[cpu] else 'no'}") in r.stdout
+    dotprod, i8mm = CPU_MODELS[cpu]
+    assert f"dotprod: {'yes' if dotprod else 'no'}" in r.stdout and f"i8mm: {'yes' if i8mm else 'no'}" in r.stdout
     paths = {line.rsplit(" ", 2)[-2].rstrip(":") for line in r.stdout.splitlines() if line.startswith("case ")}
-    assert paths == ({"scalar", "neon", "dotprod"} if CPU_MODELS[cpu] else {"scalar", "neon"})
+    assert paths == ({"scalar", "neon", "dotprod"} if dotprod else {"scalar", "neon"})
+    q4x = {line.rsplit(" ", 2)[-2].rstrip(":") for line in r.stdout.splitlines() if line.startswith("q4x case ")}
+    assert q4x == {"scalar"} | ({"dotprod"} if dotprod else set()) | ({"i8mm"} if i8mm else set())

@@ -130,3 +130,25 @@ def unpack_nibbles(packed: Tensor) -> Tensor:
     n, half = packed.shape
     b = packed.reshape(n, half // 16, 16)
     return torch.stack((b & 0x0F, b >> 4), dim=2).reshape(n, half * 2)
+
+
+def interleave_nibble_rows(codes: Tensor, rows: int, chunk: int, toggle: bool) -> Tensor:
+    """uint8 codes [N, K] (values < 16, K % 32 == 0) -> [ceil(N/rows), K/32, 16 rows] bytes of the
+    interleaved q4_{rows}x{chunk} layouts (csrc/common/q4x.h): each row's block as pack_nibbles' 16 bytes,
+    cut into chunks of `chunk` bytes, chunk i of a block = row i % rows's bytes (i // rows) * chunk ..;
+    toggle: every nibble's top bit flipped (c ^ 8, the signed value c - 8 in two's complement)."""
+    n, k = codes.shape
+    groups, kb = -(-n // rows), k // 32
+    qs = pack_nibbles(pad_rows(codes, groups * rows)).reshape(groups, rows, kb, 16 // chunk, chunk)
+    if toggle:
+        qs = qs ^ 0x88
+    return qs.permute(0, 2, 3, 1, 4).reshape(groups, kb, 16 * rows).contiguous()  # group, block, c, r, s
+
+
+def deinterleave_nibble_rows(packed: Tensor, rows: int, chunk: int, toggle: bool, out_features: int) -> Tensor:
+    """Inverse of interleave_nibble_rows: uint8 codes [out_features, K]."""
+    groups, kb, _ = packed.shape
+    qs = packed.reshape(groups, kb, 16 // chunk, rows, chunk).permute(0, 3, 1, 2, 4)  # group, r, block, c, s
+    if toggle:
+        qs = qs ^ 0x88
+    return unpack_nibbles(qs.reshape(groups * rows, kb * 16))[:out_features]

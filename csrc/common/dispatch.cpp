@@ -7,6 +7,9 @@
 #ifndef HWCAP_ASIMDDP
 #define HWCAP_ASIMDDP (1 << 20)
 #endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1 << 13)
+#endif
 #endif
 
 #include <atomic>
@@ -18,15 +21,15 @@ namespace {
 
 // TORCH_LOWBIT_CPU_MAX_PATH=scalar|avx2|avxvnni|avx512 makes the library treat the CPU as lacking every ISA
 // above that path (read once), so an AVX-512 machine can run the whole suite as an AVX2-only one.
-// On aarch64 the levels are scalar 0, neon 1, dotprod 2.
+// On aarch64 the levels are scalar 0, neon 1, dotprod 2, i8mm 3.
 int max_path_from_env() {
   const char* env = std::getenv("TORCH_LOWBIT_CPU_MAX_PATH");
-  if (env == nullptr || std::string(env).empty() || std::string(env) == "avx512") return 3;
+  if (env == nullptr || std::string(env).empty() || std::string(env) == "avx512" || std::string(env) == "i8mm") return 3;
   if (std::string(env) == "avxvnni" || std::string(env) == "dotprod") return 2;
   if (std::string(env) == "avx2" || std::string(env) == "neon") return 1;
   if (std::string(env) == "scalar") return 0;
   TORCH_CHECK(false, "torch_lowbit: unknown TORCH_LOWBIT_CPU_MAX_PATH '", env,
-              "'; choose one of scalar, avx2, avxvnni, avx512 (x86) or scalar, neon, dotprod (aarch64)");
+              "'; choose one of scalar, avx2, avxvnni, avx512 (x86) or scalar, neon, dotprod, i8mm (aarch64)");
 }
 
 int max_path() {
@@ -68,6 +71,14 @@ bool cpu_has_dotprod() {
 #endif
 }
 
+bool cpu_has_i8mm() {
+#if defined(__aarch64__) && defined(__linux__)
+  return max_path() >= 3 && cpu_has_dotprod() && (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 bool cpu_has_avx512_vbmi() {
@@ -104,6 +115,7 @@ bool can_run(CpuPath p) {
     case CpuPath::Avx512: return cpu_has_avx512();
     case CpuPath::Neon: return cpu_has_neon();
     case CpuPath::Dotprod: return cpu_has_dotprod();
+    case CpuPath::I8mm: return cpu_has_i8mm();
   }
   return false;
 }
@@ -115,11 +127,13 @@ CpuPath parse(const std::string& name) {
   if (name == "avx512") return CpuPath::Avx512;
   if (name == "neon") return CpuPath::Neon;
   if (name == "dotprod") return CpuPath::Dotprod;
+  if (name == "i8mm") return CpuPath::I8mm;
   TORCH_CHECK(false, "torch_lowbit: unknown CPU path '", name,
-              "'; choose one of auto, scalar, avx2, avxvnni, avx512 (x86), neon, dotprod (aarch64)");
+              "'; choose one of auto, scalar, avx2, avxvnni, avx512 (x86), neon, dotprod, i8mm (aarch64)");
 }
 
 CpuPath best_path() {
+  if (cpu_has_i8mm()) return CpuPath::I8mm;
   if (cpu_has_dotprod()) return CpuPath::Dotprod;
   if (cpu_has_neon()) return CpuPath::Neon;
   if (cpu_has_avx512()) return CpuPath::Avx512;
@@ -138,7 +152,7 @@ int forced_from_env() {
   TORCH_CHECK(can_run(p), "torch_lowbit: TORCH_LOWBIT_CPU_PATH=", env,
               " but this CPU cannot run it; available: scalar",
               cpu_has_avx2() ? ", avx2" : "", cpu_has_avx_vnni() ? ", avxvnni" : "", cpu_has_avx512() ? ", avx512" : "",
-              cpu_has_neon() ? ", neon" : "", cpu_has_dotprod() ? ", dotprod" : "");
+              cpu_has_neon() ? ", neon" : "", cpu_has_dotprod() ? ", dotprod" : "", cpu_has_i8mm() ? ", i8mm" : "");
   return static_cast<int>(p);
 }
 
@@ -152,6 +166,7 @@ std::string cpu_path_name(CpuPath p) {
     case CpuPath::Avx512: return "avx512";
     case CpuPath::Neon: return "neon";
     case CpuPath::Dotprod: return "dotprod";
+    case CpuPath::I8mm: return "i8mm";
   }
   return "?";
 }
@@ -161,6 +176,7 @@ std::vector<std::string> available_cpu_paths() {
   if (cpu_has_avx512()) out.push_back("avx512");
   if (cpu_has_avx_vnni()) out.push_back("avxvnni");
   if (cpu_has_avx2()) out.push_back("avx2");
+  if (cpu_has_i8mm()) out.push_back("i8mm");
   if (cpu_has_dotprod()) out.push_back("dotprod");
   if (cpu_has_neon()) out.push_back("neon");
   out.push_back("scalar");

@@ -13,14 +13,15 @@
 namespace torch_lowbit {
 
 // x86: scalar, avx2, avxvnni, avx512. aarch64: scalar, neon (every aarch64 CPU), dotprod (Armv8.2 sdot,
-// HWCAP_ASIMDDP); only the int8-tile kernels have ARM code so far (csrc/arm), the others run their
+// HWCAP_ASIMDDP), i8mm (Armv8.6 smmla, HWCAP2_I8MM; the interleaved q4x layouts' GEMM, dotprod code
+// elsewhere); only the int8-weight kernels have ARM code so far (csrc/arm), the others run their
 // scalar code there (their dispatch names x86 paths only).
-enum class CpuPath { Scalar = 0, Avx2 = 1, AvxVnni = 2, Avx512 = 3, Neon = 4, Dotprod = 5 };
+enum class CpuPath { Scalar = 0, Avx2 = 1, AvxVnni = 2, Avx512 = 3, Neon = 4, Dotprod = 5, I8mm = 6 };
 
 // The path whose code a kernel without an AVX-VNNI variant runs: avxvnni -> avx2; ARM paths -> scalar
 // (kernels without ARM code).
 inline CpuPath kernel_isa(CpuPath p) {
-  if (p == CpuPath::Neon || p == CpuPath::Dotprod) return CpuPath::Scalar;
+  if (p == CpuPath::Neon || p == CpuPath::Dotprod || p == CpuPath::I8mm) return CpuPath::Scalar;
   return p == CpuPath::AvxVnni ? CpuPath::Avx2 : p;
 }
 

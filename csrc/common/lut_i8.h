@@ -60,8 +60,6 @@ struct LutI8Weights {
 
 inline int64_t lut_i8_block_bytes(int bits) { return 64 * bits; }
 
-// The per-token kernels' int32 group sums hold groups of at most this many features.
-constexpr int64_t kI8MaxIntGroup = 65536;
 
 // Row r's code k (< 32) of the (tile, block) whose bytes start at p: the layout's definition.
 inline int lut_i8_code(const uint8_t* p, int bits, int r, int k) {

@@ -29,6 +29,7 @@ from ..io import CheckpointError, install_shells, module_entries
 from ..io.checkpoint import install_online_hadamards, online_hadamard_modules
 from ..nn.act_quant import ActQuantLinear, unwrap_activation_quant, wrap_activation_quant
 from ..nn import QuantLinear
+from ..nn.linear import repack_for_this_cpu
 from ..nn.fusion import Job, job_members
 from ..nn.quantize import plan_jobs, quantize_job
 from ..nn.select import default_filter
@@ -208,6 +209,7 @@ class LowbitHfQuantizer(HfQuantizer):
         for m in model.modules():
             if isinstance(m, QuantLinear):
                 m.reset_runtime_buffers()  # transformers replaced non-persistent buffers by empty placeholders
+        repack_for_this_cpu(model)  # a folder packed for another CPU (x86 tiles, ARM interleavings)
         if self.pre_quantized and self.quantization_config.act_quant:
             wrap_activation_quant(model, self.quantization_config.act_quant)
         self._describe(model)

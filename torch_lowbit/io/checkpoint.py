@@ -23,7 +23,7 @@ from ..layouts import get_layout
 from ..nn.act_quant import unwrap_activation_quant, wrap_activation_quant
 from ..nn.embedding import QuantEmbedding
 from ..nn.fusion import ProjectionSlot, install_fused
-from ..nn.linear import QuantLinear
+from ..nn.linear import QuantLinear, repack_for_this_cpu
 from ..quarot import kv_cache_config, set_kv_cache_config
 from ..rotations.model import OnlineHadamardLinear
 
@@ -255,6 +255,7 @@ def load_quantized(model: nn.Module, path: Union[str, os.PathLike], *,
             model.tie_weights()
         except Exception:  # the aliasing above already shares the storage
             pass
+    repack_for_this_cpu(model)  # a checkpoint packed for another CPU (x86 tiles, ARM interleavings)
     try:
         wrap_activation_quant(model, meta.get("act_quant") or {})
     except (AttributeError, KeyError, ValueError, TypeError) as err:

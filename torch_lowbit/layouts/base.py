@@ -18,6 +18,7 @@ class Layout(ABC):
     version: int = 1
     backends: tuple[str, ...] = ("cpu", "triton")  # kernel backends that read this layout
     isa_paths: bool = True  # its CPU kernels differ per ISA path (tests run each path)
+    cpu_specific: bool = False  # picked per CPU (x86 tiles, ARM interleavings): loads repack to the CPU's own
 
     def supports(self, fmt: Format) -> bool:
         """Whether this layout can hold the format (e.g. integer code tables only)."""
@@ -118,9 +119,22 @@ def get_layout(name: str) -> Layout:
     return _LAYOUTS[name]
 
 
+_CPU_PREFERENCES: list = []  # fmt -> Layout or None: layouts a CPU's features pick (the ARM interleavings)
+
+
+def register_cpu_preference(choose) -> None:
+    _CPU_PREFERENCES.append(choose)
+
+
 def default_layout(fmt: Format, device_type: str = "cpu") -> Layout:
-    """The layout a new QuantLinear on `device_type` packs into: the device's own if it holds the
-    format, else the family's portable one."""
+    """The layout a new QuantLinear on `device_type` packs into: on the CPU the one this CPU's features
+    pick (ARM: an interleaved q4 layout), else the device's own if it holds the format, else the
+    family's portable one."""
+    if device_type == "cpu":
+        for choose in _CPU_PREFERENCES:
+            chosen = choose(fmt)
+            if chosen is not None:
+                return chosen
     for key in ((fmt.layout_family, device_type), (fmt.layout_family, "any")):
         name = _DEFAULTS.get(key)
         if name is not None and _LAYOUTS[name].supports(fmt):

@@ -44,6 +44,7 @@ class LutI8Tiled(Layout):
 
     version = 1
     backends = ("cpu",)
+    cpu_specific = True  # the x86 tiles (ARM's neon path reads them too)
 
     def __init__(self, bits: int):
         self.bits = bits

@@ -1,6 +1,7 @@
 """QuantLinear: an nn.Linear replacement holding one format's packed weight."""
 from __future__ import annotations
 
+import logging
 from typing import Optional, Sequence, Union
 
 import torch
@@ -12,6 +13,7 @@ from ..layouts import Layout, default_layout, get_layout
 from ..ops import resolve_backend
 
 _ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+log = logging.getLogger(__name__)
 
 
 class QuantLinear(nn.Module):
@@ -208,3 +210,22 @@ def _resolve_layout(layout: Union[None, str, Layout], fmt: Format, device_type: 
     if not layout.supports(fmt):
         raise ValueError(f"layout {layout.name} cannot hold format {fmt.name}")
     return layout
+
+
+def repack_for_this_cpu(model: nn.Module) -> int:
+    """Repacks every CPU QuantLinear held in another CPU's layout (the x86 tiles lut{b}_i8_n16 <-> the ARM
+    interleavings q4_RxS) into the one this CPU picks (default_layout), with one info log line per
+    (from, to); the weights and the kernels' results are unchanged. Returns how many were repacked."""
+    moved: dict[tuple[str, str], int] = {}
+    for m in model.modules():
+        if not isinstance(m, QuantLinear) or not m.layout.cpu_specific or \
+                next(iter(m.packed.values())).device.type != "cpu":
+            continue
+        target = default_layout(m.fmt, "cpu")
+        if target.cpu_specific and target is not m.layout:
+            key = (m.layout.name, target.name)
+            m.repack(target)
+            moved[key] = moved.get(key, 0) + 1
+    for (src, dst), n in moved.items():
+        log.info("torch_lowbit: repacked %d layer(s) from %s to %s, this CPU's layout", n, src, dst)
+    return sum(moved.values())

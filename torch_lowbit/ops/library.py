@@ -203,6 +203,23 @@ def _register() -> None:
                    f"lut_i8: lut must be 1..16 int8 codebooks of {2 ** code_bits} entries")
         return _linear_out("lut_i8_linear", x, out_features, k, bias)
 
+    @torch.library.register_fake("torch_lowbit::q4x_linear")
+    def _q4x_linear_fake(x, qweight, scales, lut, rows, chunk, group_size, out_features, bias, act_bits=0,
+                         act_clip=1.0):
+        _check(rows in (4, 8) and chunk in (4, 8), f"q4x: rows and chunk must be 4 or 8, got {rows}, {chunk}")
+        _check(act_bits in (0, 8, 4, 3, 2), f"q4x: act_bits must be 0, 8, 4, 3 or 2, got {act_bits}")
+        _check(qweight.dtype == torch.uint8 and qweight.dim() == 3 and qweight.shape[2] == 16 * rows,
+               f"q4x: qweight must be uint8 [N/{rows}, K/32, {16 * rows}]")
+        groups, k = qweight.shape[0], qweight.shape[1] * 32
+        _check((groups - 1) * rows < out_features <= groups * rows,
+               f"q4x: out_features {out_features} does not fit {groups} groups of {rows} rows")
+        _check(group_size > 0 and group_size % 32 == 0 and k % group_size == 0,
+               f"q4x: group size {group_size} must be a multiple of 32 dividing K={k}")
+        _check(scales.dtype == torch.float16 and tuple(scales.shape) == (groups, k // group_size, rows),
+               f"q4x: scales must be fp16 [{groups}, {k // group_size}, {rows}]")
+        _check(lut.dtype == torch.int8 and lut.numel() == 16, "q4x: lut must be 16 int8 values")
+        return _linear_out("q4x_linear", x, out_features, k, bias)
+
     @torch.library.register_fake("torch_lowbit::gqa_attention")
     def _gqa_attention_fake(q, k, v, mask, scale):
         _check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4, "gqa_attention: q, k, v must be 4-D")

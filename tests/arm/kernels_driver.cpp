@@ -1,9 +1,10 @@
-// Standalone check of the ARM int8-tile kernels (no Python, no torch library: runs under
+// Standalone check of the ARM int8-weight kernels (no Python, no torch library: runs under
 // qemu-aarch64). Reads test vectors written by tests/test_arm_kernels.py (weights packed by the
 // Python layouts, activations quantized by the Python twin of the kernels' quantizer, and the
-// output of the x86 scalar kernel), runs the scalar, NEON and (where HWCAP says so) dotprod
-// kernels, and requires each to equal the x86 scalar output bit for bit.
-//   usage: lut_i8_driver VECTORS.bin     prints one line per case and path; exit 0 iff all equal
+// output of the x86 scalar kernel): first the int8-tile cases (lut_i8: scalar, NEON and, where HWCAP
+// says so, dotprod), then the interleaved q4_RxS cases (q4x: scalar, dotprod for S = 4, i8mm for S = 8),
+// and requires each path to equal the x86 scalar output bit for bit.
+//   usage: kernels_driver VECTORS.bin     prints one line per case and path; exit 0 iff all equal
 #include <sys/auxv.h>
 
 #include <cstdio>
@@ -12,9 +13,13 @@
 #include <vector>
 
 #include "common/lut_i8.h"
+#include "common/q4x.h"
 
 #ifndef HWCAP_ASIMDDP
 #define HWCAP_ASIMDDP (1 << 20)
+#endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1 << 13)
 #endif
 
 using namespace torch_lowbit;
@@ -45,7 +50,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool dotprod = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+  const bool i8mm = dotprod && (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0;
   printf("dotprod: %s\n", dotprod ? "yes" : "no (path skipped)");
+  printf("i8mm: %s\n", i8mm ? "yes" : "no (path skipped)");
   Reader rd{f};
   int failures = 0;
   try {
@@ -94,6 +101,40 @@ int main(int argc, char** argv) {
               break;
             }
         }
+      }
+    }
+    const int64_t q4x_cases = rd.i64();
+    for (int64_t c = 0; c < q4x_cases; ++c) {
+      const int64_t rows = rd.i64(), chunk = rd.i64(), N = rd.i64(), K = rd.i64(), group = rd.i64(), M = rd.i64();
+      const int64_t has_bias = rd.i64(), per_token = rd.i64(), toggled = rd.i64();
+      const int64_t row_groups = (N + rows - 1) / rows, kb = K / 32, groups = K / group;
+      auto table = rd.read<int8_t>(16);
+      auto qweight = rd.read<uint8_t>(row_groups * kb * 16 * rows);
+      auto scales = rd.read<c10::Half>(row_groups * groups * rows);
+      auto bias = rd.read<float>(has_bias ? N : 0);
+      auto xq = rd.read<int8_t>(M * K);
+      auto xd = rd.read<float>(M * kb);
+      auto xsum = rd.read<int32_t>(M * kb);
+      auto expected = rd.read<float>(M * N);
+      Q4xWeights w{qweight.data(), scales.data(), {}, toggled != 0, static_cast<int>(rows), static_cast<int>(chunk),
+                   N, K, group, has_bias ? bias.data() : nullptr};
+      std::memcpy(w.table, table.data(), 16);
+      Q8Acts a{xq.data(), xd.data(), xsum.data(), M, K, nullptr};
+      a.per_token = per_token != 0;
+      std::vector<std::pair<const char*, Q4xFn>> paths = {{"scalar", q4x_scalar}};
+      if (dotprod && chunk == 4) paths.push_back({"dotprod", q4x_dotprod});
+      if (i8mm && chunk == 8) paths.push_back({"i8mm", q4x_i8mm});
+      for (auto& [name, fn] : paths) {
+        std::vector<float> out(M * N, -1.f);
+        const int64_t mid = row_groups / 2;
+        fn(w, a, 0, mid, out.data(), N);
+        fn(w, a, mid, row_groups, out.data(), N);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < M * N; ++i) bad += std::memcmp(&out[i], &expected[i], sizeof(float)) != 0;
+        printf("q4x case %lld q4_%lldx%lld N=%lld K=%lld group=%lld M=%lld bias=%lld per_token=%lld %s: %s\n",
+               (long long)c, (long long)rows, (long long)chunk, (long long)N, (long long)K, (long long)group,
+               (long long)M, (long long)has_bias, (long long)per_token, name, bad ? "MISMATCH" : "equal");
+        failures += bad != 0;
       }
     }
   } catch (const std::string& e) {

@@ -1,0 +1,25 @@
+// The int8 activations of one call of an int8-weight op (lut_i8_linear, q4x_linear): per-32 blocks
+// (act_bits 0) or QuaRot's per-token codes (act_bits 8, 4, 3, 2), with the per-group sums the
+// kernels read (group_dsum for formats with mins; group_qsum for per-token activations).
+#pragma once
+#include <ATen/ATen.h>
+
+#include "common/act_q8.h"
+
+namespace torch_lowbit {
+
+// The per-token kernels' int32 group sums hold groups of at most this many features.
+constexpr int64_t kI8MaxIntGroup = 65536;
+
+struct ActBuffers {
+  at::Tensor storage;  // owns every buffer `acts` points into
+  Q8Acts acts;
+};
+
+// x2: contiguous fp32 [M, K]. per_token_sums: let per-token activations use int32 group sums (false
+// for kernels whose block factor varies, group codebooks). Checks act_bits / act_clip / the group
+// bound, naming the op.
+ActBuffers quantize_activations(const char* op, const at::Tensor& x2, int64_t group, int64_t act_bits,
+                                double act_clip, bool with_mins, bool per_token_sums);
+
+}  // namespace torch_lowbit
