@@ -152,3 +152,12 @@ def deinterleave_nibble_rows(packed: Tensor, rows: int, chunk: int, toggle: bool
     if toggle:
         qs = qs ^ 0x88
     return unpack_nibbles(qs.reshape(groups * rows, kb * 16))[:out_features]
+
+
+def interleaved_rows_codes(packed: Tensor, rows: int, chunk: int, toggle: bool, which: Tensor) -> Tensor:
+    """The uint8 codes [len(which), K] of the given rows of interleave_nibble_rows' bytes, reading only theirs."""
+    groups, kb, _ = packed.shape
+    qs = packed.reshape(groups, kb, 16 // chunk, rows, chunk)[which // rows, :, :, which % rows, :]  # n, block, c, s
+    if toggle:
+        qs = qs ^ 0x88
+    return unpack_nibbles(qs.reshape(len(which), kb * 16))

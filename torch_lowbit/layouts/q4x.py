@@ -21,13 +21,20 @@ from torch import Tensor
 
 from ..formats.activations import fake_quantize_q8_blocks
 from ..formats.scalar import ScalarCodebookFormat
-from ..packing import deinterleave_nibble_rows, interleave_nibble_rows, pad_rows
+from ..packing import deinterleave_nibble_rows, interleave_nibble_rows, interleaved_rows_codes, pad_rows
 from .base import Layout, register_cpu_preference, register_layout, run_op
 from .lut_i8 import int8_table
 
 
+_TOGGLED: dict = {}  # format -> whether its table is c - 8, filled eagerly (pack, runtime_buffers)
+
+
 def _toggled(fmt: ScalarCodebookFormat) -> bool:
-    return bool(torch.equal(fmt.code_values(), torch.arange(16, dtype=torch.float32) - 8))
+    """Whether the layout stores fmt's nibbles toggled (its table is c - 8). Decided once per format
+    outside any traced graph (compile cannot read a table's values); traced code reads the cache."""
+    if fmt not in _TOGGLED:
+        _TOGGLED[fmt] = bool(torch.equal(fmt.code_values(), torch.arange(16, dtype=torch.float32) - 8))
+    return _TOGGLED[fmt]
 
 
 class Q4xInterleaved(Layout):
@@ -62,6 +69,11 @@ class Q4xInterleaved(Layout):
         scales = buffers["scales"].permute(0, 2, 1).reshape(-1, buffers["scales"].shape[1])[:out_features]
         return {"codes": codes, "scales": scales}
 
+    def gather_rows(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], rows: Tensor) -> dict[str, Tensor]:
+        # no _check: it reads the table's values, which compile cannot trace (pack checked the format)
+        codes = interleaved_rows_codes(buffers["qweight"], self.rows, self.chunk, _toggled(fmt), rows)
+        return {"codes": codes, "scales": buffers["scales"][rows // self.rows, :, rows % self.rows]}
+
     def buffer_shapes(self, fmt: ScalarCodebookFormat, out_features: int, in_features: int):
         groups = -(-out_features // self.rows)
         return {"qweight": ((groups, in_features // 32, 16 * self.rows), torch.uint8),
@@ -69,6 +81,7 @@ class Q4xInterleaved(Layout):
 
     def runtime_buffers(self, fmt) -> dict[str, Tensor]:
         self._check(fmt)
+        _toggled(fmt)  # cached before any compiled forward or lookup reads it
         return {"lut_i8": int8_table(fmt)}
 
     def reference_activations(self, x: Tensor, fmt=None, buffers=None) -> Tensor:

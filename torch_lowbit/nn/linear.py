@@ -217,9 +217,13 @@ def repack_for_this_cpu(model: nn.Module) -> int:
     interleavings q4_RxS) into the one this CPU picks (default_layout), with one info log line per
     (from, to); the weights and the kernels' results are unchanged. Returns how many were repacked."""
     moved: dict[tuple[str, str], int] = {}
+    # a head tied to a QuantEmbedding shares its buffers (and so its row-gathering layout): left as it is
+    shared = {t.data_ptr() for m in model.modules() if not isinstance(m, QuantLinear) and hasattr(m, "layout")
+              for t in m._buffers.values() if t is not None}
     for m in model.modules():
         if not isinstance(m, QuantLinear) or not m.layout.cpu_specific or \
-                next(iter(m.packed.values())).device.type != "cpu":
+                next(iter(m.packed.values())).device.type != "cpu" or \
+                any(t.data_ptr() in shared for t in m.packed.values()):
             continue
         target = default_layout(m.fmt, "cpu")
         if target.cpu_specific and target is not m.layout:
