@@ -8,7 +8,7 @@ scales [ceil(N/R), K/group, R] fp16. The kernels (torch_lowbit::q4x_linear: csrc
 code in csrc/arm/q4x_*.cpp, scalar elsewhere) compute exactly what the lut4_i8_n16 kernels compute
 for the same weights, so a model repacked between the two gives the same bytes.
 
-On an ARM CPU with i8mm, `quantize_` picks q4_4x8 for these formats; with dotprod, q4_4x4; elsewhere the
+On an ARM CPU with i8mm, `quantize_` picks q4_8x8 for these formats; with dotprod, q4_4x4; elsewhere the
 x86 tiles (lut4_i8_n16). A checkpoint packed in one of these CPU layouts loads on any CPU and is
 repacked to that CPU's own (nn.checkpoint, with an info log line).
 """
@@ -114,10 +114,12 @@ Q4X = {(r, s): register_layout(Q4xInterleaved(r, s)) for r, s in ((4, 4), (4, 8)
 
 
 def _arm_choice(fmt) -> Optional[Layout]:
-    """The interleaved layout of this CPU's best ARM path (i8mm: 4x8, dotprod: 4x4), or None (x86, plain NEON)."""
+    """The interleaved layout of this CPU's best ARM path, or None (x86, plain NEON). By the instruction counts of
+    docs/kernels/arm.md: i8mm -> q4_8x8 (0.18 instructions per weight and token in token pairs, 0.28 for one
+    token), dotprod -> q4_4x4 (0.28)."""
     from ..ops.library import cpu_extension
     paths = cpu_extension().available_cpu_paths()
-    for path, key in (("i8mm", (4, 8)), ("dotprod", (4, 4))):
+    for path, key in (("i8mm", (8, 8)), ("dotprod", (4, 4))):
         if path in paths and Q4X[key].supports(fmt):
             return Q4X[key]
     return None
