@@ -185,9 +185,11 @@ def test_kv_attention_kernel_matches_the_dequantized_reference(path, bits, group
 
 
 @pytest.mark.parametrize("bits,group,d,residual", [(4, 64, 64, 0), (4, 16, 48, 5), (8, 32, 96, 3)])
-def test_triton_kv_attention_matches_the_cpu_kernel(bits, group, d, residual):
+def test_triton_kv_attention_matches_the_cpu_kernel(bits, group, d, residual, monkeypatch):
     """triton_kernels/kv_attention.py under the interpreter: online softmax over blocks of positions,
-    codes rebuilt in registers, the exact ring in place; same result as the CPU kernel (fp32)."""
+    codes rebuilt in registers, the exact ring in place; same result as the CPU kernel (fp32), in one
+    pass and split over positions (flash-decoding: 2, 4 and 8 splits, the last ones empty or wholly
+    masked, merged by the combine kernel)."""
     from conftest import triton_available
     if not triton_available():
         pytest.skip("triton is not installed")
@@ -199,6 +201,9 @@ def test_triton_kv_attention_matches_the_cpu_kernel(bits, group, d, residual):
     mask = (torch.arange(length) < filled).expand(b, 1, 1, length).clone()
     mask[0, 0, 0, :7] = False
     cpu = layer.attention(q, mask, d ** -0.5)
-    with tl.use_backend("triton"):
-        out = layer.attention(q, mask, d ** -0.5)
-    torch.testing.assert_close(out, cpu, rtol=2e-5, atol=2e-5)
+    from torch_lowbit.triton_kernels import kv_attention as kernels
+    for splits in (1, 2, 4, 8):
+        monkeypatch.setattr(kernels, "_default_splits", lambda rows, length, device, n=splits: n)
+        with tl.use_backend("triton"):
+            out = layer.attention(q, mask, d ** -0.5)
+        torch.testing.assert_close(out, cpu, rtol=2e-5, atol=2e-5, msg=f"{splits} splits")

@@ -4,8 +4,10 @@ rebuilt from its codes in registers (4-bit: channel d's nibble is byte d // 2 sh
 value = code * scale + min of its group), the exact recent tokens (a ring of R fp32 rows holding
 positions [end - R, end)) read in their place. Grouped-query heads as gqa_attention.
 
-One program per query row (batch, head, position), streaming the cache in BLOCK_L-position blocks
-with an online softmax (running max, sum and output, as flash-decoding does within one split).
+One program per query row (batch, head, position) and split of the cache positions, streaming its
+positions in BLOCK_L blocks with an online softmax (running max, sum and output). With one split the
+program writes the output; with several (flash-decoding: batch-1 decode has only B·H·S rows, too few
+programs to fill a GPU) each writes its partial (max, sum, output) and _kv_combine_kernel merges them.
 No tl.dot: at decode a row is a matrix-vector product, whose block shapes every GPU accepts.
 """
 from __future__ import annotations
@@ -21,10 +23,14 @@ _BLOCK_VALUES = 2048  # positions x channels of one key (or value) block in regi
 
 @triton.jit
 def _kv_attention_kernel(q_ptr, kc_ptr, ks_ptr, km_ptr, vc_ptr, vs_ptr, vm_ptr, mask_ptr, kr_ptr, vr_ptr, end_ptr,
-                         out_ptr, H, S, HKV, L, R, scale, msb, msh, mss, msl,
+                         out_ptr, ws_ptr, H, S, HKV, L, R, scale, msb, msh, mss, msl, CHUNK,
                          D: tl.constexpr, D_PAD: tl.constexpr, GROUP: tl.constexpr, BITS: tl.constexpr,
-                         BLOCK_L: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RING: tl.constexpr):
+                         BLOCK_L: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RING: tl.constexpr,
+                         SPLITS: tl.constexpr):
     pid = tl.program_id(0)
+    split = tl.program_id(1)
+    l_begin = split * CHUNK  # this program's positions [l_begin, l_end): CHUNK is a multiple of BLOCK_L
+    l_end = tl.minimum(l_begin + CHUNK, L)
     s = pid % S
     h = (pid // S) % H
     b = pid // (S * H)
@@ -50,9 +56,9 @@ def _kv_attention_kernel(q_ptr, kc_ptr, ks_ptr, km_ptr, vc_ptr, vs_ptr, vm_ptr, 
     m_i = -float("inf")
     l_i = 0.0
     acc = tl.zeros((D_PAD,), dtype=tl.float32)
-    for l0 in range(0, L, BLOCK_L):
+    for l0 in range(l_begin, l_end, BLOCK_L):
         offs_l = l0 + tl.arange(0, BLOCK_L)
-        lmask = offs_l < L
+        lmask = offs_l < l_end
         rows = cache_row + offs_l
         both = lmask[:, None] & dmask[None, :]
         scores = tl.where(lmask, 0.0, -float("inf"))
@@ -86,15 +92,44 @@ def _kv_attention_kernel(q_ptr, kc_ptr, ks_ptr, km_ptr, vc_ptr, vs_ptr, vm_ptr, 
         acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
         l_i = l_i * alpha + tl.sum(p, axis=0)
         m_i = m_new
-    out = acc / l_i  # every key masked: 0 / 0 = NaN, as softmax over -inf
-    tl.store(out_ptr + ((b * S + s) * H + h) * D + offs_d, out.to(out_ptr.dtype.element_ty), mask=dmask)
+    if SPLITS == 1:
+        out = acc / l_i  # every key masked: 0 / 0 = NaN, as softmax over -inf
+        tl.store(out_ptr + ((b * S + s) * H + h) * D + offs_d, out.to(out_ptr.dtype.element_ty), mask=dmask)
+    else:  # partial: [max, sum, output[D_PAD]] of this split
+        base = ws_ptr + (pid * SPLITS + split).to(tl.int64) * (D_PAD + 2)
+        tl.store(base, m_i)
+        tl.store(base + 1, l_i)
+        tl.store(base + 2 + offs_d, acc)
+
+
+@triton.jit
+def _kv_combine_kernel(ws_ptr, out_ptr, H, S, D: tl.constexpr, D_PAD: tl.constexpr, SPLITS: tl.constexpr):
+    """out = sum_i e^(m_i - m) acc_i / sum_i e^(m_i - m) l_i over the splits of one query row (m = max m_i;
+    wholly masked splits have m_i = -inf and weigh 0)."""
+    pid = tl.program_id(0)
+    s = pid % S
+    h = (pid // S) % H
+    b = pid // (S * H)
+    offs_d = tl.arange(0, D_PAD)
+    offs_s = tl.arange(0, SPLITS)
+    base = ws_ptr + (pid * SPLITS + offs_s).to(tl.int64) * (D_PAD + 2)
+    m_s = tl.load(base)
+    l_s = tl.load(base + 1)
+    m = tl.max(m_s, axis=0)
+    w = tl.exp(m_s - tl.where(m == -float("inf"), 0.0, m))
+    acc = tl.sum(tl.load(base[:, None] + 2 + offs_d[None, :]) * w[:, None], axis=0)
+    out = acc / tl.sum(l_s * w, axis=0)
+    tl.store(out_ptr + ((b * S + s) * H + h) * D + offs_d, out.to(out_ptr.dtype.element_ty), mask=offs_d < D)
 
 
 def kv_attention(q: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, k_min: torch.Tensor,
                  v_codes: torch.Tensor, v_scale: torch.Tensor, v_min: torch.Tensor, mask: Optional[torch.Tensor],
                  scale: float, bits: int, k_recent: Optional[torch.Tensor] = None,
-                 v_recent: Optional[torch.Tensor] = None, recent_end: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """[B, S, H, D] in q's dtype; arguments as torch.ops.torch_lowbit.kv_attention."""
+                 v_recent: Optional[torch.Tensor] = None, recent_end: Optional[torch.Tensor] = None, *,
+                 splits: Optional[int] = None) -> torch.Tensor:
+    """[B, S, H, D] in q's dtype; arguments as torch.ops.torch_lowbit.kv_attention. splits: how many
+    programs share one query row's positions (default: enough for ~2 programs per SM at 256+ positions
+    each; 1 when the rows alone fill the GPU)."""
     from .matmul import check_device
     check_device("kv_attention", "q", q, {"k_codes": k_codes, "k_scale": k_scale, "k_min": k_min,
                                           "v_codes": v_codes, "v_scale": v_scale, "v_min": v_min, "mask": mask,
@@ -119,10 +154,24 @@ def kv_attention(q: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, 
     end = recent_end.reshape(1).to(device=q.device) if ring else q
     d_pad = triton.next_power_of_2(d)
     block_l = max(16, min(128, _BLOCK_VALUES // d_pad))  # 32 positions at D = 64, 16 at 128
-    _kv_attention_kernel[(b * h * s,)](
+    rows = b * h * s
+    if splits is None:
+        splits = _default_splits(rows, length, q.device)
+    splits = triton.next_power_of_2(max(1, min(int(splits), triton.cdiv(max(length, 1), block_l))))
+    chunk = triton.cdiv(triton.cdiv(max(length, 1), splits), block_l) * block_l
+    ws = torch.empty(rows * splits * (d_pad + 2) if splits > 1 else 1, device=q.device, dtype=torch.float32)
+    _kv_attention_kernel[(rows, splits)](
         q.contiguous(), k_codes.contiguous(), k_scale.contiguous(), k_min.contiguous(), v_codes.contiguous(),
-        v_scale.contiguous(), v_min.contiguous(), mask if mask is not None else q, kr, vr, end, out,
-        h, s, hkv, length, kr.shape[2] if ring else 1, float(scale), *strides,
+        v_scale.contiguous(), v_min.contiguous(), mask if mask is not None else q, kr, vr, end, out, ws,
+        h, s, hkv, length, kr.shape[2] if ring else 1, float(scale), *strides, chunk,
         D=d, D_PAD=d_pad, GROUP=group, BITS=bits, BLOCK_L=block_l, HAS_MASK=mask is not None, HAS_RING=ring,
-        num_warps=4)
+        SPLITS=splits, num_warps=4)
+    if splits > 1:
+        _kv_combine_kernel[(rows,)](ws, out, h, s, D=d, D_PAD=d_pad, SPLITS=splits, num_warps=1)
     return out
+
+
+def _default_splits(rows: int, length: int, device: torch.device) -> int:
+    """Splits so that rows x splits is about twice the GPU's SM count, each split 256+ positions long."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+    return max(1, min(2 * sms // max(rows, 1), length // 256))
