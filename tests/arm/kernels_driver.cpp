@@ -37,6 +37,21 @@ struct Reader {
   int64_t i64() { return read<int64_t>(1)[0]; }
 };
 
+// Runs fn over units (tiles / row groups) [0, units) in two calls over disjoint ranges, as the threads
+// do, and counts the outputs that differ from `expected` in any bit (printing the first).
+template <class Weights, class Fn>
+int64_t mismatches(Fn fn, const Weights& w, const Q8Acts& a, int64_t units, int64_t N,
+                   const std::vector<float>& expected) {
+  std::vector<float> out(a.M * N, -1.f);
+  fn(w, a, 0, units / 2, out.data(), N);
+  fn(w, a, units / 2, units, out.data(), N);
+  int64_t bad = 0;
+  for (int64_t i = 0; i < a.M * N; ++i)
+    if (std::memcmp(&out[i], &expected[i], sizeof(float)) != 0 && bad++ == 0)
+      printf("  first difference at %lld: %.9g vs %.9g\n", (long long)i, out[i], expected[i]);
+  return bad;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -84,23 +99,11 @@ int main(int argc, char** argv) {
       std::vector<std::pair<const char*, LutI8Fn>> paths = {{"scalar", lut_i8_scalar}, {"neon", lut_i8_neon}};
       if (dotprod) paths.push_back({"dotprod", lut_i8_dotprod});
       for (auto& [name, fn] : paths) {
-        std::vector<float> out(M * N, -1.f);
-        const int64_t mid = tiles / 2;  // two calls over disjoint tile ranges, as the threads make
-        fn(w, a, 0, mid, out.data(), N);
-        fn(w, a, mid, tiles, out.data(), N);
-        int64_t bad = 0;
-        for (int64_t i = 0; i < M * N; ++i) bad += std::memcmp(&out[i], &expected[i], sizeof(float)) != 0;
+        const int64_t bad = mismatches(fn, w, a, tiles, N, expected);
         printf("case %lld bits=%lld N=%lld K=%lld group=%lld M=%lld mins=%lld bias=%lld per_token=%lld %s: %s\n",
                (long long)c, (long long)bits, (long long)N, (long long)K, (long long)group, (long long)M,
                (long long)has_mins, (long long)has_bias, (long long)per_token, name, bad ? "MISMATCH" : "equal");
-        if (bad) {
-          ++failures;
-          for (int64_t i = 0; i < M * N && bad; ++i)
-            if (std::memcmp(&out[i], &expected[i], sizeof(float)) != 0) {
-              printf("  first difference at %lld: %.9g vs %.9g\n", (long long)i, out[i], expected[i]);
-              break;
-            }
-        }
+        failures += bad != 0;
       }
     }
     const int64_t q4x_cases = rd.i64();
@@ -125,12 +128,7 @@ int main(int argc, char** argv) {
       if (dotprod && chunk == 4) paths.push_back({"dotprod", q4x_dotprod});
       if (i8mm && chunk == 8) paths.push_back({"i8mm", q4x_i8mm});
       for (auto& [name, fn] : paths) {
-        std::vector<float> out(M * N, -1.f);
-        const int64_t mid = row_groups / 2;
-        fn(w, a, 0, mid, out.data(), N);
-        fn(w, a, mid, row_groups, out.data(), N);
-        int64_t bad = 0;
-        for (int64_t i = 0; i < M * N; ++i) bad += std::memcmp(&out[i], &expected[i], sizeof(float)) != 0;
+        const int64_t bad = mismatches(fn, w, a, row_groups, N, expected);
         printf("q4x case %lld q4_%lldx%lld N=%lld K=%lld group=%lld M=%lld bias=%lld per_token=%lld %s: %s\n",
                (long long)c, (long long)rows, (long long)chunk, (long long)N, (long long)K, (long long)group,
                (long long)M, (long long)has_bias, (long long)per_token, name, bad ? "MISMATCH" : "equal");
