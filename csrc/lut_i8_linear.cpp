@@ -24,7 +24,7 @@ LutI8Fn kernel_for(CpuPath p, bool row_codebooks) {
   if (p == CpuPath::Avx512 || p == CpuPath::Avx2) return lut_i8_avx2;  // AVX-512 without VNNI: AVX2
 #endif
 #if defined(__aarch64__)
-  if (p == CpuPath::Dotprod || p == CpuPath::I8mm) return lut_i8_dotprod;  // gcb and 1-3-bit codes: scalar inside
+  if (p == CpuPath::Dotprod || p == CpuPath::I8mm) return lut_i8_dotprod;
   if (p == CpuPath::Neon) return lut_i8_neon;
 #endif
   (void)p;

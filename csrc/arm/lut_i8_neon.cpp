@@ -3,9 +3,9 @@
 // of 4 rows, and `sdot v.4s, w.16b, x.4b[lane]` adds 4 rows' dot products with one activation quad.
 // Codes become signed table values with one `tbl` (4-bit: the 16-entry table in a register) or, for
 // 8-bit codes (q8_0: byte = q + 128), one eor with 0x80, so no unsigned offset term is needed (the
-// integer sum equals the scalar path's sum(u * x) - offset * sum(x) exactly). Other widths and group
-// codebooks run the scalar kernel. This file: plain NEON (every aarch64 CPU), vmull_s8 + pairwise
-// adds; lut_i8_dotprod.cpp: sdot.
+// integer sum equals the scalar path's sum(u * x) - offset * sum(x) exactly). Group codebooks (gcb2/3)
+// look their values up in the codebooks held in registers (tbl over 4 registers; gcb3 adds tbx). This
+// file: plain NEON (every aarch64 CPU), vmull_s8 + pairwise adds; lut_i8_dotprod.cpp: sdot.
 #if defined(__aarch64__)
 #include "arm/lut_i8_neon_kernel.h"
 

@@ -3,6 +3,10 @@
 // this into its own anonymous namespace with its Dot policy, Dot::dot<LANE>(acc, vals, x) adding
 // sum_j vals[4i + j] * x[4 LANE + j] to lane i of acc (4 rows x 4 codes against one activation
 // quad). Same operations in the same order as lut_i8_scalar, so every path agrees bit for bit.
+// Group codebooks (gcb2 / gcb3, the seed paper's register-resident tables): the 16 codebooks' int8
+// entries live in 4 (gcb2: 64 bytes) or 8 (gcb3: 128) registers; each row's codebook index, moved to
+// c << b, is or-ed into its code bytes and one tbl over 4 registers (gcb3: tbl + tbx) looks the value
+// up; the block factor is the row's 4-bit sub-scale times the activation scale.
 #pragma once
 #include <arm_neon.h>
 
@@ -17,8 +21,15 @@ namespace {
 // the layout of common/lut_i8.h read with NEON. A plane of width W holds quad QD in chunk QD % W at
 // bit offset W * (QD / W); 3-bit codes add their high bit from the 1-bit plane at byte 128. The
 // table lookup is one tbl (table padded to 16 entries); 8-bit codes (q + 128) take one eor.
-template <int BITS, int QD>
-inline int8x16_t quad_values(const uint8_t* p, int rq, int8x16_t table) {
+// Lookup: the tables in registers (gcb: all codebooks) and, for gcb, each row's codebook offset.
+struct Lookup {
+  int8x16_t table;        // <= 16 entries
+  int8x16x4_t books[2];   // gcb: entries 0-63, 64-127
+  uint8x16_t select[4];   // gcb: per row quad rq, byte 4r + j = (codebook of row 4rq + r) << BITS
+};
+
+template <int BITS, int QD, bool GCB = false>
+inline int8x16_t quad_values(const uint8_t* p, int rq, const Lookup& lk) {
   constexpr int W = BITS == 3 ? 2 : BITS;
   constexpr int SHIFT = W * (QD / W);
   const uint8x16_t v = vld1q_u8(p + (QD % W) * 64 + rq * 16);
@@ -31,26 +42,38 @@ inline int8x16_t quad_values(const uint8_t* p, int rq, int8x16_t table) {
     if constexpr (QD > 0) hi = vshrq_n_u8(hi, QD);
     c = vorrq_u8(c, vshlq_n_u8(vandq_u8(hi, vdupq_n_u8(1)), 2));
   }
-  return vqtbl1q_s8(table, c);
+  if constexpr (GCB) {
+    const uint8x16_t idx = vorrq_u8(c, lk.select[rq]);
+    const int8x16_t v64 = vqtbl4q_s8(lk.books[0], idx);  // indices >= 64 give 0 here ...
+    if constexpr (BITS == 2) return v64;
+    return vqtbx4q_s8(v64, lk.books[1], vsubq_u8(idx, vdupq_n_u8(64)));  // ... and are filled from the rest
+  }
+  return vqtbl1q_s8(lk.table, c);
 }
 
 // isum[rq] += the dot products of rows 4rq .. 4rq+3 with quads QD and QD + 4 (activations x0 | x1).
-template <class Dot, int BITS, int QD>
-inline void block_quads(const uint8_t* p, int8x16_t table, int8x16_t x0, int8x16_t x1, int32x4_t* isum) {
+template <class Dot, int BITS, int QD, bool GCB>
+inline void block_quads(const uint8_t* p, const Lookup& lk, int8x16_t x0, int8x16_t x1, int32x4_t* isum) {
 #pragma GCC unroll 4
   for (int rq = 0; rq < 4; ++rq) {
-    isum[rq] = Dot::template dot<QD>(isum[rq], quad_values<BITS, QD>(p, rq, table), x0);
-    isum[rq] = Dot::template dot<QD>(isum[rq], quad_values<BITS, QD + 4>(p, rq, table), x1);
+    isum[rq] = Dot::template dot<QD>(isum[rq], quad_values<BITS, QD, GCB>(p, rq, lk), x0);
+    isum[rq] = Dot::template dot<QD>(isum[rq], quad_values<BITS, QD + 4, GCB>(p, rq, lk), x1);
   }
 }
 
-template <class Dot, int BITS>
+template <class Dot, int BITS, bool GCB = false>
 void kernel(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out, int64_t ldo) {
   const int64_t kb_count = w.K / 32, groups = w.K / w.group, blocks_per_group = w.group / 32;
   const int64_t block_bytes = lut_i8_block_bytes(BITS);
-  int8_t signed_table[16] = {0};
-  for (int i = 0; i < (1 << BITS) && BITS < 8; ++i) signed_table[i] = static_cast<int8_t>(w.utable[i] - w.offset);
-  const int8x16_t table = vld1q_s8(signed_table);
+  int8_t signed_table[128] = {0};  // the table (gcb: the codebooks back to back) as signed values
+  for (int i = 0; i < (GCB ? 128 : 1 << BITS) && BITS < 8; ++i)
+    signed_table[i] = static_cast<int8_t>(w.utable[i] - w.offset);
+  Lookup lk;
+  lk.table = vld1q_s8(signed_table);
+  if constexpr (GCB) {
+    lk.books[0] = vld1q_s8_x4(signed_table);
+    lk.books[1] = vld1q_s8_x4(signed_table + 64);
+  }
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t rows = std::min(kI8TileRows, w.N - t * kI8TileRows);
     for (int64_t m = 0; m < a.M; ++m) {
@@ -67,18 +90,32 @@ void kernel(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, floa
           const int8_t* xq = a.q + m * a.K + b * 32;
           const int8x16_t x0 = vld1q_s8(xq), x1 = vld1q_s8(xq + 16);
           int32x4_t isum[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
-          block_quads<Dot, BITS, 0>(p, table, x0, x1, isum);
-          block_quads<Dot, BITS, 1>(p, table, x0, x1, isum);
-          block_quads<Dot, BITS, 2>(p, table, x0, x1, isum);
-          block_quads<Dot, BITS, 3>(p, table, x0, x1, isum);
-          if (a.per_token) {  // the group's integer sum, converted once below
+          float32x4_t steps[4];  // gcb: the rows' sub-scales
+          if constexpr (GCB) {
+            const uint8x16_t sub = vld1q_u8(w.sub_groups + (t * kb_count + b) * kI8TileRows);
+            const uint8x16_t books = vshlq_n_u8(vshrq_n_u8(sub, 4), BITS);
+            const uint16x8_t s16[2] = {vmovl_u8(vget_low_u8(vandq_u8(sub, vdupq_n_u8(15)))),
+                                       vmovl_high_u8(vandq_u8(sub, vdupq_n_u8(15)))};
+            for (int rq = 0; rq < 4; ++rq) {
+              const uint8_t spread[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};  // row r's byte to 4 lanes
+              lk.select[rq] = vqtbl1q_u8(books, vaddq_u8(vld1q_u8(spread), vdupq_n_u8(4 * rq)));
+              const uint16x4_t s4 = rq % 2 ? vget_high_u16(s16[rq / 2]) : vget_low_u16(s16[rq / 2]);
+              steps[rq] = vcvtq_f32_u32(vmovl_u16(s4));
+            }
+          }
+          block_quads<Dot, BITS, 0, GCB>(p, lk, x0, x1, isum);
+          block_quads<Dot, BITS, 1, GCB>(p, lk, x0, x1, isum);
+          block_quads<Dot, BITS, 2, GCB>(p, lk, x0, x1, isum);
+          block_quads<Dot, BITS, 3, GCB>(p, lk, x0, x1, isum);
+          if (!GCB && a.per_token) {  // the group's integer sum, converted once below (never with gcb)
             for (int rq = 0; rq < 4; ++rq) gisum[rq] = vaddq_s32(gisum[rq], isum[rq]);
             continue;
           }
           const float32x4_t xd = vdupq_n_f32(a.d[m * kb_count + b]);
-          for (int rq = 0; rq < 4; ++rq) gacc[rq] = vfmaq_f32(gacc[rq], vcvtq_f32_s32(isum[rq]), xd);
+          for (int rq = 0; rq < 4; ++rq)  // gcb: factor = float(sub-scale) * xd, as lut_i8_block_factor
+            gacc[rq] = vfmaq_f32(gacc[rq], vcvtq_f32_s32(isum[rq]), GCB ? vmulq_f32(steps[rq], xd) : xd);
         }
-        if (a.per_token)
+        if (!GCB && a.per_token)
           for (int rq = 0; rq < 4; ++rq) gacc[rq] = vmulq_f32(vcvtq_f32_s32(gisum[rq]), vdupq_n_f32(a.d[m * kb_count]));
         const int64_t pidx = (t * groups + g) * kI8TileRows;
         const auto* sp = reinterpret_cast<const float16_t*>(w.scales + pidx);
@@ -99,7 +136,11 @@ void kernel(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, floa
 
 template <class Dot>
 void lut_i8_neon_tiles(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out, int64_t ldo) {
-  if (w.sub_groups) return lut_i8_scalar(w, a, t0, t1, out, ldo);  // gcb: per-(row, block) codebooks
+  if (w.sub_groups) {  // gcb: per-(row, block) codebooks in registers
+    if (w.bits == 2) return kernel<Dot, 2, true>(w, a, t0, t1, out, ldo);
+    if (w.bits == 3) return kernel<Dot, 3, true>(w, a, t0, t1, out, ldo);
+    return lut_i8_scalar(w, a, t0, t1, out, ldo);
+  }
   with_code_bits(w.bits, [&](auto bits) { kernel<Dot, decltype(bits)::value>(w, a, t0, t1, out, ldo); });
 }
 

@@ -75,18 +75,21 @@ int main(int argc, char** argv) {
     for (int64_t c = 0; c < cases; ++c) {
       const int64_t bits = rd.i64(), N = rd.i64(), K = rd.i64(), group = rd.i64(), M = rd.i64();
       const int64_t has_mins = rd.i64(), has_bias = rd.i64(), offset = rd.i64(), per_token = rd.i64();
+      const int64_t has_sub = rd.i64();  // group codebooks (gcb): sub-group bytes [tiles, K/32, 16]
       const int64_t tiles = (N + 15) / 16, kb = K / 32, groups = K / group;
       auto utable = rd.read<uint8_t>(kI8MaxTable);
       auto qweight = rd.read<uint8_t>(tiles * kb * lut_i8_block_bytes(static_cast<int>(bits)));
       auto scales = rd.read<c10::Half>(tiles * groups * 16);
       auto mins = rd.read<c10::Half>(has_mins ? tiles * groups * 16 : 0);
       auto bias = rd.read<float>(has_bias ? N : 0);
+      auto sub = rd.read<uint8_t>(has_sub ? tiles * kb * 16 : 0);
       auto xq = rd.read<int8_t>(M * K);
       auto xd = rd.read<float>(M * kb);
       auto xsum = rd.read<int32_t>(M * kb);
       auto gdsum = rd.read<float>(M * groups);
       auto expected = rd.read<float>(M * N);
-      LutI8Weights w{qweight.data(), scales.data(), has_mins ? mins.data() : nullptr, nullptr, {}, 0, N, K, group,
+      LutI8Weights w{qweight.data(), scales.data(), has_mins ? mins.data() : nullptr, has_sub ? sub.data() : nullptr,
+                     {}, 0, N, K, group,
                      has_bias ? bias.data() : nullptr, static_cast<int>(bits)};
       std::memcpy(w.utable, utable.data(), kI8MaxTable);
       w.offset = static_cast<int32_t>(offset);
@@ -100,9 +103,10 @@ int main(int argc, char** argv) {
       if (dotprod) paths.push_back({"dotprod", lut_i8_dotprod});
       for (auto& [name, fn] : paths) {
         const int64_t bad = mismatches(fn, w, a, tiles, N, expected);
-        printf("case %lld bits=%lld N=%lld K=%lld group=%lld M=%lld mins=%lld bias=%lld per_token=%lld %s: %s\n",
+        printf("case %lld bits=%lld N=%lld K=%lld group=%lld M=%lld mins=%lld bias=%lld per_token=%lld gcb=%lld %s: %s\n",
                (long long)c, (long long)bits, (long long)N, (long long)K, (long long)group, (long long)M,
-               (long long)has_mins, (long long)has_bias, (long long)per_token, name, bad ? "MISMATCH" : "equal");
+               (long long)has_mins, (long long)has_bias, (long long)per_token, (long long)has_sub, name,
+               bad ? "MISMATCH" : "equal");
         failures += bad != 0;
       }
     }
