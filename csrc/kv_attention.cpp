@@ -70,10 +70,9 @@ at::Tensor kv_attention_cpu(const at::Tensor& q, const at::Tensor& k_codes, cons
     recent_lo = std::max<int64_t>(recent_hi - R, 0);
   }
   auto out = at::empty({B, S, H, D}, qf.options());
-  const CpuPath path = kernel_isa(active_cpu_path());
   auto task_fn = kv_attention_task_scalar;
 #if defined(TORCH_LOWBIT_X86)
-  if (path != CpuPath::Scalar && group % 8 == 0) task_fn = kv_attention_task_avx2;
+  if (kernel_isa(active_cpu_path()) != CpuPath::Scalar && group % 8 == 0) task_fn = kv_attention_task_avx2;
 #endif
   const int64_t row_bytes = D * bits / 8, groups = D / group;
   const auto* kcp = kc.data_ptr<uint8_t>();

@@ -45,7 +45,9 @@ int64_t read_probe(const at::Tensor& buf) {
   const int64_t* p = static_cast<const int64_t*>(buf.data_ptr());
   const int64_t n = buf.nbytes() / 8;
   std::atomic<int64_t> acc{0};
+#if defined(TORCH_LOWBIT_X86)
   const bool wide = kernel_isa(active_cpu_path()) == CpuPath::Avx512;
+#endif
   at::parallel_for(0, n, 1 << 16, [&](int64_t b, int64_t e) {
 #if defined(TORCH_LOWBIT_X86)
     acc ^= wide ? xor_avx512(p + b, e - b) : xor_scalar(p + b, e - b);
