@@ -3,8 +3,9 @@ with csrc/common/{lut_i8,q4x}_scalar.cpp and csrc/arm/*.cpp) with g++-aarch64-li
 qemu-aarch64 on three CPU models: `max` (dotprod and i8mm), `cortex-a76` (dotprod, no i8mm) and
 `cortex-a53` (plain NEON). The int8-tile kernels (lut_i8) and the interleaved q4_RxS kernels (q4x:
 sdot for S = 4, smmla for S = 8) are both checked. The vectors come from this package: weights packed by the Python layouts,
-activations by the Python twin of the kernels' quantizer, and the expected output is the x86 scalar
-kernel's, which every ARM path must equal bit for bit (the formats' math has one source)."""
+activations by the Python twin of the kernels' quantizer (which the NEON quantizers must reproduce byte
+for byte from the same floats), and the expected output is the x86 scalar kernel's, which every ARM path
+must equal bit for bit (the formats' math has one source)."""
 import os
 import shutil
 import struct
@@ -80,7 +81,7 @@ def _case_bytes(fmt, n, k, m, bias, gen, act_bits=0) -> bytes:
     with tl.use_backend("cpu", path="scalar"):
         expected = tl.ActQuantLinear(q, act_bits, clip_ratio=clip)(x) if act_bits else q(x)
     mins = bufs.get("mins")
-    parts = [_i64(q.fmt.bits if gcb else q.layout.bits, n, k, group, m, mins is not None, bias, offset, act_bits > 0,
+    parts = [_i64(q.fmt.bits if gcb else q.layout.bits, n, k, group, m, mins is not None, bias, offset, act_bits,
                   gcb), utable.numpy().tobytes(),
              bufs["qweight"].contiguous().numpy().tobytes(), scales.contiguous().view(torch.int16).numpy().tobytes()]
     if mins is not None:
@@ -89,7 +90,7 @@ def _case_bytes(fmt, n, k, m, bias, gen, act_bits=0) -> bytes:
         parts.append(q.bias.float().contiguous().numpy().tobytes())
     if gcb:
         parts.append(bufs["sub_groups"].contiguous().numpy().tobytes())
-    parts += [xq.contiguous().numpy().tobytes(), xd.float().contiguous().numpy().tobytes(),
+    parts += [x.float().contiguous().numpy().tobytes(), xq.contiguous().numpy().tobytes(), xd.float().contiguous().numpy().tobytes(),
               xsum.contiguous().numpy().tobytes(), gdsum.contiguous().numpy().tobytes(),
               expected.float().contiguous().numpy().tobytes()]
     return b"".join(parts)
@@ -120,7 +121,7 @@ def driver(tmp_path_factory):
     out = tmp_path_factory.mktemp("arm") / "kernels_driver"
     sources = ["tests/arm/kernels_driver.cpp", "csrc/common/lut_i8_scalar.cpp", "csrc/arm/lut_i8_neon.cpp",
                "csrc/arm/lut_i8_dotprod.cpp", "csrc/common/q4x_scalar.cpp", "csrc/arm/q4x_dotprod.cpp",
-               "csrc/arm/q4x_i8mm.cpp"]
+               "csrc/arm/q4x_i8mm.cpp", "csrc/arm/act_q8_neon.cpp"]
     torch_include = Path(torch.__file__).parent / "include"
     # -ffp-contract=off: as the extension's flags, no fused multiply-add the source does not spell out
     cmd = [CXX, "-O2", "-std=c++17", "-ffp-contract=off", "-static", f"-I{ROOT / 'csrc'}", f"-I{torch_include}",
@@ -147,7 +148,9 @@ def test_arm_int8_tile_kernels_equal_the_x86_scalar_kernel_under_qemu(driver, ve
     assert r.returncode == 0 and "ALL EQUAL" in r.stdout, f"seed {seed}\n" + r.stdout[-3000:] + r.stderr[-2000:]
     dotprod, i8mm = CPU_MODELS[cpu]
     assert f"dotprod: {'yes' if dotprod else 'no'}" in r.stdout and f"i8mm: {'yes' if i8mm else 'no'}" in r.stdout
-    paths = {line.rsplit(" ", 2)[-2].rstrip(":") for line in r.stdout.splitlines() if line.startswith("case ")}
+    lines = r.stdout.splitlines()
+    assert sum("neon activation quantizer: equal" in line for line in lines) == len(CASES)
+    paths = {line.rsplit(" ", 2)[-2].rstrip(":") for line in lines if line.startswith("case ") and "quantizer" not in line}
     assert paths == ({"scalar", "neon", "dotprod"} if dotprod else {"scalar", "neon"})
     q4x = {line.rsplit(" ", 2)[-2].rstrip(":") for line in r.stdout.splitlines() if line.startswith("q4x case ")}
     assert q4x == {"scalar"} | ({"dotprod"} if dotprod else set()) | ({"i8mm"} if i8mm else set())

@@ -37,6 +37,9 @@ void quantize_acts_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* d,
   if (path == CpuPath::Avx512) blocks_fn = quantize_act_blocks_avx512;
   if (path == CpuPath::Avx2) blocks_fn = quantize_act_blocks_avx2;
 #endif
+#if defined(__aarch64__)
+  if (active_cpu_path() != CpuPath::Scalar) blocks_fn = quantize_act_blocks_neon;
+#endif
   const int64_t blocks = M * (K / 32);
   parallel_for(0, blocks, 256, [&](int64_t b0, int64_t b1) { blocks_fn(x, b0, b1, q, d, sum); });
 }
@@ -49,6 +52,8 @@ void quantize_acts_per_token(const float* x, int64_t M, int64_t K, int bits, dou
   const int64_t kb = K / 32;
 #if defined(TORCH_LOWBIT_X86)
   const bool simd = kernel_isa(active_cpu_path()) != CpuPath::Scalar;
+#elif defined(__aarch64__)
+  const bool simd = active_cpu_path() != CpuPath::Scalar;
 #endif
   parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
@@ -61,6 +66,10 @@ void quantize_acts_per_token(const float* x, int64_t M, int64_t K, int bits, dou
 #if defined(TORCH_LOWBIT_X86)
       if (simd) {
         quantize_token_avx2(xr, K, dt, qmin, qmax, qr);
+      } else
+#elif defined(__aarch64__)
+      if (simd) {
+        quantize_token_neon(xr, K, dt, qmin, qmax, qr);
       } else
 #endif
       for (int64_t k = 0; k < K; ++k)  // x / d rounded half to even (the default mode), as torch.round

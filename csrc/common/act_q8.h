@@ -24,6 +24,10 @@ void quantize_act_blocks_avx512(const float* x, int64_t b0, int64_t b1, int8_t* 
 void quantize_act_blocks_avx2(const float* x, int64_t b0, int64_t b1, int8_t* q, float* d, int32_t* sum);
 void quantize_token_avx2(const float* x, int64_t K, float d, int qmin, int qmax, int8_t* q);  // K % 8 == 0
 #endif
+#if defined(__aarch64__)
+void quantize_act_blocks_neon(const float* x, int64_t b0, int64_t b1, int8_t* q, float* d, int32_t* sum);
+void quantize_token_neon(const float* x, int64_t K, float d, int qmin, int qmax, int8_t* q);  // K % 8 == 0
+#endif
 
 // group_dsum of a.q/d/sum for groups of `group` features, in block order (plain fp32 sums).
 void group_dsums(const Q8Acts& a, int64_t group, float* out);

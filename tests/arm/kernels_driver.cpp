@@ -7,11 +7,14 @@
 //   usage: kernels_driver VECTORS.bin     prints one line per case and path; exit 0 iff all equal
 #include <sys/auxv.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "common/act_q8.h"
 #include "common/lut_i8.h"
 #include "common/q4x.h"
 
@@ -36,6 +39,33 @@ struct Reader {
   }
   int64_t i64() { return read<int64_t>(1)[0]; }
 };
+
+// The NEON activation quantizers on the case's floats give the Python twin's codes, scales and sums.
+bool quantizer_matches(const std::vector<float>& x, const std::vector<int8_t>& xq, const std::vector<float>& xd,
+                       const std::vector<int32_t>& xsum, int64_t M, int64_t K, int64_t act_bits, int64_t c) {
+  const int64_t kb = K / 32;
+  std::vector<int8_t> q(M * K);
+  std::vector<float> d(M * kb);
+  std::vector<int32_t> s(M * kb);
+  if (act_bits == 0) {
+    quantize_act_blocks_neon(x.data(), 0, M * kb, q.data(), d.data(), s.data());
+  } else {  // as quantize_acts_per_token with clip 0.9: amax * float(clip / qmax), then the NEON codes
+    const int qmax = (1 << (act_bits - 1)) - 1, qmin = act_bits == 8 ? -qmax : -qmax - 1;
+    for (int64_t m = 0; m < M; ++m) {
+      float amax = 0.f;
+      for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(x[m * K + k]));
+      float dt = amax * static_cast<float>(0.9 / qmax);
+      if (!(dt > 0.f)) dt = 1.f;
+      quantize_token_neon(x.data() + m * K, K, dt, qmin, qmax, q.data() + m * K);
+      for (int64_t b = 0; b < kb; ++b) d[m * kb + b] = dt;
+    }
+  }
+  const bool ok = std::memcmp(q.data(), xq.data(), M * K) == 0 && std::memcmp(d.data(), xd.data(), 4 * M * kb) == 0 &&
+                  (act_bits != 0 || std::memcmp(s.data(), xsum.data(), 4 * M * kb) == 0);
+  printf("case %lld act_bits=%lld neon activation quantizer: %s\n", (long long)c, (long long)act_bits,
+         ok ? "equal" : "MISMATCH");
+  return ok;
+}
 
 // Runs fn over units (tiles / row groups) [0, units) in two calls over disjoint ranges, as the threads
 // do, and counts the outputs that differ from `expected` in any bit (printing the first).
@@ -74,7 +104,8 @@ int main(int argc, char** argv) {
     const int64_t cases = rd.i64();
     for (int64_t c = 0; c < cases; ++c) {
       const int64_t bits = rd.i64(), N = rd.i64(), K = rd.i64(), group = rd.i64(), M = rd.i64();
-      const int64_t has_mins = rd.i64(), has_bias = rd.i64(), offset = rd.i64(), per_token = rd.i64();
+      const int64_t has_mins = rd.i64(), has_bias = rd.i64(), offset = rd.i64(), act_bits = rd.i64();
+      const int64_t per_token = act_bits != 0;
       const int64_t has_sub = rd.i64();  // group codebooks (gcb): sub-group bytes [tiles, K/32, 16]
       const int64_t tiles = (N + 15) / 16, kb = K / 32, groups = K / group;
       auto utable = rd.read<uint8_t>(kI8MaxTable);
@@ -83,9 +114,11 @@ int main(int argc, char** argv) {
       auto mins = rd.read<c10::Half>(has_mins ? tiles * groups * 16 : 0);
       auto bias = rd.read<float>(has_bias ? N : 0);
       auto sub = rd.read<uint8_t>(has_sub ? tiles * kb * 16 : 0);
+      auto x = rd.read<float>(M * K);
       auto xq = rd.read<int8_t>(M * K);
       auto xd = rd.read<float>(M * kb);
       auto xsum = rd.read<int32_t>(M * kb);
+      failures += !quantizer_matches(x, xq, xd, xsum, M, K, act_bits, c);
       auto gdsum = rd.read<float>(M * groups);
       auto expected = rd.read<float>(M * N);
       LutI8Weights w{qweight.data(), scales.data(), has_mins ? mins.data() : nullptr, has_sub ? sub.data() : nullptr,
