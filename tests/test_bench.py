@@ -198,7 +198,7 @@ def test_bench_kv_rows_compare_each_cache_with_fp32():
     assert [r[3] for r in rows] == ["fp32 cache, gqa_attention", "int4 cache, kv_attention",
                                     "int4 cache, dequantize + gqa_attention"]
     assert all(len(r) == len(KV_HEADERS) for r in rows)
-    assert float(rows[1][-1].rstrip("x")) < 0.3  # memory vs fp32
+    assert float(rows[1][-1].rstrip("x")) < 0.3  # memory vs the fp32 baseline
 
 
 def test_bench_cpu_times_per_token_activation_variants():

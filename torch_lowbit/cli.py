@@ -240,10 +240,13 @@ def cmd_bench(args) -> None:
         print()
         fht = gpu.fast_hadamard_transform_fn()
         if fht is None:
-            print("fast_hadamard_transform is not installed: Hadamard comparison skipped "
-                  "(pip install fast-hadamard-transform)")
-        else:
-            print(gpu.format_hadamard_table(gpu.bench_hadamard(ms, fht=fht)))
+            print("fast_hadamard_transform is not installed: ours alone (pip install fast-hadamard-transform)")
+        print(gpu.format_hadamard_table(gpu.bench_hadamard(ms, fht=fht)))
+        from .bench.kv import KV_HEADERS, bench_kv
+        for tokens in ((args.prompt_tokens or 4096,) if args.quick or args.prompt_tokens else (4096, 32768)):
+            print(f"\ndecode attention, batch 1, one query row per head, {tokens} cached tokens, caches streamed "
+                  "from HBM (one layer shown; the Triton kv_attention kernel vs SDPA on an fp16 cache):")
+            print(_table(KV_HEADERS, bench_kv(tokens=tokens, device="cuda")))
     elif args.what == "e2e":
         from .bench.e2e import E2E_HEADERS, E2E_VARIANTS, bench_e2e
         from .bench.machine import machine_line

@@ -18,6 +18,7 @@ without a GPU): for correctness runs that would otherwise spend their time compi
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -52,6 +53,7 @@ def cache_path() -> Path:
     return cache_dir() / CACHE_FILE
 
 
+@functools.lru_cache(maxsize=None)
 def _device_key(device: torch.device) -> str:
     import triton
     return f"{torch.cuda.get_device_name(device)} / triton {triton.__version__} / configs v{CONFIG_VERSION}"

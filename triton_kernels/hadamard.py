@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .matmul import cdiv, next_power_of_2
+
 _TILE_VALUES = 4096  # rows per program: enough for a [BLOCK_M, len] tile of this many values
 _LOAD_VALUES = 8192  # input blocks per mix step: a [BLOCK_M, A_CHUNK, len] load of at most this many
 
@@ -84,9 +86,9 @@ def hadamard_transform(x: torch.Tensor, signs: Optional[torch.Tensor] = None, in
     if rows == 0:
         return y
     s = signs.to(device=x.device, dtype=torch.float32).contiguous() if signs is not None else None
-    block_m = max(1, min(triton.next_power_of_2(rows), _TILE_VALUES // length))
-    a_chunk = min(triton.next_power_of_2(k), max(1, _LOAD_VALUES // (block_m * length)))
-    grid = (triton.cdiv(rows, block_m), k)
+    block_m = max(1, min(next_power_of_2(rows), _TILE_VALUES // length))
+    a_chunk = min(next_power_of_2(k), max(1, _LOAD_VALUES // (block_m * length)))
+    grid = (cdiv(rows, block_m), k)
     _hadamard_kernel[grid](xc, s if s is not None else xc, _block_mix(k, inverse, x.device), y, rows,
                            1.0 / math.sqrt(n), K=k, LEN=length, LOG_LEN=length.bit_length() - 1,
                            HAS_SIGNS=s is not None, INVERSE=inverse, BLOCK_M=block_m, A_CHUNK=a_chunk,

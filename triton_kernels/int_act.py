@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .matmul import _affine_form, check_device, derived
+from .matmul import _affine_form, cdiv, check_device, derived, next_power_of_2
 
 BLOCK_N = 64
 DOT_M = 16  # the smallest M tile an int8 tl.dot takes on GPUs (the interpreter would take less)
@@ -94,7 +94,7 @@ def lut4_int_linear(xq, xd, qweight, scales, mins, lut, group_size, bias=None):
     block_m = DOT_M if m <= DOT_M else 64
     block_k = 32  # 64 spills at BLOCK_M = 64 (sm_90 compile check)
     form = derived(lut, "affine_form", _affine_form)  # one device sync per table, then remembered
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, BLOCK_N))
+    grid = (cdiv(m, block_m), cdiv(n, BLOCK_N))
     _lut4_int_linear_kernel[grid](
         xq.contiguous(), xd.float().reshape(m).contiguous(), qweight.contiguous(), scales.contiguous(),
         (mins if mins is not None else scales).contiguous(), lut.contiguous(),

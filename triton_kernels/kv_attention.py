@@ -130,7 +130,7 @@ def kv_attention(q: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, 
     """[B, S, H, D] in q's dtype; arguments as torch.ops.torch_lowbit.kv_attention. splits: how many
     programs share one query row's positions (default: enough for ~2 programs per SM at 256+ positions
     each; 1 when the rows alone fill the GPU)."""
-    from .matmul import check_device
+    from .matmul import cdiv, check_device, next_power_of_2
     check_device("kv_attention", "q", q, {"k_codes": k_codes, "k_scale": k_scale, "k_min": k_min,
                                           "v_codes": v_codes, "v_scale": v_scale, "v_min": v_min, "mask": mask,
                                           "k_recent": k_recent, "v_recent": v_recent})
@@ -152,13 +152,13 @@ def kv_attention(q: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, 
     kr = k_recent.float().contiguous() if ring else q
     vr = v_recent.float().contiguous() if ring else q
     end = recent_end.reshape(1).to(device=q.device) if ring else q
-    d_pad = triton.next_power_of_2(d)
+    d_pad = next_power_of_2(d)
     block_l = max(16, min(128, _BLOCK_VALUES // d_pad))  # 32 positions at D = 64, 16 at 128
     rows = b * h * s
     if splits is None:
         splits = _default_splits(rows, length, q.device)
-    splits = triton.next_power_of_2(max(1, min(int(splits), triton.cdiv(max(length, 1), block_l))))
-    chunk = triton.cdiv(triton.cdiv(max(length, 1), splits), block_l) * block_l
+    splits = next_power_of_2(max(1, min(int(splits), cdiv(max(length, 1), block_l))))
+    chunk = cdiv(cdiv(max(length, 1), splits), block_l) * block_l
     ws = torch.empty(rows * splits * (d_pad + 2) if splits > 1 else 1, device=q.device, dtype=torch.float32)
     _kv_attention_kernel[(rows, splits)](
         q.contiguous(), k_codes.contiguous(), k_scale.contiguous(), k_min.contiguous(), v_codes.contiguous(),

@@ -30,6 +30,7 @@ which the cubin cost model of tools/triton_compile_check showed costlier than an
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -236,8 +237,18 @@ class KernelLaunch:
     k_unit: int = 1
 
 
+def cdiv(a: int, b: int) -> int:
+    """Host-side ceil division (triton.cdiv is a constexpr function on recent Triton: slow to call
+    from Python, and launch paths call it several times per decode step)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
 def _round_k(bk: int, k_unit: int) -> int:
-    return triton.cdiv(bk, k_unit) * k_unit
+    return cdiv(bk, k_unit) * k_unit
 
 
 def _unique(configs: list) -> list:
@@ -257,7 +268,7 @@ def gemv_default(m, n, k, tile=None, k_unit=1):
     # A few K slices even on small shapes, so the interpreter tests exercise the split-K reduction.
     bn, bk, w = tile or (32, 64, 4)
     bk = _round_k(bk, k_unit)
-    return dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=max(1, min(4, triton.cdiv(k, bk))), num_warps=w, num_stages=2)
+    return dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=max(1, min(4, cdiv(k, bk))), num_warps=w, num_stages=2)
 
 
 def dot_candidates(m, n, k, tiles=None, k_unit=1):
@@ -278,6 +289,13 @@ def dot_default(m, n, k, tile=None, k_unit=1):
 
 
 def config_space(m, n, k, launch: KernelLaunch, x_dtype=torch.float16) -> tuple[list, dict]:
+    """See _config_space; remembered per shape and launch space, so a decode step's launch does not
+    rebuild ~20 candidate dicts (the returned lists and dicts are shared: callers copy before changing)."""
+    return _config_space(m, n, k, launch.tiles, launch.default, launch.k_unit, x_dtype)
+
+
+@functools.lru_cache(maxsize=4096)
+def _config_space(m, n, k, tiles, default_tile, k_unit, x_dtype) -> tuple[list, dict]:
     """(candidates, untimed default) for a call with M = m: the kind's tiles, and from DEQUANT_MIN_M
     the dequantize + cuBLAS route. fp32 activations run the tl.dot kind in one stage (with two, the
     pipeliner stages their fp32 x tiles and exact table gathers through shared memory, 168-270 KiB
@@ -285,8 +303,8 @@ def config_space(m, n, k, launch: KernelLaunch, x_dtype=torch.float16) -> tuple[
     FMAs on the CUDA cores, where cuBLAS's fp32 GEMM is hard to beat."""
     gemv = kernel_kind(m) == "gemv"
     space = (gemv_candidates, gemv_default) if gemv else (dot_candidates, dot_default)
-    cands = space[0](m, n, k, launch.tiles, launch.k_unit)
-    default = space[1](m, n, k, launch.default, launch.k_unit)
+    cands = space[0](m, n, k, tiles, k_unit)
+    default = space[1](m, n, k, default_tile, k_unit)
     if not gemv and x_dtype == torch.float32:
         cands = _unique([dict(c, num_stages=1) for c in cands])
         default = dict(default, num_stages=1)
@@ -396,10 +414,10 @@ def linear_launch(op: str, x, n: int, launches: dict, bias, key: str, config,
         # fp32 partials of each K slice (every element written: no zero-fill needed)
         ws = torch.empty((split, m, n), device=x.device, dtype=torch.float32) if split > 1 else y
         if kind == "gemv":
-            grid = (triton.cdiv(n, cfg["BLOCK_N"]), split)
-            cfg["BLOCK_M"] = triton.next_power_of_2(m)
+            grid = (cdiv(n, cfg["BLOCK_N"]), split)
+            cfg["BLOCK_M"] = next_power_of_2(m)
         else:
-            grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]), split)
+            grid = (cdiv(m, cfg["BLOCK_M"]), cdiv(n, cfg["BLOCK_N"]), split)
         if launch.kind_flags:
             cfg["GEMV"] = kind == "gemv"
             cfg["DOT_FP32"] = x2.dtype == torch.float32 or (INTERPRET and x2.dtype == torch.bfloat16)
@@ -408,7 +426,7 @@ def linear_launch(op: str, x, n: int, launches: dict, bias, key: str, config,
                SPLIT_K=split, **launch.consts, **cfg, **({"grid": grid} if warmup else {}))
         if split > 1 and not warmup:
             block = 1024
-            _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](ws, b, y, m * n, n, HAS_BIAS=bias is not None,
+            _splitk_reduce_kernel[(cdiv(m * n, block),)](ws, b, y, m * n, n, HAS_BIAS=bias is not None,
                                                                 SPLIT_K=split, BLOCK=block)
 
     if config is None:
@@ -425,6 +443,6 @@ def dequant_launch(kernel, n: int, k: int, args: tuple, consts: dict, device, dt
     Compiled without FMA contraction: the reference dequantizers round value * scale before adding
     the min, and the kernels must match them bit for bit."""
     out = torch.empty((n, k), device=device, dtype=dtype)
-    kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](*args, out, n, k, **consts, BLOCK_N=block_n,
+    kernel[(cdiv(n, block_n), cdiv(k, block_k))](*args, out, n, k, **consts, BLOCK_N=block_n,
                                                                 BLOCK_K=block_k, enable_fp_fusion=False)
     return out

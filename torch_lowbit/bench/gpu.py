@@ -5,7 +5,9 @@ Each contender gets enough copies of its weight to total more than `rotate_mib` 
 well past an H100's 50 MB L2) and cycles through them, so every call reads its weight from HBM.
 Each call is timed with CUDA events; tables show medians. GB/s is the weight's bytes over the time
 (the activations and output are small next to it at these M). With `fast_hadamard_transform`
-installed, its transform of [M, 4096] is timed against our Triton Hadamard kernel too.
+installed, its transform of [M, 4096] is timed against our Triton Hadamard kernel (ours alone without it).
+A `fmt+a8` / `fmt+a4` contender wraps the layer in per-token integer activations (QuaRot), which
+lut4 layouts multiply with an integer tl.dot (triton_kernels/int_act.py).
 
 Every format runs in its CUDA default layout (lut4_rowmajor, lowbit_rowmajor for int1/2/3,
 gcb_rowmajor, palette_packed). Palette formats (nuq*, vq*, tcq*, half-TCQ): the timed
@@ -33,6 +35,8 @@ from ..formats import get_format
 from ..formats.gaussian import TCQ, HalfTCQ
 from ..layouts import default_layout
 from ..nn import QuantLinear
+from ..nn.act_quant import ActQuantLinear
+from .cpu import split_act_suffix
 
 GPU_BENCH_SHAPES = ((4096, 4096), (4096, 14336))  # (N out, K in)
 GPU_BENCH_FORMATS = ("q4_0", "int4_g128", "iq4_nl", "nuq3", "vq2", "tcq2", "int2_g64", "gcb2")
@@ -105,14 +109,19 @@ def _contenders(n: int, k: int, formats, rotate_mib: int, device: str):
     with torch.no_grad():
         lin.weight.copy_(w)
     lin = lin.to(device)  # quantize where it runs: the formats' searches are fast on a GPU
-    for fmt in formats:
+    for spec in formats:
+        fmt, act_bits = split_act_suffix(spec)
         f = get_format(fmt)
         layout = default_layout(f, "cuda")
         q = _random_tcq(f, n, k, layout, device) if isinstance(f, (TCQ, HalfTCQ)) else \
             QuantLinear.from_linear(lin, f, layout=layout)
         qbytes = q.weight_nbytes()
+        label = f"torch_lowbit {spec} [{layout.name}]"
+        if act_bits:  # QuaRot-style per-token integer activations: the integer tl.dot kernel where it applies
+            q = ActQuantLinear(q, act_bits, clip_ratio=0.9)
+            label = f"torch_lowbit {spec} [{layout.name}, int{act_bits} per-token act]"
         mods = [q] + [copy.deepcopy(q) for _ in range(_copies(qbytes, rotate_mib) - 1)]
-        out[f"torch_lowbit {fmt} [{layout.name}]"] = (lambda i, mods=mods: mods[i], qbytes, len(mods))
+        out[label] = (lambda i, mods=mods: mods[i], qbytes, len(mods))
     return out
 
 
