@@ -42,6 +42,7 @@ def test_rotation_keeps_the_function_in_float64(tied):
     assert all(torch.equal(layer.input_layernorm.weight, torch.ones_like(layer.input_layernorm.weight))
                for layer in model.model.layers)
     assert all(type(layer.mlp.down_proj) is OnlineHadamardLinear for layer in model.model.layers)
+    assert all(type(layer.self_attn.o_proj) is OnlineHadamardLinear for layer in model.model.layers)
     if tied:
         assert model.lm_head.weight is not model.model.embed_tokens.weight and not model.config.tie_word_embeddings
 
@@ -59,6 +60,35 @@ def test_rotation_spreads_an_outlier_channel():
         tl.rotate_(model, seed=1)
         peak_after = (hidden().abs().amax(-1) / hidden().abs().mean(-1)).mean()
     assert peak_after < peak_before / 3
+
+
+@pytest.mark.parametrize("online_o_proj", [False, True])
+def test_online_o_proj_hadamard_spreads_an_outlier_head(online_o_proj):
+    """A head whose values are 40x the others' (the model's function unchanged: o_proj's columns for
+    that head shrink by the same factor) stays an outlier block in o_proj's input under the head-wise
+    Hadamard alone; the online Hadamard across heads makes that input incoherent."""
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    model = tiny_llama(num_attention_heads=4, num_key_value_heads=4).double()  # head_dim 32
+    attn = model.model.layers[0].self_attn
+    with torch.no_grad():
+        attn.v_proj.weight[32:64] *= 40
+        attn.o_proj.weight[:, 32:64] /= 40
+    ids = torch.randint(0, 256, (1, 11), generator=gen)
+    before = _logits(model, ids)
+    tl.rotate_(model, seed=3, online_o_proj=online_o_proj)
+    assert _relative_error(_logits(model, ids), before) <= 1e-6
+    seen = []
+    inner = attn.o_proj.linear if online_o_proj else attn.o_proj
+    handle = inner.register_forward_pre_hook(lambda mod, args: seen.append(args[0].detach()))
+    with torch.no_grad():
+        model(ids)
+    handle.remove()
+    x = seen[0].reshape(-1, seen[0].shape[-1])[1:]  # the first token attends to itself only
+    peak = (x.abs().amax(-1) / x.pow(2).mean(-1).sqrt()).mean().item()
+    assert type(attn.o_proj) is (OnlineHadamardLinear if online_o_proj else torch.nn.Linear)
+    # incoherent, a Gaussian-like row of 128: max / rms ~ 2.4-2.7; one 32-channel block carrying
+    # almost all the energy: ~ sqrt(128 / 32) x a block's own max / rms, ~ 4-5 (seeds 0-2 of this test)
+    assert (peak < 3.5) if online_o_proj else (peak > 3.5), peak
 
 
 def test_rotated_model_quantizes_and_runs_fp32():
@@ -118,6 +148,7 @@ def test_rotated_quantized_model_saves_loads_and_compiles(tmp_path, tied):
     tl.save_quantized(model, tmp_path / "r.safetensors")
     loaded = tl.load_quantized(tiny_llama(tie_word_embeddings=tied), tmp_path / "r.safetensors")
     assert type(loaded.model.layers[1].mlp.down_proj) is OnlineHadamardLinear
+    assert type(loaded.model.layers[1].self_attn.o_proj) is OnlineHadamardLinear
     assert loaded.lm_head.weight is not loaded.model.embed_tokens.weight
     torch.testing.assert_close(_logits(loaded, ids), expected, rtol=0, atol=0)
     compiled = torch.compile(loaded, fullgraph=True)

@@ -13,6 +13,11 @@ model's logits equal the original's up to rounding. Row-vector convention (y = x
    attention mixes whole value rows, so o_proj undoes it (W_o -> W_o blockdiag(H_h)).
 4. Online Hadamard before down_proj: down_proj becomes `OnlineHadamardLinear`, computing
    linear(x H_I) with the weight W H_I, so its input (the activation QuaRot quantizes) is incoherent.
+5. Online Hadamard before o_proj, across heads: step 3 only mixes channels within a head, so a head
+   whose outputs are larger than the others' stays an outlier block in o_proj's input. QuaRot
+   applies H_(n_h) across heads online on top of the fused H_(d_h); here one online Hadamard of
+   o_proj's whole input (n_h * d_h, e.g. 576 = 36 * 16 for SmolLM2's 9 heads, where no H_9 exists)
+   does the same job: o_proj becomes `OnlineHadamardLinear` with the weight W_o blockdiag(H_h) H.
 
 The Hadamard of Q and K after RoPE (for a quantized KV cache) is applied inside attention, so it is
 part of the KV-cache work, not of this weight pass.
@@ -62,7 +67,7 @@ def _layers(model: nn.Module):
             for name in names:
                 lin = getattr(owner, name, None)
                 if type(lin) is OnlineHadamardLinear:
-                    raise ValueError("rotate_: the model is already rotated (down_proj has an online Hadamard)")
+                    raise ValueError(f"rotate_: the model is already rotated ({name} has an online Hadamard)")
                 if type(lin) is not nn.Linear:
                     raise ValueError(f"rotate_: layer {i} {name} is {type(lin).__name__}, not nn.Linear: rotate "
                                      "before quantizing (quantize_ after rotate_)")
@@ -100,17 +105,25 @@ def _rotate_output(lin: nn.Linear, q: Tensor) -> None:
         lin.bias.copy_((lin.bias.double() @ q).to(lin.bias.dtype))
 
 
+def _online_hadamard(lin: nn.Linear) -> OnlineHadamardLinear:
+    """W <- W H, and H applied to the input at run time: the pair computes the same x W^T."""
+    _rotate_input(lin, hadamard_matrix(lin.in_features, torch.float64).to(lin.weight.device))
+    return OnlineHadamardLinear(lin, lin.in_features)
+
+
 def _block_diag(h: Tensor, heads: int) -> Tensor:
     return torch.block_diag(*([h] * heads))
 
 
 @torch.no_grad()
-def rotate_(model: nn.Module, seed: int = 0, *, online_down_proj: bool = True, rotate_values: bool = True) -> nn.Module:
+def rotate_(model: nn.Module, seed: int = 0, *, online_down_proj: bool = True, rotate_values: bool = True,
+            online_o_proj: bool = True) -> nn.Module:
     """Applies QuaRot's rotations (module docstring) in place to a Llama-like HF causal LM; returns it.
 
     Rotate before quantizing: `rotate_(model); quantize_(model, ...)`. Sizes must be Hadamard sizes
-    (k * 2^m, rotations/hadamard.py): hidden, intermediate (when online_down_proj) and head_dim (when
-    rotate_values); an unsupported size raises naming the nearest supported ones.
+    (k * 2^m, rotations/hadamard.py): hidden, intermediate (when online_down_proj), head_dim (when
+    rotate_values) and heads * head_dim (when online_o_proj); an unsupported size raises naming the
+    nearest supported ones.
     """
     inner = _layers(model)
     cfg = model.config
@@ -123,6 +136,8 @@ def rotate_(model: nn.Module, seed: int = 0, *, online_down_proj: bool = True, r
         h_head = hadamard_matrix(head_dim, torch.float64)
     if online_down_proj:
         check_hadamard_size(inner.layers[0].mlp.down_proj.in_features)
+    if online_o_proj:
+        check_hadamard_size(inner.layers[0].self_attn.o_proj.in_features)
 
     if model.lm_head.weight is inner.embed_tokens.weight:  # tied: the head gets the final norm, the embedding not
         model.lm_head.weight = nn.Parameter(inner.embed_tokens.weight.detach().clone())
@@ -144,10 +159,10 @@ def rotate_(model: nn.Module, seed: int = 0, *, online_down_proj: bool = True, r
             hv = _block_diag(h_head.to(device), attn.v_proj.out_features // head_dim)
             _rotate_output(attn.v_proj, hv)  # v <- v blockdiag(H): W_v <- H^T W_v
             _rotate_input(attn.o_proj, _block_diag(h_head.to(device), attn.o_proj.in_features // head_dim))
+        if online_o_proj:
+            attn.o_proj = _online_hadamard(attn.o_proj)
         if online_down_proj:
-            down = mlp.down_proj
-            _rotate_input(down, hadamard_matrix(down.in_features, torch.float64).to(device))
-            mlp.down_proj = OnlineHadamardLinear(down, down.in_features)
+            mlp.down_proj = _online_hadamard(mlp.down_proj)
     _fold_norm(inner.norm, [model.lm_head])
     _rotate_input(model.lm_head, q)
     return model
