@@ -57,8 +57,11 @@ def test_w4a8kv8_recipe_is_close_saves_loads_and_compiles(tmp_path):
     with torch.no_grad():
         compiled = torch.compile(loaded, fullgraph=True)
         eager, traced = loaded(ids).logits, compiled(ids).logits
-        # inductor's fp32 reassociation can flip an activation code at a rounding boundary: close, not equal
-        assert (traced - eager).norm() / eager.norm() < 2e-3
+        # inductor's fp32 reassociation can flip an activation code at a rounding boundary, which moves
+        # the logits of that token and the later ones attending to it (seen: 2.3e-3 relative, 10 of 32
+        # tokens); a compiled path that skipped the A8 / KV8 rounding would move them by the whole
+        # quantization error (3-4e-2 here): the bound sits well between the two
+        assert (traced - eager).norm() / eager.norm() < 0.25 * (eager - ref).norm() / ref.norm()
 
 
 def test_recipe_without_rotation_and_a16_leaves_those_parts_out():
