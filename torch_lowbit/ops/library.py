@@ -289,15 +289,8 @@ def _register() -> None:
 
     torch.library.impl("torch_lowbit::lut4_int_linear", "CUDA")(_triton_cuda("int_act", "lut4_int_linear"))
 
-    @torch.library.impl("torch_lowbit::lut4_linear", "CUDA")
-    def _lut4_linear_cuda(x, qweight, scales, mins, lut, group_size, bias):
-        from ..triton_kernels.lut4 import lut4_linear
-        return lut4_linear(x, qweight, scales, mins, lut, group_size, bias)
-
-    @torch.library.impl("torch_lowbit::lut4_dequantize", "CUDA")
-    def _lut4_dequantize_cuda(qweight, scales, mins, lut, group_size):
-        from ..triton_kernels.lut4 import lut4_dequantize
-        return lut4_dequantize(qweight, scales, mins, lut, group_size)
+    for name in ("lut4_linear", "lut4_dequantize"):
+        torch.library.impl(f"torch_lowbit::{name}", "CUDA")(_triton_cuda("lut4", name))
 
     # palette_packed (nuq/vq/tcq): triton_kernels/palette.py, same signatures as the ops
     for name in ("codebook_linear", "codebook_dequantize", "tcq_linear", "tcq_dequantize", "tcq_half_linear"):
@@ -310,10 +303,16 @@ def _register() -> None:
 
 
 def _triton_cuda(module, name):
-    """The CUDA impl of op `name`: the same-named function of triton_kernels/<module>.py."""
+    """The CUDA impl of op `name`: the same-named function of triton_kernels/<module>.py, imported on
+    the first call (Triton loads only where a CUDA tensor meets the op) and kept: a decode step calls
+    these hundreds of times, and the import machinery costs µs each time."""
+    fn = []
+
     def impl(*args):
-        import importlib
-        return getattr(importlib.import_module(f"..triton_kernels.{module}", __package__), name)(*args)
+        if not fn:
+            import importlib
+            fn.append(getattr(importlib.import_module(f"..triton_kernels.{module}", __package__), name))
+        return fn[0](*args)
     impl.__name__ = f"_{name}_cuda"
     return impl
 
