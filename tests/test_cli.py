@@ -97,10 +97,12 @@ def test_bench_gpu_tables_on_tiny_cpu_inputs():
     assert rows[6].weight_bytes == 64 * 128 // 4 + 64 * 4 + 64 * 2 * 2 + 64
     table = gpu.format_gpu_table(rows, "cpu (interpreter)")
     lines = [line for line in table.splitlines() if line.startswith("| 64x128 |")]
-    assert len(lines) == 14 and all(line.count("|") == 8 for line in lines)
-    assert lines[0].endswith("| 1.00x |")  # the baseline against itself
-    ratio = float(lines[1].split("|")[-2].strip().rstrip("x"))
+    assert len(lines) == 14 and all(line.count("|") == 10 for line in lines)
+    assert lines[0].endswith("| 1.00x | - |")  # the baseline against itself; no CUDA graph on CPU
+    ratio = float(lines[1].split("|")[-3].strip().rstrip("x"))
     assert abs(ratio - rows[0].us / rows[1].us) < 0.01
+    graphed = [gpu.GpuRow("8x8", 1, gpu.BASELINE, 40.0, 128, 10.0), gpu.GpuRow("8x8", 1, "ours", 80.0, 32, 4.0)]
+    assert gpu.format_gpu_table(graphed, "x").splitlines()[-1].endswith("| 80.0 | 4.0 | 0 | 0.00 | 0.50x | 2.50x |")
 
     h = hadamard_matrix(256)
     hrows = gpu.bench_hadamard(ms=(1, 3), n=256, fht=lambda x, scale: (x.float() @ h.T).half(), device="cpu",

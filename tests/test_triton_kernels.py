@@ -328,6 +328,12 @@ def test_autotune_times_once_and_caches_per_gpu(tmp_path, monkeypatch):
         on_disk = json.loads((tmp_path / "triton_autotune.json").read_text())
         assert on_disk == {"Fake GPU / triton 0": {"lut4_gemv": {"m1_n64_k64": {"BLOCK_N": 32}}}}
         assert autotune.pick("lut4_gemv", "m1_n64_k64", cands, cands[0], run, cuda) == {"BLOCK_N": 32}
+        # under CUDA-graph capture: the tuned config where the warm-up found one, else the default, untimed
+        monkeypatch.setattr(autotune, "_capturing", lambda: True)
+        assert autotune.pick("lut4_gemv", "m1_n64_k64", cands, cands[0], run, cuda) == {"BLOCK_N": 32}
+        assert autotune.pick("lut4_gemv", "m2_n64_k64", cands, cands[0], run, cuda) is cands[0]
+        assert timed == [16, 32, 64]
+        monkeypatch.setattr(autotune, "_capturing", lambda: False)
         autotune.reset_cache_for_tests()  # as a new process: read back from the file
         assert autotune.pick("lut4_gemv", "m1_n64_k64", cands, cands[0], run, cuda) == {"BLOCK_N": 32}
         assert timed == [16, 32, 64] and compiled == [16, 32, 64]  # never compiled or timed again

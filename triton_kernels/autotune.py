@@ -131,13 +131,15 @@ def pick(kernel: str, key: str, candidates: Sequence[Config], default: Config,
     config used without a GPU timer; run(config, warmup=False): launches the kernel once with that
     config on the real inputs (it must have no side effect besides writing its output); with
     warmup=True it only compiles it (see precompile)."""
-    if INTERPRET or device.type != "cuda" or _capturing() or not enabled():
-        return default  # no timer here (or a CUDA graph is being captured: timing would break it)
+    if INTERPRET or device.type != "cuda" or not enabled():
+        return default  # no timer here
     dkey = _device_key(device)
     with _lock:
         hit = _load().get(dkey, {}).get(kernel, {}).get(key)
     if hit is not None:
-        return hit
+        return hit  # also while a CUDA graph is captured: the warm-up before capture tuned it
+    if _capturing():
+        return default  # timing would break the capture
     precompile(candidates, run)
     best, best_us = default, float("inf")
     for cfg in candidates:

@@ -50,6 +50,7 @@ class GpuRow:
     name: str
     us: float
     weight_bytes: int
+    graph_us: Optional[float] = None  # device time per call: the calls replayed from a CUDA graph
 
     def weight_gbs(self) -> float:
         return self.weight_bytes / (self.us * 1e3)
@@ -79,6 +80,38 @@ def cuda_event_us(fn: Callable[[int], object], copies: int, repeats: int = 50, w
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def cuda_graph_us(fn: Callable[[int], object], copies: int, repeats: int = 20) -> Optional[float]:
+    """µs per call with the host out of the picture: one call on each of the `copies` weights captured
+    into a CUDA graph (weights still streamed from HBM), the graph replayed and timed with CUDA events,
+    divided by `copies`. What the kernels cost; cuda_event_us is what an eager caller waits. None when
+    a contender cannot be captured (its error is printed)."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up on a side stream, as capture requires
+            for i in range(copies):
+                fn(i)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(copies):
+                fn(i)
+    except Exception as e:  # noqa: BLE001 - reported, the eager timing stands
+        print(f"  (not capturable in a CUDA graph: {type(e).__name__}: {e})", file=sys.stderr)
+        return None
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / copies)
     return statistics.median(times)
 
 
@@ -145,8 +178,9 @@ def _random_tcq(f, n: int, k: int, layout, device: str) -> QuantLinear:
 
 @torch.no_grad()
 def bench_gpu(shapes=GPU_BENCH_SHAPES, ms=(1, 8, 64, 512), formats=GPU_BENCH_FORMATS, rotate_mib: int = 256,
-              device: str = "cuda", timer: Optional[Callable] = None, progress=None) -> list[GpuRow]:
-    """One row per shape x M x contender; activations fp16."""
+              device: str = "cuda", timer: Optional[Callable] = None, progress=None, graphs: bool = True) -> list[GpuRow]:
+    """One row per shape x M x contender; activations fp16. graphs (CUDA): also the device time per
+    call from a CUDA-graph replay (GpuRow.graph_us)."""
     timer = timer or cuda_event_us
     progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     rows = []
@@ -156,20 +190,25 @@ def bench_gpu(shapes=GPU_BENCH_SHAPES, ms=(1, 8, 64, 512), formats=GPU_BENCH_FOR
             x = torch.randn(m, k, device=device).half()
             for name, (make, nbytes, copies) in contenders.items():
                 us = timer(lambda i: make(i)(x), copies)
-                rows.append(GpuRow(f"{n}x{k}", m, name, us, nbytes))
-                progress(f"  {n}x{k} M={m} {name}: {us:.1f} us")
+                graph = cuda_graph_us(lambda i: make(i)(x), copies) if device == "cuda" and graphs else None
+                rows.append(GpuRow(f"{n}x{k}", m, name, us, nbytes, graph))
+                progress(f"  {n}x{k} M={m} {name}: {us:.1f} us" + (f", {graph:.1f} us in a CUDA graph" if graph else ""))
     return rows
 
 
 def format_gpu_table(rows: list[GpuRow], device_name: str) -> str:
-    lines = [f"GPU: {device_name}; fp16 activations; weights streamed from HBM; median µs per call", "",
-             f"| W (N x K) | M | kernel | µs | weight GB/s | TFLOPS | vs {BASELINE} |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"GPU: {device_name}; fp16 activations; weights streamed from HBM; median µs per call "
+             "(eager: what a caller waits, host launch included; graph: the calls replayed from a CUDA graph, "
+             "device time; GB/s and TFLOPS from the eager time)", "",
+             f"| W (N x K) | M | kernel | µs | graph µs | weight GB/s | TFLOPS | vs {BASELINE} | graph vs graph |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         base = next((b for b in rows if b.shape == r.shape and b.m == r.m and b.name == BASELINE), None)
         ratio = f"{base.us / r.us:.2f}x" if base else "-"
-        lines.append(f"| {r.shape} | {r.m} | {r.name} | {r.us:.1f} | {r.weight_gbs():.0f} | {r.tflops():.2f} | "
-                     f"{ratio} |")
+        graph_ratio = f"{base.graph_us / r.graph_us:.2f}x" if base and base.graph_us and r.graph_us else "-"
+        graph = f"{r.graph_us:.1f}" if r.graph_us else "-"
+        lines.append(f"| {r.shape} | {r.m} | {r.name} | {r.us:.1f} | {graph} | {r.weight_gbs():.0f} | "
+                     f"{r.tflops():.2f} | {ratio} | {graph_ratio} |")
     return "\n".join(lines)
 
 
