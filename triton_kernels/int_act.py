@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .matmul import _affine_form, cdiv, check_device, derived, next_power_of_2
+from .matmul import _affine_form, cdiv, check_device, derived
 
 BLOCK_N = 64
 DOT_M = 16  # the smallest M tile an int8 tl.dot takes on GPUs (the interpreter would take less)
