@@ -182,11 +182,16 @@ def test_cpu_paths_agree_with_scalar_path():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("fmt", tl.formats())
-@pytest.mark.parametrize("m", [1, 8, 64, 512])
-def test_cuda_matches_reference_at_real_sizes(fmt, m):
-    lin = random_linear(4096, 4096, True, torch.Generator().manual_seed(m)).cuda()
+def test_cuda_matches_reference_at_real_sizes(fmt):
+    """Every format's CUDA default layout at K = 4096, M = 1 (GEMV) to 512 (tiles), quantized once.
+    TCQ quantizes with the CPU Viterbi encoder: 512 rows keep its 57 cases inside a GPU lease."""
+    n = 512 if fmt.startswith("tcq") else 4096
+    lin = random_linear(4096, n, True, torch.Generator().manual_seed(n)).cuda()
     q = tl.QuantLinear.from_linear(lin, fmt)
-    x = torch.randn(m, 4096, device="cuda", dtype=torch.float16)
-    ref = x.float() @ q.dequantize().T + lin.bias.float()
-    y = q(x)
-    assert ((y.float() - ref).norm() / ref.norm()).item() < 5e-3
+    w = q.dequantize().float()
+    errors = {}
+    for m in (1, 8, 64, 512):
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.float16)
+        ref = x.float() @ w.T + lin.bias.float()
+        errors[m] = ((q(x).float() - ref).norm() / ref.norm()).item()
+    assert max(errors.values()) < 5e-3, errors
