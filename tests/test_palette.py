@@ -173,7 +173,8 @@ def test_code_streams_round_trip(bits):
     assert torch.equal((words[:, 3].to(torch.int64) & 0xFFFFFFFF) >> (32 - bits), codes[:, 3])
 
 
-@pytest.mark.parametrize("dim,bits", [(1, 2), (1, 3), (1, 4), (2, 3), (2, 4), (2, 5), (2, 6), (2, 8), (2, 10), (1, 6)])
+@pytest.mark.parametrize("dim,bits", [(1, 1), (1, 2), (1, 3), (1, 4), (2, 3), (2, 4), (2, 5), (2, 6), (2, 7), (2, 8), (2, 9),
+                                      (2, 10), (1, 6)])
 @pytest.mark.parametrize("path", ["scalar", "avx2", "avx512"])
 def test_codebook_kernel_matches_its_definition(dim, bits, path):
     """Random codes and tables (not a format's): whole 512-code periods, a ragged tail, every lookup

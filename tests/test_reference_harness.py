@@ -183,15 +183,17 @@ def test_cpu_paths_agree_with_scalar_path():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("fmt", tl.formats())
 def test_cuda_matches_reference_at_real_sizes(fmt):
-    """Every format's CUDA default layout at K = 4096, M = 1 (GEMV) to 512 (tiles), quantized once.
-    TCQ quantizes with the CPU Viterbi encoder: 512 rows keep its 57 cases inside a GPU lease."""
+    """Every format's CUDA default layout at K = 4096 (4224 = 22 x 192 for 192-wide groups), M = 1
+    (GEMV) to 512 (tiles), quantized once. TCQ quantizes with the reference Viterbi on the GPU:
+    512 rows keep its 15 cases inside a GPU lease."""
     n = 512 if fmt.startswith("tcq") else 4096
-    lin = random_linear(4096, n, True, torch.Generator().manual_seed(n)).cuda()
+    k = 4096 if 4096 % tl.get_format(fmt).group_size == 0 else 4224
+    lin = random_linear(k, n, True, torch.Generator().manual_seed(n)).cuda()
     q = tl.QuantLinear.from_linear(lin, fmt)
     w = q.dequantize().float()
     errors = {}
     for m in (1, 8, 64, 512):
-        x = torch.randn(m, 4096, device="cuda", dtype=torch.float16)
+        x = torch.randn(m, k, device="cuda", dtype=torch.float16)
         ref = x.float() @ w.T + lin.bias.float()
         errors[m] = ((q(x).float() - ref).norm() / ref.norm()).item()
     assert max(errors.values()) < 5e-3, errors

@@ -122,6 +122,22 @@ def _tail_biting_ok(states, s):
     return bool((low == torch.roll(states.long(), -1, dims=1) >> s).all())
 
 
+@pytest.mark.parametrize("bits", [1.5, 5.0])
+def test_gpu_route_runs_the_reference_in_bounded_slices(bits, monkeypatch):
+    """Off the CPU the reference runs in slices of the batch (a 4096-row matrix at once ran a GPU out
+    of memory): slices of 3 sequences give what the whole batch gives."""
+    x = torch.randn(8, 256, generator=torch.Generator().manual_seed(int(bits * 10)))
+    whole = tcq.tcq_viterbi_reference(x, bits)
+    per_seq = 6 * 4 * (1 << tcq.TCQ_L) + 2 * tcq.TCQ_STEPS * (1 << (tcq.TCQ_L - tcq.tcq_shift_bits(bits)))
+    monkeypatch.setattr(tcq, "VITERBI_DEVICE_BYTES", 3 * per_seq)
+    calls = []
+    reference = tcq.tcq_viterbi_reference
+    monkeypatch.setattr(tcq, "tcq_viterbi_reference", lambda xs, b: calls.append(len(xs)) or reference(xs, b))
+    sliced = tcq._reference_in_slices(x, bits)
+    assert calls == [3, 3, 2]
+    assert torch.equal(sliced[0], whole[0]) and torch.equal(sliced[1], whole[1])
+
+
 @pytest.mark.parametrize("bits", [1.5, 2.0, 3.0, 4.5, 5.0])
 def test_fast_viterbi_matches_reference(bits):
     x = torch.randn(8, 256)

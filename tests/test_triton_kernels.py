@@ -107,6 +107,46 @@ def test_split_k_is_deterministic():
     assert torch.equal(_run(q, x, cfg), _run(q, x, cfg))
 
 
+class _SharedMemoryLimit:
+    """A kernel whose launch raises Triton's OutOfResources, as a real GPU does, above a tile budget."""
+
+    def __init__(self, kernel, max_stages, max_block_k):
+        self.kernel, self.max_stages, self.max_block_k, self.tried = kernel, max_stages, max_block_k, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.tried.append((kwargs["num_stages"], kwargs["BLOCK_K"]))
+            if kwargs["num_stages"] > self.max_stages or kwargs["BLOCK_K"] > self.max_block_k:
+                from triton.runtime.errors import OutOfResources
+                raise OutOfResources(300_000, 232_448, "shared memory")
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+def test_configs_that_do_not_fit_the_gpu_step_down(monkeypatch):
+    """A config (forced, tuned or default) the GPU rejects for shared memory runs smaller — one stage,
+    then half BLOCK_K in whole k_units — and the fitting config is remembered for the next call."""
+    lut4, matmul = _kernels(), _matmul()
+    limit = _SharedMemoryLimit(lut4._lut4_linear_kernel, max_stages=1, max_block_k=128)
+    monkeypatch.setattr(lut4, "_lut4_linear_kernel", limit)
+    monkeypatch.setattr(matmul, "_fitted", {})
+    q, _ = _quantized("q4_0", 32 * 20, 37, True, _gen())
+    x = torch.randn(17, 32 * 20, generator=_gen())
+    cfg = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=512, SPLIT_K=1, num_warps=4, num_stages=2)
+    _check(q, x, _run(q, x, cfg))
+    assert limit.tried == [(2, 512), (1, 512), (1, 256), (1, 128)]  # BLOCK_K stays a multiple of 128
+    limit.tried.clear()
+    _check(q, x, _run(q, x, cfg))
+    assert limit.tried == [(1, 128)]
+    assert matmul.smaller_config(dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=128, num_stages=1), k_unit=128) \
+        == dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=128, num_stages=1)
+    assert matmul.smaller_config(dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_stages=1)) is None
+    limit.max_block_k = 0  # nothing fits: an error naming the fix, not a silent wrong answer
+    monkeypatch.setattr(matmul, "_fitted", {})
+    with pytest.raises(RuntimeError, match="no launch config down from .* fits this GPU"):
+        _run(q, x, cfg)
+
+
 def test_empty_input_and_quantlinear_route():
     q, lin = _quantized("q4_0", 64, 24, True, _gen())
     assert _run(q, torch.randn(0, 64)).shape == (0, 24)
@@ -779,7 +819,10 @@ def test_kernel_launch_tiles_round_block_k_to_its_unit():
                           k_unit=512)
     cands, default = mm.config_space(17, 4096, 4096, dot)
     assert default == dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=512, SPLIT_K=1, num_warps=4, num_stages=1)
-    assert {(c["BLOCK_M"], c["num_stages"]) for c in cands} == {(16, 2)}  # BLOCK_M 64 > M's bucket
+    # BLOCK_M 64 > M's bucket; 2 stages of a 64 x 512 decoded tile (128 KiB) overran sm_90 on Triton 3.6
+    assert {(c["BLOCK_M"], c["num_stages"]) for c in cands} == {(16, 1)}
+    cands, _ = mm.config_space(17, 4096, 4096, mm.KernelLaunch(None, (), {}, tiles=((16, 64, 256, 4, 2),)))
+    assert {(c["BLOCK_K"], c["num_stages"]) for c in cands} == {(256, 2)}  # 64 KiB pipelined: kept
     # fp32 activations: one stage (two would stage fp32 x tiles and gathers past sm_90's shared memory)
     two = mm.KernelLaunch(None, (), {}, tiles=((16, 64, 256, 4, 2), (64, 64, 256, 4, 1)), default=(64, 256, 4, 2))
     cands, default = mm.config_space(512, 4096, 4096, two, torch.bfloat16)

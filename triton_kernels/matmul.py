@@ -288,6 +288,19 @@ def dot_default(m, n, k, tile=None, k_unit=1):
     return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=_round_k(bk, k_unit), SPLIT_K=1, num_warps=w, num_stages=stages)
 
 
+PIPELINED_WEIGHT_BYTES = 96 * 1024
+
+
+def _stages_that_fit(cfg: dict) -> dict:
+    """One stage for a tl.dot tile whose pipelined decoded weights (stages x BLOCK_N x BLOCK_K x 2 B)
+    pass PIPELINED_WEIGHT_BYTES: with the x tiles and layout conversions beside them such a config
+    overran sm_90's 227 KiB on Triton 3.6 (vq2.5 at BLOCK_K 1024: 264 KiB; int1 at 512: 304 KiB).
+    The tile's K loop keeps its length; only the copy-ahead goes."""
+    if cfg.get("num_stages", 1) > 1 and cfg["num_stages"] * cfg["BLOCK_N"] * cfg["BLOCK_K"] * 2 > PIPELINED_WEIGHT_BYTES:
+        return dict(cfg, num_stages=1)
+    return cfg
+
+
 def config_space(m, n, k, launch: KernelLaunch, x_dtype=torch.float16) -> tuple[list, dict]:
     """See _config_space; remembered per shape and launch space, so a decode step's launch does not
     rebuild ~20 candidate dicts (the returned lists and dicts are shared: callers copy before changing)."""
@@ -305,6 +318,8 @@ def _config_space(m, n, k, tiles, default_tile, k_unit, x_dtype) -> tuple[list, 
     space = (gemv_candidates, gemv_default) if gemv else (dot_candidates, dot_default)
     cands = space[0](m, n, k, tiles, k_unit)
     default = space[1](m, n, k, default_tile, k_unit)
+    if not gemv:
+        cands, default = _unique([_stages_that_fit(c) for c in cands]), _stages_that_fit(default)
     if not gemv and x_dtype == torch.float32:
         cands = _unique([dict(c, num_stages=1) for c in cands])
         default = dict(default, num_stages=1)
@@ -433,8 +448,50 @@ def linear_launch(op: str, x, n: int, launches: dict, bias, key: str, config,
         cands, default = config_space(m, n, k, launch, x2.dtype)
         full_key = f"m{autotune.m_bucket(m)}_n{n}_k{k}_{key}_{str(x.dtype).removeprefix('torch.')}"
         config = autotune.pick(f"{op}_{kind}", full_key, cands, default, run, x.device)
-    run(config)
+    run_fitting(run, config, (op, kind, key, x2.dtype), launch.k_unit)
     return y.to(x.dtype).reshape(*x.shape[:-1], n)
+
+
+# -- configs that do not fit a GPU -----------------------------------------------------------------
+_fitted: dict = {}  # (op, kind, format key, dtype, config) -> the smaller config that compiled and fit
+
+
+def smaller_config(cfg: dict, k_unit: int = 1) -> Optional[dict]:
+    """The next config to try after `cfg` ran out of shared memory or registers: one pipeline stage,
+    then half the K block (whole k_units, at least 16 for tl.dot), then half the N block, then half
+    the M block (at least 16); None when nothing is left to shrink."""
+    if cfg.get("num_stages", 1) > 1:
+        return dict(cfg, num_stages=1)
+    bk = cfg["BLOCK_K"] // 2
+    if bk >= 16 and bk % k_unit == 0:
+        return dict(cfg, BLOCK_K=bk)
+    if cfg["BLOCK_N"] > 16:
+        return dict(cfg, BLOCK_N=cfg["BLOCK_N"] // 2)
+    if cfg.get("BLOCK_M", 16) > 16:
+        return dict(cfg, BLOCK_M=cfg["BLOCK_M"] // 2)
+    return None
+
+
+def run_fitting(run: Callable[[dict], object], config: dict, memo: tuple, k_unit: int = 1) -> None:
+    """run(config), stepping down through smaller_config while the GPU rejects it (Triton raises
+    OutOfResources at launch, before any work: a tile's pipelined stages need more shared memory than
+    the GPU has — how much depends on the Triton version and the GPU, e.g. 227 KiB on sm_90, 99 KiB
+    on sm_86). The config that fit is remembered per (memo, config), so later calls launch it directly.
+    The route to cuBLAS has nothing to shrink."""
+    from triton.runtime.errors import OutOfResources
+
+    key = memo + (tuple(sorted(config.items())),)
+    cfg = _fitted.get(key, config)
+    while True:
+        try:
+            run(cfg)
+            return
+        except OutOfResources as err:
+            smaller = None if cfg.get("ROUTE") else smaller_config(cfg, k_unit)
+            if smaller is None:
+                raise RuntimeError(f"{memo[0]} (triton): no launch config down from {config} fits this GPU "
+                                   f"({err}); pass a smaller config") from err
+            cfg = _fitted[key] = smaller
 
 
 def dequant_launch(kernel, n: int, k: int, args: tuple, consts: dict, device, dtype=torch.float32,

@@ -45,6 +45,7 @@ TCQ_V = 2
 TCQ_T = 256
 TCQ_STEPS = TCQ_T // TCQ_V
 TCQ_SUPPORTED_BITS = tuple(b / 2 for b in range(3, 11))  # 1.5, 2.0, ..., 5.0
+VITERBI_DEVICE_BYTES = 1 << 30  # working set of the reference Viterbi on a GPU (tcq_viterbi)
 QTIP_SCALE_OVERRIDE = 0.9  # encoded RMS relative to the code's RMS (QTIP / Q-Palette default)
 
 _TABLES_FILE = os.path.join(os.path.dirname(__file__), "data", "tcq_tables.safetensors")
@@ -200,12 +201,12 @@ def _viterbi_pass(steps: Tensor, values: Tensor, s: int, overlap: Tensor | None)
         # State p's predecessors form group p >> s; state p = k * groups + g joins successor group g.
         cost = group_cost.repeat_interleave(fan, dim=1) + dist
         group_cost, k = cost.view(batch, fan, groups).min(dim=1)
-        choices.append(k)
+        choices.append(k.to(torch.int16))  # k < fan <= 2**10: a quarter of int64's memory
     g = group_cost.argmin(dim=1) if overlap is None else overlap
     rows = torch.arange(batch, device=steps.device)
     path = torch.empty(batch, TCQ_STEPS, dtype=torch.int64, device=steps.device)
     for t in range(TCQ_STEPS - 1, -1, -1):
-        state = choices[t][rows, g] * groups + g
+        state = choices[t][rows, g].long() * groups + g
         path[:, t] = state
         g = state >> s
     return path
@@ -247,7 +248,17 @@ def tcq_viterbi(x_seq: Tensor, bits: float) -> tuple[Tensor, Tensor]:
     _check_bits(bits)
     if x_seq.device.type == "cpu":
         return _extension_viterbi(x_seq.float().contiguous(), bits)
-    return tcq_viterbi_reference(x_seq, bits)
+    return _reference_in_slices(x_seq, bits)
+
+
+def _reference_in_slices(x_seq: Tensor, bits: float) -> tuple[Tensor, Tensor]:
+    """The reference Viterbi over slices of the batch. Each sequence holds [2**L] fp32 costs per step
+    and [128, 2**(L-s)] int16 choices: all at once, a 4096-row matrix would need tens of GiB of GPU
+    memory; a slice stays within VITERBI_DEVICE_BYTES."""
+    per_seq = 6 * 4 * (1 << TCQ_L) + 2 * TCQ_STEPS * (1 << (TCQ_L - tcq_shift_bits(bits)))
+    chunk = max(1, VITERBI_DEVICE_BYTES // per_seq)
+    parts = [tcq_viterbi_reference(x_seq[i:i + chunk], bits) for i in range(0, x_seq.shape[0], chunk)]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 def tcq_encode(x: Tensor, bits: float) -> Tensor:
