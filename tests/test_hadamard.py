@@ -215,6 +215,22 @@ def test_op_inverse_of_forward_is_identity(n):
         assert _rel(hadamard_transform(hadamard_transform(x, inverse=True), None), x) < 2 * _bound(n), path
 
 
+@pytest.mark.parametrize("n", [576, 1536, 64])
+@pytest.mark.parametrize("inverse", [False, True])
+def test_op_gradient_is_the_dense_products(n, inverse):
+    """Autograd through the op (training through an online rotation) equals autograd through the dense
+    reference product, with and without signs."""
+    gen = torch.Generator().manual_seed(n + inverse)
+    signs = random_signs(n, seed=n)
+    for s in (signs, None):
+        x = torch.randn(3, 5, n, generator=gen, requires_grad=True)
+        weight = torch.randn(3, 5, n, generator=gen)
+        (hadamard_transform(x, s, inverse=inverse) * weight).sum().backward()
+        x_ref = x.detach().clone().requires_grad_(True)
+        (hadamard_transform_reference(x_ref, s, inverse=inverse) * weight).sum().backward()
+        torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("n", [1, 8, 64, 12 * 4, 36 * 16, 44 * 2, 172])
 def test_op_rows_of_identity_give_the_matrix(n):
     # forward without signs maps e_i to row i of H_n: the op realizes exactly hadamard_matrix(n)

@@ -81,6 +81,20 @@ def _register() -> None:
         from ..triton_kernels.hadamard import hadamard_transform as triton_hadamard_transform
         return triton_hadamard_transform(x, signs, inverse)
 
+    # The transform is orthogonal, and `inverse` is its inverse ((x s) H vs (x H^T) s): the gradient of
+    # one is the other applied to the output's gradient (training through online rotations, e.g.
+    # learn_rotation_; without this autograd would stop at the op).
+    def _setup_context(ctx, inputs, output):
+        _, signs, inverse = inputs
+        ctx.save_for_backward(signs)
+        ctx.inverse = inverse
+
+    def _backward(ctx, grad):
+        (signs,) = ctx.saved_tensors
+        return torch.ops.torch_lowbit.hadamard_transform(grad.contiguous(), signs, not ctx.inverse), None, None
+
+    torch.library.register_autograd("torch_lowbit::hadamard_transform", _backward, setup_context=_setup_context)
+
 
 _register()
 
