@@ -58,8 +58,8 @@ TORCH_LIBRARY(torch_lowbit, m) {
   m.def("lut4_dequantize(Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int group_size) -> Tensor");
   // per-token integer activations (xq int8 [M, K], xd fp32 [M]) x lut4_rowmajor weights (int8 table): fp32
   // [M, N]; CUDA: Triton's integer tl.dot (triton_kernels/int_act.py), CPU: the reference in Python
-  m.def("lut4_int_linear(Tensor xq, Tensor xd, Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, "
-        "int group_size, Tensor? bias) -> Tensor");
+  m.def("lut4_int_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int group_size, "
+        "Tensor? bias, int act_bits, float act_clip) -> Tensor");
   m.def("codebook_linear(Tensor x, Tensor codes, int code_bits, Tensor table, Tensor row_scales, Tensor? bias) -> Tensor");
   m.def("codebook_dequantize(Tensor codes, int code_bits, Tensor table, Tensor row_scales, int in_features) -> Tensor");
   m.def("tcq_linear(Tensor x, Tensor codes, Tensor table, int table_bits, int shift_bits, Tensor row_scales, "

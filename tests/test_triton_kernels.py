@@ -908,6 +908,14 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     assert any(b == 16 for b in budget.values()) and all(v[3] < budget[key] for key, v in words.items()), words
 
 
+def _one_hot_rows(k):
+    """nn.Linear whose row r picks feature r (the rest 0); int4_g64 stores it exactly (min 0, scale 1)."""
+    lin = torch.nn.Linear(k, k, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.eye(k))
+    return lin
+
+
 @pytest.mark.parametrize("fmt", ["q4_0", "int4_g64", "int4_pc", "iq4_nl"])
 @pytest.mark.parametrize("bits", [8, 4])
 def test_integer_activation_kernel_matches_the_rounded_product(fmt, bits, monkeypatch):
@@ -932,7 +940,14 @@ def test_integer_activation_kernel_matches_the_rounded_product(fmt, bits, monkey
         calls.clear()
         assert_matches_product(y, fake_quantize_per_token(x, bits, clip_ratio=0.9), w, q.bias, roundings=8,
                                msg=f"{fmt} A{bits} M={m}")
+        for dtype in (torch.float32, torch.float16):  # rounded in-kernel exactly as quantize_per_token
+            args = (x.to(dtype), q.qweight, q.scales, getattr(q, "mins", None), q.lut_i8, q.fmt.group_size, q.bias,
+                    bits, 0.9)
+            torch.testing.assert_close(lut4_int_linear(*args), torch.ops.torch_lowbit.lut4_int_linear(*args),
+                                       rtol=1e-5, atol=1e-5)
+        # the codes themselves: a one-hot weight row k reads back x's code k times its scale
         xq, xd = quantize_per_token(x, bits, 0.9)
-        args = (xq, xd, q.qweight, q.scales, getattr(q, "mins", None), q.lut_i8, q.fmt.group_size, q.bias)
-        torch.testing.assert_close(lut4_int_linear(*args), torch.ops.torch_lowbit.lut4_int_linear(*args),
-                                   rtol=1e-5, atol=1e-5)
+        eye = tl.QuantLinear.from_linear(_one_hot_rows(192), "int4_g64", layout="lut4_rowmajor")
+        y_eye = lut4_int_linear(x, eye.qweight, eye.scales, eye.mins, eye.lut_i8, 64, None, bits, 0.9)
+        # one flipped code would be off by ~1e-2
+        torch.testing.assert_close(y_eye, (xq.float() * xd) @ eye.dequantize().T, rtol=1e-5, atol=1e-5)

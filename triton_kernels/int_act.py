@@ -1,18 +1,27 @@
-"""Integer-activation linear for the lut4_rowmajor layout (QuaRot's W4A8 / W4A4 on CUDA): activations
-already rounded per token to int8 codes xq with one fp32 scale xd per token (any of A8 / A4: the
-codes are int8 either way), weights decoded to their int8 table values (q4_0 / int4_pc: c - 8,
-int4_g*: c, iq4_nl: its integer table) and multiplied with an integer tl.dot (int8 x int8 -> int32,
-IMMA tensor cores on sm_80+).
+"""Integer-activation linear for the lut4_rowmajor layout (QuaRot's W4A8 / W4A4 on CUDA): float
+activations rounded per token inside the kernel to int8 codes xq with one fp32 scale xd per token
+(any of A8 / A4: the codes are int8 either way), weights decoded to their int8 table values (q4_0 /
+int4_pc: c - 8, int4_g*: c, iq4_nl: its integer table) and multiplied with an integer tl.dot
+(int8 x int8 -> int32, IMMA tensor cores on sm_80+). One launch per call: no rounded copy of x, no
+torch ops around it.
+
+Rounding (formats/activations.py quantize_per_token, bit for bit): each program first reads its
+BLOCK_M rows whole for max|x|, xd = max|x| * (clip / qmax) (1 for an all-zero row), then rounds each
+tile as it goes, xq = clamp(rint(x / xd)) — an IEEE division (div_rn) and round-half-even (adding
+and subtracting 1.5 * 2^23), as torch does. Each N tile re-reads its rows' x for that (M K values,
+small next to the weight).
 
 Math (the CPU kernels' per-token math, csrc/common/lut_i8.h): per group, isum = sum xq * t[c] in
 int32; acc += float(isum) * scale (+ float(sum xq) * min); y = acc * xd + bias. The op is
-torch_lowbit::lut4_int_linear; torch_lowbit/layouts/lut4.py rounds x and calls it.
+torch_lowbit::lut4_int_linear; torch_lowbit/layouts/lut4.py calls it.
 """
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from torch_lowbit.formats.activations import symmetric_min_code
 
 from .matmul import _affine_form, cdiv, check_device, derived
 
@@ -21,18 +30,25 @@ DOT_M = 16  # the smallest M tile an int8 tl.dot takes on GPUs (the interpreter 
 
 
 @triton.jit
-def _lut4_int_linear_kernel(xq_ptr, xd_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, M, N, K,
+def _lut4_int_linear_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, M, N, K, ACT_SCALE,
+                            QMIN: tl.constexpr, QMAX: tl.constexpr,
                             GROUP: tl.constexpr, HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr,
                             AFFINE: tl.constexpr, LUT_A: tl.constexpr, LUT_B: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """AFFINE: t[c] = LUT_A c + LUT_B (q4_0, int4_pc: c - 8; int4_g*: c) in integer arithmetic; else a
-    gather from the 16-entry int8 table (iq4_nl)."""
+    gather from the 16-entry int8 table (iq4_nl). ACT_SCALE: clip / qmax (fp32)."""
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_ok, n_ok = offs_m < M, offs_n < N
     x_rows = offs_m[:, None].to(tl.int64) * K
+    amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + x_rows + (k0 + offs_k)[None, :], mask=m_ok[:, None], other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
+    xd = amax * ACT_SCALE
+    xd = tl.where(xd > 0, xd, 1.0)
     w_cols = offs_n[None, :].to(tl.int64) * (K // 2)  # [BLOCK_K, BLOCK_N] tiles: k down, rows across
     g_rows = offs_n.to(tl.int64) * (K // GROUP)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -41,7 +57,9 @@ def _lut4_int_linear_kernel(xq_ptr, xd_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_pt
         qsum = tl.zeros((BLOCK_M,), dtype=tl.int32)
         for k0 in range(g * GROUP, (g + 1) * GROUP, BLOCK_K):
             k = k0 + offs_k
-            xq = tl.load(xq_ptr + x_rows + k[None, :], mask=m_ok[:, None], other=0)
+            x = tl.load(x_ptr + x_rows + k[None, :], mask=m_ok[:, None], other=0.0).to(tl.float32)
+            r = (tl.math.div_rn(x, xd[:, None]) + 12582912.0) - 12582912.0  # round half to even
+            xq = tl.minimum(tl.maximum(r, QMIN), QMAX).to(tl.int8)
             byte = (k // 32) * 16 + (k % 16)  # lut4_rowmajor: code j and j + 16 of a 32-run share byte j
             packed = tl.load(qw_ptr + w_cols + byte[:, None], mask=n_ok[None, :], other=0,
                              eviction_policy="evict_first")
@@ -58,22 +76,20 @@ def _lut4_int_linear_kernel(xq_ptr, xd_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_pt
         if HAS_MIN:
             mn = tl.load(mn_ptr + g_rows + g, mask=n_ok, other=0.0).to(tl.float32)
             acc += qsum.to(tl.float32)[:, None] * mn[None, :]
-    y = acc * tl.load(xd_ptr + offs_m, mask=m_ok, other=0.0)[:, None]
+    y = acc * xd[:, None]
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :], y, mask=m_ok[:, None] & n_ok[None, :])
 
 
-def lut4_int_linear(xq, xd, qweight, scales, mins, lut, group_size, bias=None):
-    """fp32 y [M, N] = (xq * xd) @ W.T + bias: xq int8 [M, K] per-token codes, xd fp32 [M] (or [M, 1])
-    their scales, W the lut4_rowmajor weight with lut the int8 [16] code values (the op
-    torch_lowbit::lut4_int_linear)."""
+def lut4_int_linear(x, qweight, scales, mins, lut, group_size, bias=None, act_bits=8, act_clip=1.0):
+    """fp32 y [M, N] = (x rounded per token to act_bits, clip act_clip) @ W.T + bias: x float [M, K],
+    W the lut4_rowmajor weight with lut the int8 [16] code values (the op torch_lowbit::lut4_int_linear)."""
     op = "lut4_int_linear"
-    check_device(op, "xq", xq, {"xd": xd, "qweight": qweight, "scales": scales, "mins": mins, "lut": lut,
-                                "bias": bias})
-    if xq.dtype != torch.int8 or xq.dim() != 2:
-        raise ValueError(f"{op} (triton): xq must be int8 [M, K], got {xq.dtype} {tuple(xq.shape)}")
-    m, k = xq.shape
+    check_device(op, "x", x, {"qweight": qweight, "scales": scales, "mins": mins, "lut": lut, "bias": bias})
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) or x.dim() != 2:
+        raise ValueError(f"{op} (triton): x must be float [M, K], got {x.dtype} {tuple(x.shape)}")
+    m, k = x.shape
     n = qweight.shape[0]
     if qweight.dtype != torch.uint8 or tuple(qweight.shape) != (n, k // 2):
         raise ValueError(f"{op} (triton): qweight must be uint8 [N, {k // 2}], got {qweight.dtype} "
@@ -86,19 +102,22 @@ def lut4_int_linear(xq, xd, qweight, scales, mins, lut, group_size, bias=None):
         raise ValueError(f"{op} (triton): mins must be fp16 of the scales' shape")
     if lut.dtype != torch.int8 or lut.numel() != 16:
         raise ValueError(f"{op} (triton): lut must be the 16 int8 code values, got {lut.numel()} {lut.dtype}")
-    if xd.numel() != m:
-        raise ValueError(f"{op} (triton): xd must hold one scale per token ({m}), got {xd.numel()}")
-    y = torch.empty(m, n, dtype=torch.float32, device=xq.device)
+    if act_bits not in (2, 3, 4, 8) or not 0 < act_clip <= 1:
+        raise ValueError(f"{op} (triton): act_bits must be 2, 3, 4 or 8 and act_clip in (0, 1], got "
+                         f"{act_bits}, {act_clip}")
+    y = torch.empty(m, n, dtype=torch.float32, device=x.device)
     if m == 0:
         return y
+    qmax = 2 ** (act_bits - 1) - 1
     block_m = DOT_M if m <= DOT_M else 64
     block_k = 32  # 64 spills at BLOCK_M = 64 (sm_90 compile check)
     form = derived(lut, "affine_form", _affine_form)  # one device sync per table, then remembered
     grid = (cdiv(m, block_m), cdiv(n, BLOCK_N))
     _lut4_int_linear_kernel[grid](
-        xq.contiguous(), xd.float().reshape(m).contiguous(), qweight.contiguous(), scales.contiguous(),
+        x.contiguous(), qweight.contiguous(), scales.contiguous(),
         (mins if mins is not None else scales).contiguous(), lut.contiguous(),
-        bias.float().contiguous() if bias is not None else y, y, m, n, k, GROUP=group_size,
+        bias.float().contiguous() if bias is not None else y, y, m, n, k, act_clip / qmax,
+        QMIN=symmetric_min_code(act_bits), QMAX=qmax, GROUP=group_size,
         HAS_MIN=mins is not None, HAS_BIAS=bias is not None, AFFINE=form is not None,
         LUT_A=int(form[0]) if form else 1, LUT_B=int(form[1]) if form else 0, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=block_k,
         num_warps=4)

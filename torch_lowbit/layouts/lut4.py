@@ -12,7 +12,6 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..formats.activations import quantize_per_token
 from ..formats.scalar import ScalarCodebookFormat
 from ..packing import pack_nibbles, unpack_nibbles
 from .base import register_layout, run_op
@@ -47,13 +46,13 @@ class Lut4RowMajor(ScalarRowMajor):
     def linear_int_acts(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], x: Tensor,
                         bias: Optional[Tensor], backend: str, out_features: int, bits: int,
                         clip: float) -> Optional[Tensor]:
-        """Triton / CUDA: x rounded per token here, then int8 x int8 tl.dot (triton_kernels/int_act.py).
-        The CPU backend keeps the float lut4 kernel on the rounded x (the int8 tiles are lut{b}_i8_n16)."""
+        """Triton / CUDA: one kernel rounds x per token and multiplies int8 x int8 with tl.dot
+        (triton_kernels/int_act.py). The CPU backend keeps the float lut4 kernel on the rounded x (the
+        int8 tiles are lut{b}_i8_n16)."""
         if "lut_i8" not in buffers or (backend != "triton" and x.device.type != "cuda"):
             return None
-        xq, xd = quantize_per_token(x.reshape(-1, x.shape[-1]), bits, clip)
-        args = (xq, xd, buffers[self.codes_key], buffers["scales"], buffers.get("mins"), buffers["lut_i8"],
-                fmt.group_size, bias)
+        args = (x.reshape(-1, x.shape[-1]), buffers[self.codes_key], buffers["scales"], buffers.get("mins"),
+                buffers["lut_i8"], fmt.group_size, bias, bits, float(clip))
         y = run_op("lut4_int_linear", "int_act", args, backend, x)
         return y.to(x.dtype).reshape(*x.shape[:-1], out_features)
 
