@@ -38,6 +38,7 @@ from typing import Callable, Optional
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from . import autotune
 from .autotune import INTERPRET
@@ -478,10 +479,10 @@ def run_fitting(run: Callable[[dict], object], config: dict, memo: tuple, k_unit
     the GPU has — how much depends on the Triton version and the GPU, e.g. 227 KiB on sm_90, 99 KiB
     on sm_86). The config that fit is remembered per (memo, config), so later calls launch it directly.
     The route to cuBLAS has nothing to shrink."""
-    from triton.runtime.errors import OutOfResources
+    def key():  # built only when some config did not fit: this runs on every decode-step launch
+        return memo + (tuple(sorted(config.items())),)
 
-    key = memo + (tuple(sorted(config.items())),)
-    cfg = _fitted.get(key, config)
+    cfg = _fitted.get(key(), config) if _fitted else config
     while True:
         try:
             run(cfg)
@@ -491,7 +492,7 @@ def run_fitting(run: Callable[[dict], object], config: dict, memo: tuple, k_unit
             if smaller is None:
                 raise RuntimeError(f"{memo[0]} (triton): no launch config down from {config} fits this GPU "
                                    f"({err}); pass a smaller config") from err
-            cfg = _fitted[key] = smaller
+            cfg = _fitted[key()] = smaller
 
 
 def dequant_launch(kernel, n: int, k: int, args: tuple, consts: dict, device, dtype=torch.float32,
