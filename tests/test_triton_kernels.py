@@ -819,10 +819,13 @@ def test_kernel_launch_tiles_round_block_k_to_its_unit():
                           k_unit=512)
     cands, default = mm.config_space(17, 4096, 4096, dot)
     assert default == dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=512, SPLIT_K=1, num_warps=4, num_stages=1)
-    # BLOCK_M 64 > M's bucket; 2 stages of a 64 x 512 decoded tile (128 KiB) overran sm_90 on Triton 3.6
-    assert {(c["BLOCK_M"], c["num_stages"]) for c in cands} == {(16, 1)}
-    cands, _ = mm.config_space(17, 4096, 4096, mm.KernelLaunch(None, (), {}, tiles=((16, 64, 256, 4, 2),)))
-    assert {(c["BLOCK_K"], c["num_stages"]) for c in cands} == {(256, 2)}  # 64 KiB pipelined: kept
+    assert {(c["BLOCK_M"], c["num_stages"]) for c in cands} == {(16, 2)}  # BLOCK_M 64 > M's bucket
+    # the untimed default in one stage when 2 stages of its decoded tile pass 96 KiB (64 x 512: 128 KiB
+    # overran sm_90 on Triton 3.6); 64 x 256 (64 KiB) keeps 2
+    big = mm.KernelLaunch(None, (), {}, tiles=((16, 64, 256, 4, 2),), default=(64, 256, 4, 2), k_unit=512)
+    assert mm.config_space(17, 4096, 4096, big)[1]["num_stages"] == 1
+    small = mm.KernelLaunch(None, (), {}, tiles=((16, 64, 256, 4, 2),), default=(64, 256, 4, 2))
+    assert mm.config_space(17, 4096, 4096, small)[1]["num_stages"] == 2
     # fp32 activations: one stage (two would stage fp32 x tiles and gathers past sm_90's shared memory)
     two = mm.KernelLaunch(None, (), {}, tiles=((16, 64, 256, 4, 2), (64, 64, 256, 4, 1)), default=(64, 256, 4, 2))
     cands, default = mm.config_space(512, 4096, 4096, two, torch.bfloat16)
