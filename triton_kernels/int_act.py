@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from torch_lowbit.formats.activations import symmetric_min_code
+from torch_lowbit.act_codes import symmetric_min_code
 
 from .matmul import _affine_form, cdiv, check_device, derived
 

@@ -283,7 +283,7 @@ def _register() -> None:
     @torch.library.impl("torch_lowbit::lut4_int_linear", "CPU")
     def _lut4_int_linear_cpu(x, qweight, scales, mins, lut, group_size, bias, act_bits, act_clip):
         """The reference: x rounded per token (quantize_per_token) times the dequantized weight in fp32."""
-        from ..formats.activations import quantize_per_token
+        from ..act_codes import quantize_per_token
         _lut4_int_check(x, qweight, scales, mins, lut, group_size, bias, act_bits, act_clip)
         w = torch.ops.torch_lowbit.lut4_dequantize(qweight, scales, mins, lut.float(), group_size)
         xq, xd = quantize_per_token(x, act_bits, act_clip)
