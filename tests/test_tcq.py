@@ -128,8 +128,7 @@ def test_gpu_route_runs_the_reference_in_bounded_slices(bits, monkeypatch):
     of memory): slices of 3 sequences give what the whole batch gives."""
     x = torch.randn(8, 256, generator=torch.Generator().manual_seed(int(bits * 10)))
     whole = tcq.tcq_viterbi_reference(x, bits)
-    per_seq = 6 * 4 * (1 << tcq.TCQ_L) + 2 * tcq.TCQ_STEPS * (1 << (tcq.TCQ_L - tcq.tcq_shift_bits(bits)))
-    monkeypatch.setattr(tcq, "VITERBI_DEVICE_BYTES", 3 * per_seq)
+    monkeypatch.setattr(tcq, "VITERBI_DEVICE_BYTES", 3 * tcq.viterbi_bytes_per_sequence(bits))
     calls = []
     reference = tcq.tcq_viterbi_reference
     monkeypatch.setattr(tcq, "tcq_viterbi_reference", lambda xs, b: calls.append(len(xs)) or reference(xs, b))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+ACT_BITS = (2, 3, 4, 8)  # the per-token activation widths the kernels and wrappers take
+
 
 def symmetric_min_code(bits: int) -> int:
     """The lowest symmetric code: -2^(b-1) (QuaRot's grid), except -127 at 8 bits, the restricted int8

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from torch_lowbit.act_codes import symmetric_min_code
+from torch_lowbit.act_codes import ACT_BITS, symmetric_min_code
 
 from .matmul import _affine_form, cdiv, check_device, derived
 
@@ -102,7 +102,7 @@ def lut4_int_linear(x, qweight, scales, mins, lut, group_size, bias=None, act_bi
         raise ValueError(f"{op} (triton): mins must be fp16 of the scales' shape")
     if lut.dtype != torch.int8 or lut.numel() != 16:
         raise ValueError(f"{op} (triton): lut must be the 16 int8 code values, got {lut.numel()} {lut.dtype}")
-    if act_bits not in (2, 3, 4, 8) or not 0 < act_clip <= 1:
+    if act_bits not in ACT_BITS or not 0 < act_clip <= 1:
         raise ValueError(f"{op} (triton): act_bits must be 2, 3, 4 or 8 and act_clip in (0, 1], got "
                          f"{act_bits}, {act_clip}")
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)

@@ -251,12 +251,17 @@ def tcq_viterbi(x_seq: Tensor, bits: float) -> tuple[Tensor, Tensor]:
     return _reference_in_slices(x_seq, bits)
 
 
+def viterbi_bytes_per_sequence(bits: float) -> int:
+    """The reference Viterbi's working set per sequence: ~6 fp32 [2**L] temporaries per step and the
+    [128, 2**(L-s)] int16 back-pointers."""
+    return 6 * 4 * (1 << TCQ_L) + 2 * TCQ_STEPS * (1 << (TCQ_L - tcq_shift_bits(bits)))
+
+
 def _reference_in_slices(x_seq: Tensor, bits: float) -> tuple[Tensor, Tensor]:
     """The reference Viterbi over slices of the batch. Each sequence holds [2**L] fp32 costs per step
     and [128, 2**(L-s)] int16 choices: all at once, a 4096-row matrix would need tens of GiB of GPU
     memory; a slice stays within VITERBI_DEVICE_BYTES."""
-    per_seq = 6 * 4 * (1 << TCQ_L) + 2 * TCQ_STEPS * (1 << (TCQ_L - tcq_shift_bits(bits)))
-    chunk = max(1, VITERBI_DEVICE_BYTES // per_seq)
+    chunk = max(1, VITERBI_DEVICE_BYTES // viterbi_bytes_per_sequence(bits))
     parts = [tcq_viterbi_reference(x_seq[i:i + chunk], bits) for i in range(0, x_seq.shape[0], chunk)]
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 

@@ -17,13 +17,14 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import Tensor, nn
 
+from ..act_codes import ACT_BITS
 from ..formats.activations import quantize_per_token
 
 CLIP_GRID = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0, 0.95, ..., 0.5
 
 
 def _check_bits(bits: int) -> None:
-    if bits not in (2, 3, 4, 8):
+    if bits not in ACT_BITS:
         raise ValueError(f"activation quantization: bits must be 2, 3, 4 or 8, got {bits!r}")
 
 

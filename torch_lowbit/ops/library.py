@@ -8,6 +8,8 @@ import functools
 
 import torch
 
+from ..act_codes import ACT_BITS, quantize_per_token
+
 _FLOAT_ACTS = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -269,7 +271,7 @@ def _register() -> None:
         _check(lut.dtype == torch.int8, "lut4_int_linear: lut must be the 16 int8 code values")
         _check(x.dtype in (torch.float32, torch.float16, torch.bfloat16) and x.dim() == 2 and x.shape[1] == k,
                f"lut4_int_linear: x must be float [M, {k}]")
-        _check(act_bits in (2, 3, 4, 8) and 0 < act_clip <= 1,
+        _check(act_bits in ACT_BITS and 0 < act_clip <= 1,
                "lut4_int_linear: act_bits must be 2, 3, 4 or 8 and act_clip in (0, 1]")
         if bias is not None:
             _check(bias.dim() == 1 and bias.shape[0] == n, f"lut4_int_linear: bias must have {n} elements")
@@ -283,7 +285,6 @@ def _register() -> None:
     @torch.library.impl("torch_lowbit::lut4_int_linear", "CPU")
     def _lut4_int_linear_cpu(x, qweight, scales, mins, lut, group_size, bias, act_bits, act_clip):
         """The reference: x rounded per token (quantize_per_token) times the dequantized weight in fp32."""
-        from ..act_codes import quantize_per_token
         _lut4_int_check(x, qweight, scales, mins, lut, group_size, bias, act_bits, act_clip)
         w = torch.ops.torch_lowbit.lut4_dequantize(qweight, scales, mins, lut.float(), group_size)
         xq, xd = quantize_per_token(x, act_bits, act_clip)
