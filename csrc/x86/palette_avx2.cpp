@@ -169,9 +169,10 @@ TLB_AVX2 void tcq_band(const TcqWeights& w, const TcqContext& ctx, const float* 
 using namespace palette_avx2;
 
 void codebook_gemv_avx2(const CodebookWeights& w, const float* acts, int64_t M, int64_t n0, int64_t n1, float* out) {
-  for (CodebookGemvPart* part : {codebook_gemv_nuq, codebook_gemv_vq_b3_b4, codebook_gemv_vq_b5_b6,
-                                  codebook_gemv_vq_b7_b8, codebook_gemv_vq_b9_b10})
-    if (part(w, acts, M, n0, n1, out)) return;
+#define TLB_RUN_CODEBOOK_PART(...) \
+  if (codebook_gemv_part<__VA_ARGS__>(w, acts, M, n0, n1, out)) return;
+  TLB_CODEBOOK_PARTS(TLB_RUN_CODEBOOK_PART)
+#undef TLB_RUN_CODEBOOK_PART
   codebook_gemv_scalar(w, acts, M, n0, n1, out);  // codes the vector paths do not cover
 }
 

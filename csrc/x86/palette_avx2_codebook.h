@@ -181,11 +181,21 @@ void codebook_gemv_rows(const CodebookWeights& w, const float* acts, int64_t M, 
   });
 }
 
-// The parts, one translation unit each; true when (w.dim, w.code_bits) is theirs and they ran.
-using CodebookGemvPart = bool(const CodebookWeights& w, const float* acts, int64_t M, int64_t n0, int64_t n1,
-                               float* out);
-CodebookGemvPart codebook_gemv_nuq, codebook_gemv_vq_b3_b4, codebook_gemv_vq_b5_b6, codebook_gemv_vq_b7_b8,
-    codebook_gemv_vq_b9_b10;
+// A part of the fused GEMV: the (dimension D, code bits in Bs) cases, explicitly instantiated in one
+// translation unit each (palette_avx2_*.cpp); true when (w.dim, w.code_bits) is one of its cases
+// and it ran.
+template <int D, int... Bs>
+bool codebook_gemv_part(const CodebookWeights& w, const float* acts, int64_t M, int64_t n0, int64_t n1, float* out) {
+  if (w.dim != D) return false;
+  return ((w.code_bits == Bs && (codebook_gemv_rows<D, Bs>(w, acts, M, n0, n1, out), true)) || ...);
+}
+
+#define TLB_CODEBOOK_PARTS(X) X(1, 1, 2, 3, 4) X(2, 3, 4) X(2, 5, 6) X(2, 7, 8) X(2, 9, 10)
+#define TLB_DECLARE_CODEBOOK_PART(...)                                                                      \
+  extern template bool codebook_gemv_part<__VA_ARGS__>(const CodebookWeights&, const float*, int64_t, int64_t, \
+                                                       int64_t, float*);
+TLB_CODEBOOK_PARTS(TLB_DECLARE_CODEBOOK_PART)
+#undef TLB_DECLARE_CODEBOOK_PART
 
 }  // namespace palette_avx2
 }  // namespace torch_lowbit
