@@ -2,7 +2,7 @@
 // group-wise quantized KV cache (codes + fp16 scale / min per group; torch_lowbit/formats/kv.py),
 // dequantized row by row in registers: the cache is streamed at 0.56 bytes per value (4-bit,
 // group 64) instead of 4. Grouped-query heads as gqa_attention (query head h reads KV head
-// h / (H / Hkv)); output [B, S, H, D] in q's dtype. One task per (batch, KV head, query row).
+// h / (H / Hkv)); output [B, S, H, D] in q's dtype. One task per (batch, KV head, block of query rows).
 // Optionally the most recent tokens come exact from fp32 rings (KIVI: QuantizedKVLayer's residual).
 #include <torch/extension.h>
 
@@ -41,7 +41,7 @@ at::Tensor kv_attention_cpu(const at::Tensor& q, const at::Tensor& k_codes, cons
               "kv_attention: scales must be [B, Hkv, L, D / group]");
   TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "kv_attention: query heads ", H, " are not a multiple of KV heads ", Hkv);
   const int64_t G = H / Hkv;
-  TORCH_CHECK(G <= 64, "kv_attention: at most 64 query heads per KV head, got ", G);
+  TORCH_CHECK(G <= kKvMaxQueries, "kv_attention: at most ", kKvMaxQueries, " query heads per KV head, got ", G);
   TORCH_CHECK(group % 2 == 0, "kv_attention: the group must be even, got ", group);
   auto qf = q.to(at::kFloat).contiguous();
   auto kc = k_codes.contiguous(), vc = v_codes.contiguous();
@@ -81,14 +81,26 @@ at::Tensor kv_attention_cpu(const at::Tensor& q, const at::Tensor& k_codes, cons
   const auto* kmp = reinterpret_cast<const uint16_t*>(km.data_ptr<at::Half>());
   const auto* vsp = reinterpret_cast<const uint16_t*>(vs.data_ptr<at::Half>());
   const auto* vmp = reinterpret_cast<const uint16_t*>(vm.data_ptr<at::Half>());
-  parallel_for(0, B * Hkv * S, 1, [&](int64_t r0, int64_t r1) {
-    std::vector<float> scratch(G * L + D);
+  // Tasks of `rows` query positions: each rebuilt key / value row serves rows * G queries. Blocks
+  // are as tall as the softmax state allows, but cut shorter while there are fewer than ~4 tasks per
+  // thread (a prefill of few KV heads).
+  const int64_t max_rows = std::max<int64_t>(1, kKvMaxQueries / G);
+  const int64_t want_tasks = 4 * static_cast<int64_t>(at::get_num_threads());
+  const int64_t blocks = std::min(S, std::max((S + max_rows - 1) / max_rows, (want_tasks + B * Hkv - 1) / (B * Hkv)));
+  const int64_t rows = (S + blocks - 1) / blocks;
+  const int64_t row_blocks = (S + rows - 1) / rows;
+  parallel_for(0, B * Hkv * row_blocks, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<float> scratch(rows * G * L + kKvScratchRows * D);
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t b = r / (Hkv * S), kv = (r / S) % Hkv, s = r % S;
+      const int64_t b = r / (Hkv * row_blocks), kv = (r / row_blocks) % Hkv, s = (r % row_blocks) * rows;
       const int64_t cache_row = (b * Hkv + kv) * L;
       KvAttentionTask t;
       t.q = qf.data_ptr<float>() + ((b * H + kv * G) * S + s) * D;
       t.q_stride = S * D;
+      t.rows = std::min(rows, S - s);
+      t.q_row_stride = D;
+      t.out_row_stride = H * D;
+      t.mask_row_stride = mf.defined() ? mf.stride(2) : 0;
       t.k_codes = kcp + cache_row * row_bytes;
       t.v_codes = vcp + cache_row * row_bytes;
       t.k_scale = ksp + cache_row * groups;
@@ -108,7 +120,7 @@ at::Tensor kv_attention_cpu(const at::Tensor& q, const at::Tensor& k_codes, cons
       t.bits = static_cast<int>(bits);
       t.scale = static_cast<float>(scale);
       t.scores = scratch.data();
-      t.row = scratch.data() + G * L;
+      t.row = scratch.data() + rows * G * L;
       if (R) {
         t.k_recent = kr.data_ptr<float>() + (b * Hkv + kv) * R * D;
         t.v_recent = vr.data_ptr<float>() + (b * Hkv + kv) * R * D;

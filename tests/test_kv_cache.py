@@ -118,9 +118,9 @@ def test_memory_of_a_4bit_cache_is_under_a_third_of_fp32():
 
 
 def test_compiled_generation_with_a_4bit_cache_matches_eager():
-    """Decode steps run the kv_attention kernel on the codes (bound to the attention modules while
-    generating): the same tokens as transformers' eager attention over the dequantized cache (the
-    reference), eager or compiled, with every token rounded or the last 4 exact."""
+    """The prefill and the decode steps run the kv_attention kernel on the codes (bound to the
+    attention modules while generating): the same tokens as transformers' eager attention over the
+    dequantized cache (the reference), eager or compiled, with every token rounded or the last 4 exact."""
     gen = _gen()
     model = tl.rotate_(tiny_llama(), seed=3)
     ids = torch.randint(0, 256, (2, 9), generator=gen)
@@ -134,7 +134,7 @@ def test_compiled_generation_with_a_4bit_cache_matches_eager():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(tl.QuantizedKVLayer, "attention", lambda self, *a: calls.append(1) or kernel_route(self, *a))
         assert torch.equal(eager.generate(ids, 6), out)
-    assert len(calls) == 5 * 2  # 5 decode steps x 2 layers
+    assert len(calls) == 6 * 2  # the prefill and 5 decode steps x 2 layers
     assert torch.equal(compiled.generate(ids, 6), out)
     assert isinstance(compiled._cache, tl.QuantizedKVCache)
     assert not any(hasattr(m, "_lowbit_kv_layer") for m in model.modules())  # unbound after generating
@@ -158,20 +158,24 @@ def _reference_attention(q, keys, values, mask, scale):
 
 @pytest.mark.parametrize("path", ["scalar", "avx2"])
 @pytest.mark.parametrize("bits,group,d", [(4, 64, 64), (4, 16, 48), (8, 32, 96), (4, 6, 24)])
-@pytest.mark.parametrize("rows,residual", [(1, 0), (3, 0), (1, 5)])
-def test_kv_attention_kernel_matches_the_dequantized_reference(path, bits, group, d, rows, residual):
+@pytest.mark.parametrize("rows,residual,g", [(1, 0, 2), (3, 0, 2), (1, 5, 2), (23, 3, 2), (9, 0, 24)])
+def test_kv_attention_kernel_matches_the_dequantized_reference(path, bits, group, d, rows, residual, g):
+    """Decode (1 row) and prefill blocks (several rows, causal: the first rows do not see the last
+    keys; tasks of several rows x G queries, the last block ragged; 24 heads per KV head leave room
+    for only 2 rows per task)."""
     from torch_lowbit.ops.library import cpu_extension
     if path not in cpu_extension().available_cpu_paths():
         pytest.skip(f"CPU path {path} not available")
     gen = _gen()
-    b, hkv, g, length = 2, 3, 2, 37
+    b, hkv, length = 2, 3, 37
     rotate = bits == 4  # keys Hadamard-rotated (query rotated by attention()) and plain, both through the kernel
     layer = tl.QuantizedKVLayer(length, bits=bits, group=group, residual_length=residual, rotate_keys=rotate)
     filled = 29  # ragged: the last positions of the static cache stay empty and masked
     layer.update(torch.randn(b, hkv, filled, d, generator=gen) * 2, torch.randn(b, hkv, filled, d, generator=gen))
     keys, values = layer.update(torch.randn(b, hkv, 1, d, generator=gen), torch.randn(b, hkv, 1, d, generator=gen))
     q = torch.randn(b, hkv * g, rows, d, generator=gen)
-    mask = torch.arange(length) < filled + 1
+    last = filled + 1 - rows + torch.arange(rows)  # row s sees keys up to filled + 1 - rows + s (causal)
+    mask = torch.arange(length)[None, :] <= last[:, None]
     mask = mask.expand(b, 1, rows, length).clone()
     mask[1, 0, :, 3] = False  # a hole in one sequence
     ref = _reference_attention(q, keys, values, mask, 0.125)
@@ -180,8 +184,10 @@ def test_kv_attention_kernel_matches_the_dequantized_reference(path, bits, group
     assert out.shape == (b, rows, hkv * g, d)
     torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-4)
     additive = torch.where(mask, 0.0, float("-inf"))
+    finfo_min = torch.where(mask, 0.0, torch.finfo(torch.float32).min)  # transformers' masks
     with tl.use_backend("cpu", path=path):
         torch.testing.assert_close(layer.attention(q, additive, 0.125), out)
+        torch.testing.assert_close(layer.attention(q, finfo_min, 0.125), out)
 
 
 @pytest.mark.parametrize("bits,group,d,residual", [(4, 64, 64, 0), (4, 16, 48, 5), (8, 32, 96, 3)])

@@ -38,21 +38,22 @@ ATTENTION = "torch_lowbit"  # the transformers attention implementation name Com
 
 def gqa_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
                   scaling: Optional[float] = None, dropout: float = 0.0, **kwargs):
-    """A transformers attention function (AttentionInterface): at decode (one query row per head)
-    torch_lowbit::gqa_attention, one op; prefill (several rows: inductor fuses eager attention's
-    matmuls well), softcapping, sinks, sliding windows and dropout go to transformers' eager
-    attention."""
-    if dropout or kwargs.get("softcap") or kwargs.get("sliding_window") or kwargs.get("s_aux") is not None \
-            or query.device.type != "cpu" or query.shape[2] != 1:  # prefill: inductor's fused matmuls win
+    """A transformers attention function (AttentionInterface): on a bound quantized KV cache the
+    kv_attention kernel on its codes (decode and prefill); on a float cache torch_lowbit::gqa_attention
+    at decode (one query row per head, one op) and transformers' eager attention at prefill (several
+    rows: inductor fuses its matmuls well). Softcapping, sinks, sliding windows, dropout and
+    non-CPU devices go to eager attention."""
+    kv_layer = getattr(module, "_lowbit_kv_layer", None)  # a bound QuantizedKVLayer (deferred read)
+    unsupported = dropout or kwargs.get("softcap") or kwargs.get("sliding_window") or kwargs.get("s_aux") is not None
+    if unsupported or query.device.type != "cpu" or (query.shape[2] != 1 and kv_layer is None):
+        # prefill on a float cache: inductor's fused matmuls win
         from transformers.models.llama.modeling_llama import eager_attention_forward
-        kv_layer = getattr(module, "_lowbit_kv_layer", None)
         if kv_layer is not None:  # update() returned only the new rows: attend to the rounded cache
             key, value = kv_layer.read()
         return eager_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                        **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    kv_layer = getattr(module, "_lowbit_kv_layer", None)
-    if kv_layer is not None:  # a bound QuantizedKVLayer (deferred read): the kernel reads its codes
+    if kv_layer is not None:  # decode and prefill on a quantized cache: the kernel reads its codes
         return kv_layer.attention(query, attention_mask, scale), None
     mask = attention_mask[..., :key.shape[-2]] if attention_mask is not None else None
     return torch.ops.torch_lowbit.gqa_attention(query, key, value, mask, scale), None
@@ -68,8 +69,8 @@ def _register_attention() -> None:
 @contextlib.contextmanager
 def _bind_kv_layers(model: nn.Module, cache, enabled: bool):
     """While generating: each attention module of a model with a QuantizedKVCache gets its cache
-    layer (`_lowbit_kv_layer`), so gqa_attention runs the kv_attention kernel on the codes at
-    decode instead of attending to a dequantized copy."""
+    layer (`_lowbit_kv_layer`), so gqa_attention runs the kv_attention kernel on the codes (prefill
+    and decode) instead of attending to a dequantized copy."""
     from .kv_cache import QuantizedKVLayer
     bound = []
     if enabled and cache is not None:

@@ -1,36 +1,49 @@
 // Decode attention over a group-wise quantized KV cache (torch_lowbit/formats/kv.py layout):
 // per cached token and KV head, codes (4-bit: two per byte, channel 2i low nibble; 8-bit: one per
 // byte) and an fp16 scale d and min m per group of channels, value = code * d + m. A task is one
-// (batch, KV head, query position): its G query heads share every dequantized key and value row,
-// which is rebuilt once in registers / L1 and used G times.
+// (batch, KV head) and a block of `rows` query positions: its rows x G queries (G query heads per KV
+// head) share every dequantized key and value row, which is rebuilt once in registers / L1 and used
+// rows * G times (one position at decode; a block of the prompt at prefill).
 #pragma once
 #include <cstdint>
 
 namespace torch_lowbit {
 
+constexpr int64_t kKvMaxQueries = 64;
+constexpr int64_t kKvScratchRows = 9;  // rebuilt rows per task: the AVX2 path's block of 8 and a zero row  // rows * G per task (the softmax state lives on the stack)
+
 struct KvAttentionTask {
-  const float* q;          // G query rows, q + g * q_stride
+  const float* q;          // query (row r, head g): q + r * q_row_stride + g * q_stride
   int64_t q_stride;
+  int64_t rows = 1, q_row_stride = 0, mask_row_stride = 0, out_row_stride = 0;
   const uint8_t* k_codes;  // L rows of D * bits / 8 bytes
   const uint16_t* k_scale; // L rows of D / group fp16 values (raw bits)
   const uint16_t* k_min;
   const uint8_t* v_codes;
   const uint16_t* v_scale;
   const uint16_t* v_min;
-  const float* mask;       // additive, or nullptr: mask + g * mask_head_stride + j * mask_key_stride
+  const float* mask;       // additive, or nullptr: mask + r * mask_row_stride + g * mask_head_stride + j * mask_key_stride
   int64_t mask_head_stride, mask_key_stride;
-  float* out;              // G output rows, out + g * out_stride
+  float* out;              // output (row r, head g): out + r * out_row_stride + g * out_stride
   int64_t out_stride;
   int64_t G, L, D, group;
   int bits;
   float scale;
-  float* scores;           // scratch: G * L floats
-  float* row;              // scratch: D floats
+  float* scores;           // scratch: rows * G * L floats
+  float* row;              // scratch: kKvScratchRows * D floats
   // exact recent tokens (or nullptr): positions [recent_lo, recent_hi) read fp32 rows
   // k_recent + (j % recent_len) * D instead of their codes (a ring, as QuantizedKVLayer keeps it)
   const float* k_recent = nullptr;
   const float* v_recent = nullptr;
   int64_t recent_len = 0, recent_lo = 0, recent_hi = 0;
+
+  // query h of the task (h < rows * G): position r = h / G, head g = h % G
+  int64_t queries() const { return rows * G; }
+  const float* query(int64_t h) const { return q + (h / G) * q_row_stride + (h % G) * q_stride; }
+  float* output(int64_t h) const { return out + (h / G) * out_row_stride + (h % G) * out_stride; }
+  float mask_at(int64_t h, int64_t j) const {
+    return mask ? mask[(h / G) * mask_row_stride + (h % G) * mask_head_stride + j * mask_key_stride] : 0.f;
+  }
 };
 
 // The fp32 row of position j: the exact one from the ring where it holds j, else nullptr.
@@ -40,7 +53,7 @@ static inline const float* kv_recent_row(const float* ring, const KvAttentionTas
 
 void kv_attention_task_scalar(const KvAttentionTask& t);
 #if defined(TORCH_LOWBIT_X86)
-void kv_attention_task_avx2(const KvAttentionTask& t);  // needs group % 8 == 0
+void kv_attention_task_avx2(const KvAttentionTask& t);  // needs group % 8 == 0 (so D % 8 == 0)
 #endif
 
 }  // namespace torch_lowbit

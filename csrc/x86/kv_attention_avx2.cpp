@@ -1,27 +1,28 @@
-// AVX2 KV-cache decode attention (same task as common/kv_attention_scalar.cpp). A 4-bit row is
+// AVX2 KV-cache attention (the task of common/kv_attention_scalar.cpp, in blocks of 8 keys). A 4-bit row is
 // rebuilt 8 channels at a time: the 4 code bytes are broadcast to 8 lanes and shifted right by
 // 0, 4, ..., 28 (vpsrlvd), which puts channel i's nibble in lane i (low nibble = even channel);
 // masked, converted and scaled with one FMA (code * d + m). 8-bit rows: vpmovzxbd. The rebuilt row
-// stays in L1 and is used by every query head of the KV head's group.
+// stays in L1 and is used by every query of the task (G heads x a block of positions).
 #if defined(TORCH_LOWBIT_X86)
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "common/kv_attention.h"  // before the target pragma: shared inline code stays baseline x86-64
 
-// The rest of the file is AVX2 code, common/kv_attention_task.h's template included (it has
-// internal linkage, so no baseline caller can end up with this copy).
+// The rest of the file is AVX2 code.
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
-#include "common/kv_attention_task.h"
 
 #define TLB_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 namespace torch_lowbit {
 namespace {
+
+constexpr int kKeyBlock = 8;  // keys per block: one score vector per query
 
 TLB_AVX2 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -53,21 +54,11 @@ TLB_AVX2 void avx2_dequant_row(const uint8_t* codes, const uint16_t* scale, cons
   }
 }
 
-TLB_AVX2 float avx2_dot(const float* a, const float* b, int64_t D) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= D; i += 16) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-  }
-  for (; i < D; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-  return hsum(_mm256_add_ps(acc0, acc1));
-}
-
 // e^x for 8 lanes (Cephes' expf: range reduction by ln 2 in two parts, degree-5 polynomial; relative
-// error ~2e-7 on [-88, 88]); lanes equal to -inf give exactly 0 (masked keys).
+// error ~2e-7 on [-88, 88]); lanes below -88.38 (where e^x < FLT_MIN: masked keys, -inf or
+// transformers' finfo.min) give exactly 0, so their value rows are never rebuilt.
 TLB_AVX2 inline __m256 exp256(__m256 x) {
-  const __m256 is_neg_inf = _mm256_cmp_ps(x, _mm256_set1_ps(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ);
+  const __m256 underflows = _mm256_cmp_ps(x, _mm256_set1_ps(-88.3762626647949f), _CMP_LT_OQ);
   x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), _mm256_set1_ps(-88.3762626647949f));
   __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
   x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
@@ -80,13 +71,7 @@ TLB_AVX2 inline __m256 exp256(__m256 x) {
   y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
   const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(is_neg_inf, _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n)));
-}
-
-TLB_AVX2 void avx2_axpy(float e, const float* x, float* y, int64_t D) {
-  const __m256 ev = _mm256_set1_ps(e);
-  for (int64_t i = 0; i < D; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(ev, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  return _mm256_andnot_ps(underflows, _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n)));
 }
 
 // softmax numerators, 8 keys at a time
@@ -101,25 +86,157 @@ TLB_AVX2 float avx2_numerators(float* s, int64_t L, float mx) {
   }
   float tail = 0.f;
   for (; j < L; ++j) {
-    s[j] = s[j] == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(s[j] - mx);
+    s[j] = s[j] - mx < -88.3762626647949f ? 0.f : std::exp(s[j] - mx);  // as exp256
     tail += s[j];
   }
   return hsum(acc) + tail;
 }
 
-struct Avx2Ops {
-  static void dequant_row(const uint8_t* codes, const uint16_t* scale, const uint16_t* mn, int64_t D, int64_t group,
-                          int bits, float* out) {
-    avx2_dequant_row(codes, scale, mn, D, group, bits, out);
+// The 8 sums of a0..a7 (lane k: the sum of a_k's lanes).
+TLB_AVX2 inline __m256 sums8(const __m256* a) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// The rows of keys (or values) j0 .. j0 + 7 for a block: exact from the ring where it holds them,
+// rebuilt into `tile` where some query uses them (`used`), else the zero row.
+TLB_AVX2 void block_rows(const KvAttentionTask& t, const float* ring, const uint8_t* codes, const uint16_t* scale,
+                         const uint16_t* mn, int64_t j0, int n, const bool* used, float* tile, const float* zeros,
+                         const float** rows) {
+  const int64_t row_bytes = t.D * t.bits / 8, groups = t.D / t.group;
+  for (int k = 0; k < kKeyBlock; ++k) {
+    const int64_t j = j0 + k;
+    rows[k] = zeros;
+    if (k >= n || !used[k]) continue;
+    if (const float* exact = kv_recent_row(ring, t, j)) {
+      rows[k] = exact;
+    } else {
+      avx2_dequant_row(codes + j * row_bytes, scale + j * groups, mn + j * groups, t.D, t.group, t.bits, tile + k * t.D);
+      rows[k] = tile + k * t.D;
+    }
   }
-  static float dot(const float* a, const float* b, int64_t D) { return avx2_dot(a, b, D); }
-  static void axpy(float e, const float* x, float* y, int64_t D) { avx2_axpy(e, x, y, D); }
-  static float numerators(float* s, int64_t L, float mx) { return avx2_numerators(s, L, mx); }
-};
+}
+
+// One task (common/kv_attention_scalar.cpp's passes) in blocks of 8 keys: per query and block, the 8
+// scores are 8 accumulators over D (a query vector and 8 key rows per step) summed into one vector,
+// and the value pass adds 8 weighted value rows per output load / store. Each rebuilt row of the block
+// serves all rows * G queries of the task (the register-blocked prefill; one position at decode).
+TLB_AVX2 void run_blocked_task(const KvAttentionTask& t) {
+  const float neg_inf = -std::numeric_limits<float>::infinity(), lowest = std::numeric_limits<float>::lowest();
+  const int64_t Q = t.queries(), L = t.L, D = t.D;
+  float mx[kKvMaxQueries], total[kKvMaxQueries];
+  float* tile = t.row;  // kKvScratchRows * D: 8 rebuilt rows, then a zero row
+  float* zeros = t.row + kKeyBlock * D;
+  std::memset(zeros, 0, D * sizeof(float));
+  const float* rows[kKeyBlock];
+  bool used[kKeyBlock];
+  const __m256 scale = _mm256_set1_ps(t.scale);
+  const float* queries[kKvMaxQueries];
+  const float* masks[kKvMaxQueries];  // query h's mask row (key j at j * mask_key_stride), or nullptr
+  float* outputs[kKvMaxQueries];
+  __m256 mxv[kKvMaxQueries];  // the running max of each query's scores: one lane per key of a block
+  for (int64_t h = 0; h < Q; ++h) {
+    mx[h] = neg_inf;
+    mxv[h] = _mm256_set1_ps(neg_inf);
+    queries[h] = t.query(h);
+    outputs[h] = t.output(h);
+    masks[h] = t.mask ? &t.mask[(h / t.G) * t.mask_row_stride + (h % t.G) * t.mask_head_stride] : nullptr;
+  }
+  const int64_t mask_step = t.mask_key_stride;
+  for (int64_t j0 = 0; j0 < L; j0 += kKeyBlock) {
+    const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, L - j0));
+    for (int k = 0; k < n; ++k) used[k] = false;
+    for (int64_t h = 0; h < Q; ++h) {
+      float* s = t.scores + h * L + j0;
+      for (int k = 0; k < n; ++k) {
+        s[k] = masks[h] ? masks[h][(j0 + k) * mask_step] : 0.f;
+        used[k] |= s[k] > lowest;
+      }
+    }
+    bool any = false;
+    for (int k = 0; k < n; ++k) any |= used[k];
+    // keys no query sees are never rebuilt (a static cache's unfilled positions, a prompt block's
+    // future): masked by -inf, or by finfo.min as transformers does, where finfo.min + q·k rounds
+    // to finfo.min for any |q·k| < 1e31, so the score is the mask value without the product
+    if (!any) continue;
+    block_rows(t, t.k_recent, t.k_codes, t.k_scale, t.k_min, j0, n, used, tile, zeros, rows);
+    for (int64_t h = 0; h < Q; ++h) {
+      const float* q = queries[h];
+      __m256 acc[kKeyBlock];
+      for (int k = 0; k < kKeyBlock; ++k) acc[k] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + d);
+        for (int k = 0; k < kKeyBlock; ++k) acc[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[k] + d), acc[k]);
+      }
+      const __m256 dots = _mm256_mul_ps(sums8(acc), scale);
+      float* s = t.scores + h * L + j0;
+      if (n == kKeyBlock) {  // masked keys keep their mask value: -inf or finfo.min + a finite dot
+        const __m256 sv = _mm256_add_ps(_mm256_loadu_ps(s), dots);
+        _mm256_storeu_ps(s, sv);
+        mxv[h] = _mm256_max_ps(mxv[h], sv);
+      } else {
+        alignas(32) float d8[kKeyBlock];
+        _mm256_store_ps(d8, dots);
+        float m = mx[h];
+        for (int k = 0; k < n; ++k) {
+          s[k] += d8[k];
+          m = s[k] > m ? s[k] : m;
+        }
+        mx[h] = m;
+      }
+    }
+  }
+  for (int64_t h = 0; h < Q; ++h) {
+    alignas(32) float lanes[kKeyBlock];
+    _mm256_store_ps(lanes, mxv[h]);
+    for (float v : lanes) mx[h] = v > mx[h] ? v : mx[h];
+    std::memset(outputs[h], 0, D * sizeof(float));
+    if (mx[h] == neg_inf) {  // every key masked: no weight anywhere (the row comes out NaN, as softmax's)
+      std::memset(t.scores + h * L, 0, L * sizeof(float));
+      total[h] = 0.f;
+    } else {
+      total[h] = avx2_numerators(t.scores + h * L, L, mx[h]);
+    }
+  }
+  for (int64_t j0 = 0; j0 < L; j0 += kKeyBlock) {
+    const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, L - j0));
+    bool any = false;
+    for (int k = 0; k < n; ++k) {
+      used[k] = false;
+      for (int64_t h = 0; h < Q && !used[k]; ++h) used[k] = t.scores[h * L + j0 + k] != 0.f;
+      any |= used[k];
+    }
+    if (!any) continue;
+    block_rows(t, t.v_recent, t.v_codes, t.v_scale, t.v_min, j0, n, used, tile, zeros, rows);
+    for (int64_t h = 0; h < Q; ++h) {
+      const float* e = t.scores + h * L + j0;
+      __m256 ev[kKeyBlock];
+      bool nonzero = false;
+      for (int k = 0; k < kKeyBlock; ++k) {
+        const float ek = k < n ? e[k] : 0.f;
+        nonzero |= ek != 0.f;
+        ev[k] = _mm256_set1_ps(ek);
+      }
+      if (!nonzero) continue;
+      float* o = outputs[h];
+      for (int64_t d = 0; d < D; d += 8) {
+        __m256 acc = _mm256_loadu_ps(o + d);
+        for (int k = 0; k < kKeyBlock; ++k) acc = _mm256_fmadd_ps(ev[k], _mm256_loadu_ps(rows[k] + d), acc);
+        _mm256_storeu_ps(o + d, acc);
+      }
+    }
+  }
+  for (int64_t h = 0; h < Q; ++h) {
+    const __m256 inv = _mm256_set1_ps(total[h] > 0.f ? 1.f / total[h] : std::numeric_limits<float>::quiet_NaN());
+    float* o = outputs[h];
+    for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), inv));
+  }
+}
 
 }  // namespace
 
-void kv_attention_task_avx2(const KvAttentionTask& t) { run_task<Avx2Ops>(t); }
+void kv_attention_task_avx2(const KvAttentionTask& t) { run_blocked_task(t); }
 #pragma GCC pop_options
 
 }  // namespace torch_lowbit
