@@ -225,8 +225,12 @@ def cmd_bench(args) -> None:
         from .bench.kv import KV_HEADERS, bench_kv
         from .bench.machine import machine_line
         print(machine_line())
-        print("decode attention, batch 1, one query row per head, caches streamed from DRAM (one layer shown):")
-        print(_table(KV_HEADERS, bench_kv(tokens=args.prompt_tokens or 4096, threads=tuple(args.threads))))
+        rows = args.query_rows
+        what = "decode attention, batch 1, one query row per head" if rows == 1 else \
+            f"prefill attention, batch 1, {rows} causal query rows per head"
+        print(f"{what}, caches streamed from DRAM (one layer shown):")
+        print(_table(KV_HEADERS, bench_kv(tokens=args.prompt_tokens or 4096, threads=tuple(args.threads),
+                                          query_rows=rows)))
     elif args.what == "gpu":
         from .bench import gpu
         gpu.require_cuda()
@@ -413,6 +417,8 @@ def main(argv=None) -> None:
                     "(one eager forward pass) at each --threads: fp32 and each format, vs fp32")
     sp.add_argument("--prompt-tokens", type=int, help="e2e: prompt length (default 256); cpu --prefill: (default 128); "
                     "kv: cached tokens (default 4096)")
+    sp.add_argument("--query-rows", type=int, default=1, help="kv: query rows per head (1: a decode step; more: "
+                    "a causal prefill block at the end of the cache, against torch's SDPA)")
     sp.add_argument("--new-tokens", type=int, default=64, help="e2e: greedy new tokens (decode)")
     sp.add_argument("--repeats", type=int, help="e2e: timed runs per row, median (default 3); cpu --prefill: "
                     "forward passes per row, median (default 5)")

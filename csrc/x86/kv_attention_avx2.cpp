@@ -146,16 +146,24 @@ TLB_AVX2 void run_blocked_task(const KvAttentionTask& t) {
   const int64_t mask_step = t.mask_key_stride;
   for (int64_t j0 = 0; j0 < L; j0 += kKeyBlock) {
     const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, L - j0));
-    for (int k = 0; k < n; ++k) used[k] = false;
-    for (int64_t h = 0; h < Q; ++h) {
-      float* s = t.scores + h * L + j0;
-      for (int k = 0; k < n; ++k) {
-        s[k] = masks[h] ? masks[h][(j0 + k) * mask_step] : 0.f;
-        used[k] |= s[k] > lowest;
+    int seen = 0;  // bit k: some query sees key j0 + k
+    if (n == kKeyBlock && mask_step == 1) {  // 8 contiguous mask values per query
+      for (int64_t h = 0; h < Q; ++h) {
+        const __m256 m = masks[h] ? _mm256_loadu_ps(masks[h] + j0) : _mm256_setzero_ps();
+        _mm256_storeu_ps(t.scores + h * L + j0, m);
+        seen |= _mm256_movemask_ps(_mm256_cmp_ps(m, _mm256_set1_ps(lowest), _CMP_GT_OQ));
+      }
+    } else {
+      for (int64_t h = 0; h < Q; ++h) {
+        float* s = t.scores + h * L + j0;
+        for (int k = 0; k < n; ++k) {
+          s[k] = masks[h] ? masks[h][(j0 + k) * mask_step] : 0.f;
+          seen |= (s[k] > lowest) << k;
+        }
       }
     }
-    bool any = false;
-    for (int k = 0; k < n; ++k) any |= used[k];
+    for (int k = 0; k < kKeyBlock; ++k) used[k] = (seen >> k) & 1;
+    const bool any = seen != 0;
     // keys no query sees are never rebuilt (a static cache's unfilled positions, a prompt block's
     // future): masked by -inf, or by finfo.min as transformers does, where finfo.min + q·k rounds
     // to finfo.min for any |q·k| < 1e31, so the score is the mask value without the product
@@ -220,10 +228,21 @@ TLB_AVX2 void run_blocked_task(const KvAttentionTask& t) {
       }
       if (!nonzero) continue;
       float* o = outputs[h];
-      for (int64_t d = 0; d < D; d += 8) {
-        __m256 acc = _mm256_loadu_ps(o + d);
-        for (int k = 0; k < kKeyBlock; ++k) acc = _mm256_fmadd_ps(ev[k], _mm256_loadu_ps(rows[k] + d), acc);
-        _mm256_storeu_ps(o + d, acc);
+      int64_t d = 0;
+      for (; d + 32 <= D; d += 32) {  // four independent FMA chains (one chain would wait on FMA latency)
+        __m256 acc[4];
+        for (int c = 0; c < 4; ++c) acc[c] = _mm256_loadu_ps(o + d + 8 * c);
+        for (int k = 0; k < kKeyBlock; ++k)
+          for (int c = 0; c < 4; ++c) acc[c] = _mm256_fmadd_ps(ev[k], _mm256_loadu_ps(rows[k] + d + 8 * c), acc[c]);
+        for (int c = 0; c < 4; ++c) _mm256_storeu_ps(o + d + 8 * c, acc[c]);
+      }
+      for (; d < D; d += 8) {
+        __m256 acc0 = _mm256_loadu_ps(o + d), acc1 = _mm256_setzero_ps();
+        for (int k = 0; k < kKeyBlock; k += 2) {
+          acc0 = _mm256_fmadd_ps(ev[k], _mm256_loadu_ps(rows[k] + d), acc0);
+          acc1 = _mm256_fmadd_ps(ev[k + 1], _mm256_loadu_ps(rows[k + 1] + d), acc1);
+        }
+        _mm256_storeu_ps(o + d, _mm256_add_ps(acc0, acc1));
       }
     }
   }

@@ -1,7 +1,8 @@
-"""`python -m torch_lowbit bench kv`: decode attention over a quantized KV cache vs the fp32 cache.
+"""`python -m torch_lowbit bench kv`: attention over a quantized KV cache vs the fp32 cache.
 
 One decode step (one query row per head) attending to `tokens` cached positions, per attention
-layer: torch_lowbit::gqa_attention on an fp32 cache (the CompiledGenerator's decode op), and
+layer (`query_rows` > 1: a prefill block of that many causal rows at the end of the cache, against
+torch's SDPA on the fp32 cache): torch_lowbit::gqa_attention on an fp32 cache (the CompiledGenerator's decode op), and
 torch_lowbit::kv_attention reading a 4- or 8-bit QuantizedKVLayer in place (plus the reference route the
 model uses today: dequantize the whole cache, then gqa_attention). Each contender cycles through
 enough layers' caches to exceed `rotate_mib`, so caches come from DRAM as in a real model whose
@@ -28,24 +29,28 @@ def _median_us(fn, copies: int, min_time: float = 0.5) -> float:
     return statistics.median(times) * 1e6
 
 
-def _attend(device: str):
-    """The baseline attention and its label: our decode op on CPU; on CUDA, torch's fused SDPA over an
-    fp16 cache (what a CUDA user runs today)."""
-    if device == "cpu":
+def _attend(device: str, query_rows: int = 1):
+    """The baseline attention and its label: our decode op on CPU; at prefill (several query rows) and
+    on CUDA, torch's fused SDPA (on CUDA over an fp16 cache: what a CUDA user runs today)."""
+    if device == "cpu" and query_rows == 1:
         return torch.float32, "fp32 cache, gqa_attention", torch.ops.torch_lowbit.gqa_attention
     import torch.nn.functional as F
 
     def sdpa(q, k, v, mask, scale):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    if device == "cpu":
+        return torch.float32, "fp32 cache, SDPA", sdpa
     return torch.float16, "fp16 cache, SDPA", sdpa
 
 
 def bench_kv(tokens: int = 4096, threads=(1, 2), bits=(4, 8), group: int = 64, rotate_mib: int = 256,
-             shapes=tuple(KV_BENCH_SHAPES), device: str = "cpu") -> list[list]:
+             shapes=tuple(KV_BENCH_SHAPES), device: str = "cpu", query_rows: int = 1) -> list[list]:
     """Rows per shape x threads x cache; on CUDA `threads` is ignored (one row set, threads "-"), the
     kv_attention op runs the Triton kernel and the baseline is SDPA on an fp16 cache."""
     from ..kv_cache import QuantizedKVLayer
-    dtype, base_label, attend = _attend(device)
+    if not 1 <= query_rows <= tokens:
+        raise ValueError(f"bench_kv: query_rows must be 1..tokens ({tokens}), got {query_rows}")
+    dtype, base_label, attend = _attend(device, query_rows)
     if device != "cpu":
         from .gpu import cuda_event_us
         timer, threads = cuda_event_us, ("-",)
@@ -59,8 +64,9 @@ def bench_kv(tokens: int = 4096, threads=(1, 2), bits=(4, 8), group: int = 64, r
         gen = torch.Generator().manual_seed(0)
         caches = [tuple(torch.randn(1, hkv, tokens, d, generator=gen).to(device=device, dtype=dtype)
                         for _ in range(2)) for _ in range(copies)]
-        q = torch.randn(1, h, 1, d, generator=gen).to(device=device, dtype=dtype)
-        mask = torch.ones(1, 1, 1, tokens, dtype=torch.bool, device=device)
+        q = torch.randn(1, h, query_rows, d, generator=gen).to(device=device, dtype=dtype)
+        last = tokens - query_rows + torch.arange(query_rows)  # causal: row r sees positions <= last[r]
+        mask = (torch.arange(tokens)[None, :] <= last[:, None]).expand(1, 1, query_rows, tokens).to(device)
         layers = {}
         for b in bits:
             layers[b] = []
