@@ -188,6 +188,8 @@ def test_kv_attention_kernel_matches_the_dequantized_reference(path, bits, group
     with tl.use_backend("cpu", path=path):
         torch.testing.assert_close(layer.attention(q, additive, 0.125), out)
         torch.testing.assert_close(layer.attention(q, finfo_min, 0.125), out)
+        strided = finfo_min.transpose(-1, -2).contiguous().transpose(-1, -2)  # keys not adjacent in memory
+        torch.testing.assert_close(layer.attention(q, strided, 0.125), out)
 
 
 @pytest.mark.parametrize("bits,group,d,residual", [(4, 64, 64, 0), (4, 16, 48, 5), (8, 32, 96, 3)])
