@@ -28,6 +28,27 @@ def test_parse_specs_and_errors():
         tl.quantize_(tiny_llama(), tl.QuaRot(rounding="rtn"), rounding="gptq")
     with pytest.raises(ValueError, match="divisor of the head dimension"):
         tl.quantize_(tiny_llama(), tl.QuaRot(rounding="rtn", kv_group=128))
+    with pytest.raises(ValueError, match=r"smooth=\.\.\.\) needs calibration"):
+        tl.quantize_(tiny_llama(), tl.QuaRot(weights=None, acts=8, kv=None, smooth=0.25))
+
+
+def test_smoothing_then_rotation_keeps_the_function():
+    """QuaRot(smooth=alpha) smooths the down_proj inputs on the calibration, then rotates: with
+    everything else left float, the float64 logits do not move."""
+    gen = _gen()
+    model = tiny_llama().double()
+    ids = torch.randint(0, 256, (2, 11), generator=gen)
+    with torch.no_grad():
+        ref = model(ids).logits
+    plain = tl.quantize_(copy.deepcopy(model), tl.QuaRot(weights=None, acts=None, kv=None), progress=False)
+    recipe = tl.QuaRot(weights=None, acts=None, kv=None, smooth=0.25)
+    assert "smoothed" in recipe.label()
+    tl.quantize_(model, recipe, calibration=[torch.randint(0, 256, (1, 16), generator=gen)], progress=False)
+    with torch.no_grad():
+        out = model(ids).logits
+    assert ((out - ref).abs().max() / ref.abs().max()) < 1e-6
+    smoothed_up, plain_up = model.model.layers[1].mlp.up_proj.weight, plain.model.layers[1].mlp.up_proj.weight
+    assert not torch.allclose(smoothed_up, plain_up)  # same rotation, smoothed rows
 
 
 def _kv_logits(model, ids):

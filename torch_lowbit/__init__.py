@@ -22,14 +22,14 @@ from .io import CheckpointError, GGUFError, from_gguf, load_quantized, save_quan
 from .nn import ActQuantLinear, quantize_activations_, MixedBits, ProjectionSlot, QuantEmbedding, QuantLinear, allocate_formats, quantize_, quantize_embeddings_
 from .ops import current_backend, use_backend
 from . import rotations  # noqa: F401  (Hadamard rotations; registers torch_lowbit::hadamard_transform impls)
-from .rotations import rotate_
+from .rotations import rotate_, smooth_down_proj_
 from .quarot import QuaRot
 
 from .version import __version__
 
 __all__ = ["Format", "ScalarCodebookFormat", "GaussianFormat", "Int4", "IntAsym", "IntSym", "Q4_0", "Q8_0", "IQ4_NL", "NUQ", "VQ", "formats", "get_format", "register_format", "format_from_json",
            "QuantLinear", "QuantEmbedding", "ProjectionSlot", "quantize_", "quantize_embeddings_", "allocate_formats", "MixedBits", "use_backend", "current_backend",
-           "save_quantized", "load_quantized", "CheckpointError", "from_gguf", "to_gguf", "GGUFError", "CompiledGenerator", "rotate_", "quantize_activations_", "ActQuantLinear", "QuantizedKVCache", "QuantizedKVLayer", "QuaRot", "__version__"]
+           "save_quantized", "load_quantized", "CheckpointError", "from_gguf", "to_gguf", "GGUFError", "CompiledGenerator", "rotate_", "smooth_down_proj_", "quantize_activations_", "ActQuantLinear", "QuantizedKVCache", "QuantizedKVLayer", "QuaRot", "__version__"]
 
 
 def __getattr__(name):  # the KV cache subclasses transformers' Cache: imported only when asked for

@@ -18,6 +18,7 @@ from typing import Iterable, Optional, Union
 from torch import Tensor, nn
 
 KV_CONFIG_KEY = "lowbit_kv_cache"  # model.config attribute: {"bits", "group", "residual_length", "rotate_keys"}
+SMOOTH_WINDOWS = 8  # calibration windows whose down_proj inputs set the smoothing scales
 DEFAULT_W4 = "q4_0"  # best 4-bit perplexity here; QuaRot's per-channel W4 is weights="int4_pc"
 
 
@@ -25,7 +26,8 @@ DEFAULT_W4 = "q4_0"  # best 4-bit perplexity here; QuaRot's per-channel W4 is we
 class QuaRot:
     """weights: a registered format (None keeps them float); acts: per-token activation bits (8, 4,
     3; None keeps them float); kv: KV-cache bits (4 or 8; None keeps it float); rounding of the
-    weights ("gptq" needs calibration, "rtn"); seed of the rotation; rotate=False skips it."""
+    weights ("gptq" needs calibration, "rtn"); seed of the rotation; rotate=False skips it; smooth=alpha
+    smooths each down_proj input on the calibration first (rotations/smooth.py; 0.25 measured best)."""
 
     weights: Optional[Union[str, object]] = DEFAULT_W4
     acts: Optional[int] = 4
@@ -36,6 +38,7 @@ class QuaRot:
     act_symmetric: bool = True
     kv_group: int = 64
     kv_residual: int = 0  # QuaRot rounds every cached token; >0 keeps the last ones exact (KIVI)
+    smooth: Optional[float] = None  # SmoothQuant exponent for the down_proj inputs before rotating (0.25)
     is_recipe = True  # quantize_(model, QuaRot(...)) hands the model to apply()
 
     @classmethod
@@ -54,7 +57,8 @@ class QuaRot:
 
     def label(self) -> str:
         w = "W16" if self.weights is None else f"W[{self.weights}]"
-        return f"{w}A{self.acts or 16}KV{self.kv or 16}" + ("" if self.rotate else " (no rotation)")
+        return f"{w}A{self.acts or 16}KV{self.kv or 16}" + ("" if self.rotate else " (no rotation)") + \
+            (f" (down_proj smoothed, alpha {self.smooth})" if self.smooth is not None else "")
 
     def apply(self, model: nn.Module, *, calibration: Optional[Iterable[Tensor]] = None, progress: bool = True,
               **quantize_kwargs) -> nn.Module:
@@ -62,6 +66,7 @@ class QuaRot:
         from .nn.act_quant import _check_bits, quantize_activations_
         from .nn.quantize import quantize_
         from .rotations.model import rotate_
+        from .rotations.smooth import smooth_down_proj_
         calibration = list(calibration) if calibration is not None else None
         if self.weights is not None and self.rounding != "rtn" and not calibration:
             raise ValueError(f"QuaRot(rounding={self.rounding!r}) needs calibration batches; pass calibration=... "
@@ -74,6 +79,10 @@ class QuaRot:
                 raise ValueError("QuaRot(kv=...) needs a transformers model (its config names the heads)")
             check_kv_config(self.kv, self.kv_group, getattr(cfg, "head_dim", None)
                             or cfg.hidden_size // cfg.num_attention_heads)
+        if self.smooth is not None:
+            if not calibration:
+                raise ValueError("QuaRot(smooth=...) needs calibration batches; pass calibration=... or smooth=None")
+            smooth_down_proj_(model, calibration[:SMOOTH_WINDOWS], alpha=self.smooth)
         if self.rotate:
             rotate_(model, seed=self.seed)
         if self.weights is not None:

@@ -52,24 +52,25 @@ class OnlineHadamardLinear(nn.Module):
         return f"online Hadamard of {self.in_features}"
 
 
-def _layers(model: nn.Module):
+def _layers(model: nn.Module, who: str = "rotate_"):
+    """The decoder of a supported, not yet rotated or quantized model (else a ValueError naming `who`)."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"rotate_: model type {model_type!r} is not supported; QuaRot rotation needs a Llama-like "
+        raise ValueError(f"{who}: model type {model_type!r} is not supported; QuaRot rotation needs a Llama-like "
                          f"decoder with RMSNorm ({', '.join(SUPPORTED_MODEL_TYPES)})")
     inner = getattr(model, "model", None)
     needed = ("embed_tokens", "layers", "norm")
     if inner is None or any(not hasattr(inner, a) for a in needed) or not hasattr(model, "lm_head"):
-        raise ValueError("rotate_: expected a *ForCausalLM with .model.{embed_tokens, layers, norm} and .lm_head")
+        raise ValueError(f"{who}: expected a *ForCausalLM with .model.{{embed_tokens, layers, norm}} and .lm_head")
     for i, layer in enumerate(inner.layers):
         attn, mlp = layer.self_attn, layer.mlp
         for owner, names in ((attn, ("q_proj", "k_proj", "v_proj", "o_proj")), (mlp, ("gate_proj", "up_proj", "down_proj"))):
             for name in names:
                 lin = getattr(owner, name, None)
                 if type(lin) is OnlineHadamardLinear:
-                    raise ValueError(f"rotate_: the model is already rotated ({name} has an online Hadamard)")
+                    raise ValueError(f"{who}: the model is already rotated ({name} has an online Hadamard)")
                 if type(lin) is not nn.Linear:
-                    raise ValueError(f"rotate_: layer {i} {name} is {type(lin).__name__}, not nn.Linear: rotate "
+                    raise ValueError(f"{who}: layer {i} {name} is {type(lin).__name__}, not nn.Linear: rotate "
                                      "before quantizing (quantize_ after rotate_)")
     return inner
 
