@@ -95,13 +95,15 @@ def test_bench_e2e_rows_on_a_tiny_model(monkeypatch):
     tokenizer = lambda text, return_tensors: SimpleNamespace(  # noqa: E731
         input_ids=torch.randint(0, tiny.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(0)))
     monkeypatch.setattr(e2e, "load_smollm2", lambda: (tiny, tokenizer))
-    rows, facts = e2e.bench_e2e(("fp32", "q4_0"), prompt_tokens=24, new_tokens=5, threads=1, repeats=1,
+    rows, facts = e2e.bench_e2e(("fp32", "q4_0", "q4_0@kv4"), prompt_tokens=24, new_tokens=5, threads=1, repeats=1,
                                 modes=("eager",), peers=False, progress=lambda msg: None)
-    assert [r[:2] for r in rows] == [["fp32", "eager"], ["q4_0", "eager"]]
+    assert [r[:2] for r in rows] == [["fp32", "eager"], ["q4_0", "eager"], ["q4_0, 4-bit KV cache", "eager"]]
     assert rows[0][-1] == "1.00x" and rows[0][-2] == "-"
     assert float(rows[1][2]) < float(rows[0][2])  # the q4_0 model is smaller
     assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in rows)
     assert facts["llama.cpp"] == "not asked"
+    with pytest.raises(ValueError, match="@kv4 or @kv8"):
+        e2e.variant_formats("q4_0@kv3")
     with pytest.raises(ValueError, match="fewer prompt tokens"):
         e2e.bench_e2e(("fp32",), prompt_tokens=64, modes=("eager",), peers=False, progress=lambda msg: None)
 

@@ -37,8 +37,19 @@ def _median(values) -> float:
     return statistics.median(values)
 
 
+def split_kv(name: str) -> tuple[str, Optional[int]]:
+    """"q4_0@kv4" -> ("q4_0", 4): a variant generating on a 4- or 8-bit QuantizedKVCache."""
+    model, sep, kv = name.partition("@kv")
+    if not sep:
+        return name, None
+    if kv not in ("4", "8"):
+        raise ValueError(f"e2e variant {name!r}: the KV cache suffix is @kv4 or @kv8")
+    return model, int(kv)
+
+
 def variant_formats(name: str) -> list[str]:
     """The format names a variant name uses (for checking them before any work)."""
+    name, _ = split_kv(name)
     return [] if name in FLOAT_VARIANTS else name.split("+")
 
 
@@ -60,9 +71,13 @@ def _variant(name: str, base, tokenizer):
     return model, fmt + (f" + {embedding} embedding/head" if embedding else "")
 
 
-def _time_torch(model, ids: torch.Tensor, new_tokens: int, compiled: bool, repeats: int) -> tuple[float, float, float]:
+def _time_torch(model, ids: torch.Tensor, new_tokens: int, compiled: bool, repeats: int,
+                kv_bits: Optional[int] = None) -> tuple[float, float, float]:
     """(prefill tok/s, decode tok/s, compile-and-first-run seconds) of CompiledGenerator, medians."""
-    gen = CompiledGenerator(model, max_cache_len=ids.shape[1] + new_tokens + 8, compile=compiled)
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    gen = CompiledGenerator(model, max_cache_len=ids.shape[1] + new_tokens + 8, compile=compiled, kv_bits=kv_bits,
+                            kv_group=min(64, head_dim), kv_residual=0)  # QuaRot's cache: every token rounded
     t0 = time.perf_counter()
     gen.generate(ids, new_tokens)  # compiles (or warms up eager kernels)
     first = time.perf_counter() - t0
@@ -118,10 +133,12 @@ def bench_e2e(variants=E2E_VARIANTS, *, prompt_tokens: int = 256, new_tokens: in
         facts["llama.cpp"] = ("not installed (pip install 'torch_lowbit[peers]': builds llama.cpp from source, "
                               "~10-20 min)" if peers else "not asked")
     for name in variants:
+        name, kv_bits = split_kv(name)
         model, label = _variant(name, base, tok)
+        label += f", {kv_bits}-bit KV cache" if kv_bits else ""
         mb = model_nbytes(model)["total"] / 1e6
         for mode in modes:
-            p, d, first = _time_torch(model, ids, new_tokens, mode == "compiled", repeats)
+            p, d, first = _time_torch(model, ids, new_tokens, mode == "compiled", repeats, kv_bits)
             results.append((label, mode, mb, p, d))
             progress(f"  {label} {mode}: prefill {p:.1f} tok/s, decode {d:.1f} tok/s (first run {first:.0f} s)")
         del model
