@@ -1,4 +1,4 @@
-// Decode attention over a group-wise quantized KV cache (torch_lowbit/formats/kv.py layout):
+// Attention (decode and prefill) over a group-wise quantized KV cache (torch_lowbit/formats/kv.py layout):
 // per cached token and KV head, codes (4-bit: two per byte, channel 2i low nibble; 8-bit: one per
 // byte) and an fp16 scale d and min m per group of channels, value = code * d + m. A task is one
 // (batch, KV head) and a block of `rows` query positions: its rows x G queries (G query heads per KV
@@ -9,8 +9,8 @@
 
 namespace torch_lowbit {
 
-constexpr int64_t kKvMaxQueries = 64;
-constexpr int64_t kKvScratchRows = 9;  // rebuilt rows per task: the AVX2 path's block of 8 and a zero row  // rows * G per task (the softmax state lives on the stack)
+constexpr int64_t kKvMaxQueries = 64;  // rows * G per task (the softmax state lives on the stack)
+constexpr int64_t kKvScratchRows = 9;  // rebuilt rows per task: the AVX2 path's block of 8 and a zero row
 
 struct KvAttentionTask {
   const float* q;          // query (row r, head g): q + r * q_row_stride + g * q_stride
@@ -41,9 +41,11 @@ struct KvAttentionTask {
   int64_t queries() const { return rows * G; }
   const float* query(int64_t h) const { return q + (h / G) * q_row_stride + (h % G) * q_stride; }
   float* output(int64_t h) const { return out + (h / G) * out_row_stride + (h % G) * out_stride; }
-  float mask_at(int64_t h, int64_t j) const {
-    return mask ? mask[(h / G) * mask_row_stride + (h % G) * mask_head_stride + j * mask_key_stride] : 0.f;
+  // query h's mask row (key j at j * mask_key_stride), or nullptr
+  const float* mask_row(int64_t h) const {
+    return mask ? mask + (h / G) * mask_row_stride + (h % G) * mask_head_stride : nullptr;
   }
+  float mask_at(int64_t h, int64_t j) const { return mask ? mask_row(h)[j * mask_key_stride] : 0.f; }
 };
 
 // The fp32 row of position j: the exact one from the ring where it holds j, else nullptr.

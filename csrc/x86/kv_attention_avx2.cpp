@@ -133,7 +133,7 @@ TLB_AVX2 void run_blocked_task(const KvAttentionTask& t) {
   bool used[kKeyBlock];
   const __m256 scale = _mm256_set1_ps(t.scale);
   const float* queries[kKvMaxQueries];
-  const float* masks[kKvMaxQueries];  // query h's mask row (key j at j * mask_key_stride), or nullptr
+  const float* masks[kKvMaxQueries];
   float* outputs[kKvMaxQueries];
   __m256 mxv[kKvMaxQueries];  // the running max of each query's scores: one lane per key of a block
   for (int64_t h = 0; h < Q; ++h) {
@@ -141,7 +141,7 @@ TLB_AVX2 void run_blocked_task(const KvAttentionTask& t) {
     mxv[h] = _mm256_set1_ps(neg_inf);
     queries[h] = t.query(h);
     outputs[h] = t.output(h);
-    masks[h] = t.mask ? &t.mask[(h / t.G) * t.mask_row_stride + (h % t.G) * t.mask_head_stride] : nullptr;
+    masks[h] = t.mask_row(h);
   }
   const int64_t mask_step = t.mask_key_stride;
   for (int64_t j0 = 0; j0 < L; j0 += kKeyBlock) {

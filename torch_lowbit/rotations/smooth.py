@@ -5,8 +5,8 @@ The Hadamard spreads them over every channel, so those tokens' per-token activat
 them and the rest of the token drowns in rounding noise. Dividing channel j by s_j = max|x_j|^alpha
 (and multiplying down_proj's column j by it) shrinks the massive channels first. The division is
 folded into up_proj's rows, so the function is unchanged; the online Hadamard of rotate_ then acts on
-the smoothed input. Measured on SmolLM2 (docs/quarot.md): alpha 0.25 lowers W16A4 perplexity 24.19 ->
-23.28 and W4A4KV4 28.48 -> 27.67; alpha 0.5 gains little (24.10) and 0.8 hurts (29.71).
+the smoothed input. On SmolLM2 alpha 0.25 gains a few percent of W16A4 perplexity and is within
+noise on W4A4KV4 (docs/quarot.md "Where the W16A4 loss comes from").
 """
 from __future__ import annotations
 
