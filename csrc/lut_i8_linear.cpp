@@ -41,15 +41,26 @@ at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, con
   TORCH_CHECK((code_bits >= 1 && code_bits <= 4) || code_bits == 8, "lut_i8_linear: code_bits must be 1..4 or 8, got ",
               code_bits);
   const int64_t block_bytes = lut_i8_block_bytes(static_cast<int>(code_bits));
+  // A [2, 2^b] table: a 2-D codebook, one code per pair of features (lut_i8.h, "pair codebooks").
+  const bool pairs = lut.dim() == 2;
   TORCH_CHECK(qweight.scalar_type() == at::kByte && qweight.dim() == 3 && qweight.size(2) == block_bytes,
-              "lut_i8_linear: qweight must be uint8 [N/16, K/32, ", block_bytes, "] for ", code_bits, "-bit codes");
-  const int64_t tiles = qweight.size(0), K = qweight.size(1) * 32, N = out_features;
+              "lut_i8_linear: qweight must be uint8 [N/16, K/", pairs ? 64 : 32, ", ", block_bytes, "] for ", code_bits,
+              "-bit codes");
+  const int64_t tiles = qweight.size(0), K = qweight.size(1) * (pairs ? 64 : 32), N = out_features;
   TORCH_CHECK(N > (tiles - 1) * kI8TileRows && N <= tiles * kI8TileRows,
               "lut_i8_linear: out_features ", N, " does not match ", tiles, " tiles of 16 rows");
   check_linear_io("lut_i8_linear", x, K, N, group, bias, {&qweight, &scales, &lut});
   check_group_params("lut_i8_linear", scales, mins, {tiles, K / group, kI8TileRows});
   const int64_t entries = lut.numel(), per_table = int64_t{1} << code_bits;
-  if (sub_groups.has_value()) {  // group codebooks: several tables, one picked per (row, block)
+  if (pairs) {
+    TORCH_CHECK(lut.scalar_type() == at::kChar && lut.size(0) == 2 && lut.size(1) == per_table && code_bits <= 4,
+                "lut_i8_linear: a pair codebook's lut must be int8 [2, ", per_table, "] (one table per coordinate) ",
+                "with codes of at most 4 bits, got ", lut.sizes(), " for ", code_bits, "-bit codes");
+    TORCH_CHECK(!sub_groups.has_value(), "lut_i8_linear: pair codebooks take no sub_groups");
+    TORCH_CHECK(group % 64 == 0, "lut_i8_linear: pair codebooks need groups of 64k features, got ", group);
+    TORCH_CHECK(act_bits == 0, "lut_i8_linear: pair codebooks take int8 activations per 32 features (act_bits 0), "
+                "got act_bits=", act_bits, "; round x per token before the call instead");
+  } else if (sub_groups.has_value()) {  // group codebooks: several tables, one picked per (row, block)
     TORCH_CHECK(code_bits == 2 || code_bits == 3, "lut_i8_linear: sub_groups (group codebooks) need 2- or 3-bit codes");
     TORCH_CHECK(sub_groups->scalar_type() == at::kByte && sub_groups->dim() == 3 && sub_groups->size(0) == tiles &&
                     sub_groups->size(1) == K / 32 && sub_groups->size(2) == kI8TileRows,
@@ -60,12 +71,14 @@ at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, con
                 "lut_i8_linear: lut must be 1..16 int8 codebooks of ", per_table, " entries back to back, got ", entries,
                 " values");
   } else {
-    TORCH_CHECK(lut.scalar_type() == at::kChar && entries == per_table, "lut_i8_linear: lut must be ", per_table,
-                " int8 values for ", code_bits, "-bit codes");
+    TORCH_CHECK(lut.scalar_type() == at::kChar && lut.dim() == 1 && entries == per_table, "lut_i8_linear: lut must be ",
+                per_table, " int8 values for ", code_bits, "-bit codes");
   }
 
-  const at::Tensor x2 = activations_fp32(x, K);
+  at::Tensor x2 = activations_fp32(x, K);
   const int64_t M = x2.size(0);
+  if (pairs)  // pair-split order: per 64 features, the 32 first coordinates, then the 32 second ones
+    x2 = x2.view({M, K / 64, 32, 2}).transpose(2, 3).contiguous().view({M, K});
   const at::Tensor qw = qweight.contiguous(), sc = scales.contiguous(), lt = lut.contiguous();
   const at::Tensor mn = mins.has_value() ? mins->contiguous() : at::Tensor();
   const at::Tensor b32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
@@ -74,7 +87,7 @@ at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, con
   LutI8Weights w{qw.data_ptr<uint8_t>(), sc.data_ptr<c10::Half>(),
                  mins.has_value() ? mn.data_ptr<c10::Half>() : nullptr,
                  sub_groups.has_value() ? sg.data_ptr<uint8_t>() : nullptr, {}, 0, N, K, group,
-                 bias.has_value() ? b32.data_ptr<float>() : nullptr, static_cast<int>(code_bits)};
+                 bias.has_value() ? b32.data_ptr<float>() : nullptr, static_cast<int>(code_bits), pairs};
   const int8_t* table = lt.data_ptr<int8_t>();
   w.offset = -*std::min_element(table, table + entries);
   for (int i = 0; i < entries; ++i) {

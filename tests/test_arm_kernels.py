@@ -28,7 +28,8 @@ CASES = [("q4_0", 37, 96, 1, True), ("q4_0", 16, 64, 33, False), ("int4_g64", 50
          ("iq4_nl", 23, 64, 2, False), ("q8_0", 29, 96, 3, True), ("int2_g64", 17, 64, 4, True),
          ("int3_g64", 9, 128, 1, False), ("int1_g32", 33, 64, 2, True), ("int2_sym_g32", 16, 96, 3, False),
          ("q4_0", 21, 96, 3, True, 8), ("int4_g64", 19, 128, 2, False, 4), ("iq4_nl", 40, 64, 5, True, 8),
-         ("int4_pc", 18, 160, 1, True, 4), ("gcb2", 37, 256, 3, True), ("gcb3_sb64", 21, 128, 2, False)]
+         ("int4_pc", 18, 160, 1, True, 4), ("gcb2", 37, 256, 3, True), ("gcb3_sb64", 21, 128, 2, False),
+         ("vq2", 29, 192, 3, True), ("vq1.5", 16, 128, 1, False)]
 
 pytestmark = pytest.mark.skipif(shutil.which(CXX) is None or shutil.which(QEMU) is None,
                                 reason=f"needs {CXX} and {QEMU} (Debian: apt-get install g++-aarch64-linux-gnu "
@@ -61,15 +62,19 @@ def _case_bytes(fmt, n, k, m, bias, gen, act_bits=0) -> bytes:
     assert q.layout.name.endswith("_i8_n16"), q.layout.name
     bufs = dict(q.named_buffers())
     gcb = "sub_groups" in bufs  # group codebooks: the codebooks back to back, superblock scales
-    table = (bufs["codebooks"].reshape(-1) if gcb else bufs["lut_i8"]).to(torch.int8)
+    pairs = not gcb and bufs["lut_i8"].dim() == 2  # vq: one table per coordinate, one group per row
+    table = (bufs["codebooks"] if gcb else bufs["lut_i8"]).reshape(-1).to(torch.int8)
     offset = -int(table.min())
     utable = torch.zeros(256, dtype=torch.uint8)
     utable[:table.numel()] = (table.to(torch.int32) + offset).to(torch.uint8)
-    group = q.fmt.superblock if gcb else q.fmt.group_size
+    group = q.fmt.superblock if gcb else k if pairs else q.fmt.group_size
     scales = bufs["super_scales"] if gcb else bufs["scales"]
     x = torch.randn(m, k, generator=gen) * torch.rand(m, 1, generator=gen).add(0.2)
     clip = 0.9
-    xq, xd = _per_token_codes(x, act_bits, clip) if act_bits else quantize_q8_blocks(x)
+    xk = x  # what the kernel rounds: vq's rotated input in pair-split order
+    if pairs:
+        xk = q.fmt.rotate_activations(x, bufs["signs"]).reshape(m, k // 64, 32, 2).transpose(-1, -2).reshape(m, k)
+    xq, xd = _per_token_codes(xk, act_bits, clip) if act_bits else quantize_q8_blocks(xk)
     xsum = xq.to(torch.int32).reshape(m, k // 32, 32).sum(-1).to(torch.int32)
     gdsum = torch.zeros(m, k // group)
     per = group // 32
@@ -81,8 +86,8 @@ def _case_bytes(fmt, n, k, m, bias, gen, act_bits=0) -> bytes:
     with tl.use_backend("cpu", path="scalar"):
         expected = tl.ActQuantLinear(q, act_bits, clip_ratio=clip)(x) if act_bits else q(x)
     mins = bufs.get("mins")
-    parts = [_i64(q.fmt.bits if gcb else q.layout.bits, n, k, group, m, mins is not None, bias, offset, act_bits,
-                  gcb), utable.numpy().tobytes(),
+    parts = [_i64(q.fmt.bits if gcb else q.fmt.code_bits if pairs else q.layout.bits, n, k, group, m,
+                  mins is not None, bias, offset, act_bits, gcb, pairs), utable.numpy().tobytes(),
              bufs["qweight"].contiguous().numpy().tobytes(), scales.contiguous().view(torch.int16).numpy().tobytes()]
     if mins is not None:
         parts.append(mins.contiguous().view(torch.int16).numpy().tobytes())
@@ -90,7 +95,7 @@ def _case_bytes(fmt, n, k, m, bias, gen, act_bits=0) -> bytes:
         parts.append(q.bias.float().contiguous().numpy().tobytes())
     if gcb:
         parts.append(bufs["sub_groups"].contiguous().numpy().tobytes())
-    parts += [x.float().contiguous().numpy().tobytes(), xq.contiguous().numpy().tobytes(), xd.float().contiguous().numpy().tobytes(),
+    parts += [xk.float().contiguous().numpy().tobytes(), xq.contiguous().numpy().tobytes(), xd.float().contiguous().numpy().tobytes(),
               xsum.contiguous().numpy().tobytes(), gdsum.contiguous().numpy().tobytes(),
               expected.float().contiguous().numpy().tobytes()]
     return b"".join(parts)

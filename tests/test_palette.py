@@ -90,7 +90,49 @@ def test_nuq_codes_use_an_int8_table():
     assert torch.equal(t, t.round()) and t.max() == 127 and t.min() == -127
 
 
-@pytest.mark.parametrize("fmt,layout,tol", [("nuq4", "nuq_i8_n16", 0.3), ("vq3", "palette_packed", 0.5),
+def test_small_vq_codebooks_are_integer_and_run_on_the_int8_tiles():
+    """vq1.5 / vq2: <= 16 points on the |t| <= 64 grid (the int8 tiles' pair mode); larger codebooks stay
+    fp32 (palette_packed); a width the tiles cannot hold (K not a multiple of 64) falls back."""
+    for bits in (1.5, 2.0):
+        t = VQ(bits=bits).code_values()
+        assert torch.equal(t, t.round()) and t.abs().max() == 64 and t.shape == (2 ** round(2 * bits), 2)
+    assert not torch.equal(VQ(bits=3.0).code_values(), VQ(bits=3.0).code_values().round())
+    assert tl.QuantLinear.from_linear(torch.nn.Linear(192, 16), "vq2").layout.name == "vq_i8_n16"
+    assert tl.QuantLinear.from_linear(torch.nn.Linear(96, 16), "vq2").layout.name == "palette_packed"
+    assert tl.QuantLinear.from_linear(torch.nn.Linear(192, 16), "vq2.5").layout.name == "palette_packed"
+    with pytest.raises(ValueError, match="divisible by 64"):
+        tl.QuantLinear.from_linear(torch.nn.Linear(96, 16), "vq2", layout="vq_i8_n16")
+    with pytest.raises(ValueError, match="cannot hold format vq3"):
+        tl.QuantLinear.from_linear(torch.nn.Linear(192, 16), "vq3", layout="vq_i8_n16")
+
+
+def test_pair_codebook_op_checks_its_tables():
+    """torch_lowbit::lut_i8_linear's pair mode (a [2, 2^b] lut) against a pure-torch product, and its errors."""
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    from torch_lowbit.packing import pack_codes
+    n, k, bits = 21, 320, 4
+    codes = torch.randint(0, 16, (n, k // 2), generator=gen, dtype=torch.uint8)
+    lut = torch.randint(-64, 65, (2, 16), generator=gen).to(torch.int8)
+    scales = (torch.rand(n, generator=gen) + 0.5).half()
+    qweight = pack_codes(codes, bits)
+    tiles = qweight.shape[0]
+    sc = torch.nn.functional.pad(scales, (0, tiles * 16 - n)).reshape(tiles, 1, 16)
+    x = torch.randn(3, k, generator=gen)
+    y = torch.ops.torch_lowbit.lut_i8_linear(x, qweight, sc, None, lut, bits, k, n, None)
+    w = torch.stack([lut[0][codes.long()], lut[1][codes.long()]], -1).reshape(n, k).double() * scales.double()[:, None]
+    from torch_lowbit.formats.activations import fake_quantize_q8_blocks
+    split = x.reshape(3, k // 64, 32, 2).transpose(-1, -2).reshape(3, k)
+    xq = fake_quantize_q8_blocks(split).reshape(3, k // 64, 2, 32).transpose(-1, -2).reshape(3, k)
+    torch.testing.assert_close(y.double(), xq.double() @ w.T, rtol=1e-5, atol=1e-4)
+    with pytest.raises(RuntimeError, match=r"int8 \[2, 16\]"):
+        torch.ops.torch_lowbit.lut_i8_linear(x, qweight, sc, None, lut[:, :8].contiguous(), bits, k, n, None)
+    with pytest.raises(RuntimeError, match="groups of 64k"):
+        torch.ops.torch_lowbit.lut_i8_linear(x, qweight, sc.expand(tiles, 10, 16).contiguous(), None, lut, bits, 32,
+                                             n, None)
+
+
+@pytest.mark.parametrize("fmt,layout,tol", [("nuq4", "nuq_i8_n16", 0.3), ("vq2", "vq_i8_n16", 0.6),
+                                            ("vq3", "palette_packed", 0.5),
                                             ("tcq2.75", "palette_packed", 0.6), ("tcq2.25", "palette_packed", 0.6)])
 def test_quantize_model_fused_compile_and_checkpoint(tmp_path, fmt, layout, tol):
     model = tiny_llama()

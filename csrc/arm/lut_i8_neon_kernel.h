@@ -64,12 +64,12 @@ inline void block_quads(const uint8_t* p, const Lookup& lk, int8x16_t x0, int8x1
 template <class Dot, int BITS, bool GCB = false>
 void kernel(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out, int64_t ldo) {
   const int64_t kb_count = w.K / 32, groups = w.K / w.group, blocks_per_group = w.group / 32;
-  const int64_t block_bytes = lut_i8_block_bytes(BITS);
   int8_t signed_table[128] = {0};  // the table (gcb: the codebooks back to back) as signed values
-  for (int i = 0; i < (GCB ? 128 : 1 << BITS) && BITS < 8; ++i)
+  for (int i = 0; i < (GCB ? 128 : w.pairs ? 2 << BITS : 1 << BITS) && BITS < 8; ++i)
     signed_table[i] = static_cast<int8_t>(w.utable[i] - w.offset);
-  Lookup lk;
+  Lookup lk, second;  // pairs: `second` looks the odd blocks up in the second coordinate's table
   lk.table = vld1q_s8(signed_table);
+  if constexpr (BITS <= 4) second.table = vld1q_s8(signed_table + (1 << BITS));
   if constexpr (GCB) {
     lk.books[0] = vld1q_s8_x4(signed_table);
     lk.books[1] = vld1q_s8_x4(signed_table + 64);
@@ -86,7 +86,8 @@ void kernel(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, floa
         int32x4_t gisum[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};  // per token
         for (int64_t bb = 0; bb < blocks_per_group; ++bb) {
           const int64_t b = g * blocks_per_group + bb;
-          const uint8_t* p = w.qweight + (t * kb_count + b) * block_bytes;
+          const uint8_t* p = lut_i8_block(w, t, b);
+          const Lookup& lb = w.pairs && (b & 1) ? second : lk;
           const int8_t* xq = a.q + m * a.K + b * 32;
           const int8x16_t x0 = vld1q_s8(xq), x1 = vld1q_s8(xq + 16);
           int32x4_t isum[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
@@ -103,10 +104,10 @@ void kernel(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, floa
               steps[rq] = vcvtq_f32_u32(vmovl_u16(s4));
             }
           }
-          block_quads<Dot, BITS, 0, GCB>(p, lk, x0, x1, isum);
-          block_quads<Dot, BITS, 1, GCB>(p, lk, x0, x1, isum);
-          block_quads<Dot, BITS, 2, GCB>(p, lk, x0, x1, isum);
-          block_quads<Dot, BITS, 3, GCB>(p, lk, x0, x1, isum);
+          block_quads<Dot, BITS, 0, GCB>(p, lb, x0, x1, isum);
+          block_quads<Dot, BITS, 1, GCB>(p, lb, x0, x1, isum);
+          block_quads<Dot, BITS, 2, GCB>(p, lb, x0, x1, isum);
+          block_quads<Dot, BITS, 3, GCB>(p, lb, x0, x1, isum);
           if (!GCB && a.per_token) {  // the group's integer sum, converted once below (never with gcb)
             for (int rq = 0; rq < 4; ++rq) gisum[rq] = vaddq_s32(gisum[rq], isum[rq]);
             continue;

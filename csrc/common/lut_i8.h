@@ -33,6 +33,14 @@
 // back to back, so a code q of that row and block reads u[(c << b) | q] (one vpermb / vpermi2b over
 // a 64- / 128-byte register table). The group is the superblock (scale = its fp16 d) and the
 // block's factor is float(s) * xd instead of xd. No mins.
+//
+// Pair codebooks (2-D VQ, layout vq_i8_n16; `pairs`): a code stands for two weights, features 2c and
+// 2c + 1, and the table is one 2^b-entry table per coordinate (utable[0, 2^b) the first, [2^b, 2^(b+1))
+// the second). qweight holds K/2 codes per row ([N/16, K/64, 64 b]); the kernels see K features in
+// 32-blocks whose activations the op has put in "pair-split" order: block 2c holds the first
+// coordinates of code block c (features 64c, 64c + 2, .., 64c + 62), block 2c + 1 the second ones. So
+// block b reads code block b / 2 through table b % 2 (lut_i8_block, lut_i8_table_base), and each code
+// block is decoded once for both. No group codebooks with pairs; groups are multiples of 64.
 #pragma once
 #include <c10/util/Half.h>
 
@@ -56,9 +64,21 @@ struct LutI8Weights {
   int64_t N, K, group;
   const float* bias;         // [N] fp32 or nullptr: accumulators start from it (bias fused)
   int bits;                  // code width, 1..4 or 8
+  bool pairs = false;        // 2-D codebook: block b reads code block b / 2 through table b % 2
 };
 
 inline int64_t lut_i8_block_bytes(int bits) { return 64 * bits; }
+
+// Code blocks per tile row (K / 32, or K / 64 for pairs).
+inline int64_t lut_i8_code_blocks(const LutI8Weights& w) { return w.K / (w.pairs ? 64 : 32); }
+
+// The codes of (tile t, block b): code block b / 2 for pairs.
+inline const uint8_t* lut_i8_block(const LutI8Weights& w, int64_t t, int64_t b) {
+  return w.qweight + (t * lut_i8_code_blocks(w) + (w.pairs ? b / 2 : b)) * lut_i8_block_bytes(w.bits);
+}
+
+// Where block b's table starts in utable: the second coordinate's table for odd blocks of pairs.
+inline int lut_i8_table_base(const LutI8Weights& w, int64_t b) { return w.pairs && (b & 1) ? 1 << w.bits : 0; }
 
 
 // Row r's code k (< 32) of the (tile, block) whose bytes start at p: the layout's definition.
@@ -72,10 +92,10 @@ inline int lut_i8_code(const uint8_t* p, int bits, int r, int k) {
 }
 
 // Row r's unsigned table byte for code k of the (tile, block) at p; sub = that block's 16 sub-group
-// bytes (gcb) or nullptr.
-inline int lut_i8_value(const LutI8Weights& w, const uint8_t* p, const uint8_t* sub, int r, int k) {
+// bytes (gcb) or nullptr; base = lut_i8_table_base (pairs).
+inline int lut_i8_value(const LutI8Weights& w, const uint8_t* p, const uint8_t* sub, int r, int k, int base) {
   const int code = lut_i8_code(p, w.bits, r, k);
-  return w.utable[sub ? ((sub[r] >> 4) << w.bits) | code : code];
+  return w.utable[sub ? ((sub[r] >> 4) << w.bits) | code : base + code];
 }
 
 // Row r's factor for a block's isum: xd, times the sub-scale for gcb.

@@ -8,7 +8,6 @@ namespace torch_lowbit {
 
 void lut_i8_scalar(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out, int64_t ldo) {
   const int64_t kb_count = w.K / 32, groups = w.K / w.group, blocks_per_group = w.group / 32;
-  const int64_t block_bytes = lut_i8_block_bytes(w.bits);
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t rows = std::min(kI8TileRows, w.N - t * kI8TileRows);
     for (int64_t m = 0; m < a.M; ++m) {
@@ -19,14 +18,15 @@ void lut_i8_scalar(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t
         int32_t gisum[kI8TileRows] = {0};  // per-token activations: the group's integer sum
         for (int64_t bb = 0; bb < blocks_per_group; ++bb) {
           const int64_t b = g * blocks_per_group + bb;
-          const uint8_t* p = w.qweight + (t * kb_count + b) * block_bytes;
+          const uint8_t* p = lut_i8_block(w, t, b);
+          const int base = lut_i8_table_base(w, b);
           const int8_t* xq = a.q + m * a.K + b * 32;
           const int32_t xsum = a.sum[m * kb_count + b];
           const float xd = a.d[m * kb_count + b];
           const uint8_t* sub = w.sub_groups ? w.sub_groups + (t * kb_count + b) * kI8TileRows : nullptr;
           for (int r = 0; r < kI8TileRows; ++r) {
             int32_t isum = 0;
-            for (int k = 0; k < 32; ++k) isum += lut_i8_value(w, p, sub, r, k) * xq[k];
+            for (int k = 0; k < 32; ++k) isum += lut_i8_value(w, p, sub, r, k, base) * xq[k];
             isum -= w.offset * xsum;
             if (a.per_token)
               gisum[r] += isum;

@@ -74,7 +74,7 @@ struct TableBytes {
 template <Dot D>
 TableBytes table_bytes(const LutI8Weights& w) {
   TableBytes t;
-  bool identity = w.bits != 8 && !w.sub_groups;
+  bool identity = w.bits != 8 && !w.sub_groups && !w.pairs;
   for (int i = 0; i < 128; ++i) {
     t.bytes[i] = static_cast<int8_t>(D == Dot::Signed ? w.utable[i] - w.offset : w.utable[i]);
     if (i < (1 << w.bits) && w.bits != 8) identity &= w.utable[i] == i;
@@ -83,15 +83,15 @@ TableBytes table_bytes(const LutI8Weights& w) {
   return t;
 }
 
-// Table bytes of the 8 quads of one half tile from the <= 16-entry table or gcb's per-row codebooks
-// (sub: that half's 8 sub-group bytes, or nullptr). Codebooks: a 32-bit gather per block fetches
+// Table bytes of the 8 quads of one half tile from the <= 16-entry table at `base` (pairs: each
+// coordinate's table) or gcb's per-row codebooks (sub: that half's 8 sub-group bytes, or nullptr). Codebooks: a 32-bit gather per block fetches
 // each row's 4-entry codebook (gcb3: two, entries 0-3 and 4-7) into the row's own lane, so vpshufb
 // looks codes up within the lane (blend on bit 2 for gcb3).
 template <int B>
-TLB_KERNEL inline void lookup_quads(__m256i q[8], const TableBytes& tab, const uint8_t* sub) {
+TLB_KERNEL inline void lookup_quads(__m256i q[8], const TableBytes& tab, const uint8_t* sub, int base) {
   if (!sub) {
     if (tab.identity) return;
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(tab.bytes)));
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tab.bytes + base)));
     for (int qd = 0; qd < 8; ++qd) q[qd] = _mm256_shuffle_epi8(table, q[qd]);
     return;
   }
@@ -119,19 +119,35 @@ struct PreparedHalf {
   __m256i t[D == Dot::Signed ? 8 : 1];
 };
 
+// Codes already in out.u -> the prepared half (table at `base`).
 template <Dot D, int B>
-TLB_KERNEL inline void prepare_half(const uint8_t* p, const TableBytes& tab, const uint8_t* sub, PreparedHalf<D>& out) {
-  decode_quads<B>(p, out.u);
+TLB_KERNEL inline void map_half(const TableBytes& tab, const uint8_t* sub, int base, PreparedHalf<D>& out) {
   if constexpr (B == 8) {  // q8_0: u is the byte itself (offset 128); t = byte ^ 0x80
     if constexpr (D == Dot::Signed)
       for (int qd = 0; qd < 8; ++qd) out.t[qd] = _mm256_xor_si256(out.u[qd], _mm256_set1_epi8(static_cast<char>(0x80)));
   } else {
-    lookup_quads<B>(out.u, tab, sub);
+    lookup_quads<B>(out.u, tab, sub, base);
     if constexpr (D == Dot::Signed)
       for (int qd = 0; qd < 8; ++qd) out.t[qd] = out.u[qd];
   }
   if constexpr (D == Dot::Signed)
     for (int qd = 0; qd < 8; ++qd) out.u[qd] = _mm256_abs_epi8(out.t[qd]);
+}
+
+// Half h of (tile t, block b) prepared into `out`. Pairs (a compile-time case, so the other layouts'
+// loop stays as it was): an even block decodes its code block into `codes`, the odd block after it
+// maps the same codes through the second table.
+template <Dot D, int B, bool Pairs>
+TLB_KERNEL inline void prepare_half(const LutI8Weights& w, const TableBytes& tab, int64_t t, int64_t b, int h,
+                                    const uint8_t* sub, __m256i (&codes)[8], PreparedHalf<D>& out) {
+  if constexpr (Pairs) {
+    if ((b & 1) == 0) decode_quads<B>(lut_i8_block(w, t, b) + 32 * h, codes);
+    for (int qd = 0; qd < 8; ++qd) out.u[qd] = codes[qd];
+    map_half<D, B>(tab, sub, lut_i8_table_base(w, b), out);
+  } else {
+    decode_quads<B>(w.qweight + (t * (w.K / 32) + b) * (64 * B) + 32 * h, out.u);
+    map_half<D, B>(tab, sub, 0, out);
+  }
 }
 
 // Keeps v in a register at this point: stops GCC from re-associating the integer sums below into a
@@ -284,18 +300,18 @@ TLB_KERNEL __attribute__((always_inline)) inline void run_tokens(const LutI8Weig
 }
 
 // Few tokens: each half's blocks decoded in registers, once per block of up to 4 tokens.
-template <Dot D, bool Sub, bool PT, int B>
+template <Dot D, bool Sub, bool PT, int B, bool Pairs>
 TLB_KERNEL void tile_decode_tokens(const LutI8Weights& w, const TableBytes& tab, const Q8Acts& a, int64_t t, float* out,
                                    int64_t ldo) {
   const int64_t kb_count = w.K / 32;
-  const uint8_t* tile = w.qweight + t * kb_count * (64 * B);
   for (int h = 0; h < 2; ++h) {
     if (t * kI8TileRows + 8 * h >= w.N) break;
     for_token_blocks<kTokenBlock>(a.M, [&](auto mt, int64_t m0) TLB_KERNEL {
       PreparedHalf<D> half;
+      __m256i codes[8] = {};  // pairs
       run_tokens<D, Sub, PT, 1, decltype(mt)::value>(w, a, t, h, m0, out, ldo, [&](int64_t b) TLB_KERNEL {
         const uint8_t* sub = Sub ? w.sub_groups + (t * kb_count + b) * kI8TileRows + 8 * h : nullptr;
-        prepare_half<D, B>(tile + b * (64 * B) + 32 * h, tab, sub, half);
+        prepare_half<D, B, Pairs>(w, tab, t, b, h, sub, codes, half);
         return &half;
       });
     });
@@ -304,15 +320,15 @@ TLB_KERNEL void tile_decode_tokens(const LutI8Weights& w, const TableBytes& tab,
 
 // Many tokens: the tile's blocks prepared once into `buf` (2 halves per block, 32-byte aligned), then
 // every token block runs both halves against them.
-template <Dot D, bool Sub, bool PT, int B>
+template <Dot D, bool Sub, bool PT, int B, bool Pairs>
 TLB_KERNEL void tile_prefill(const LutI8Weights& w, const TableBytes& tab, const Q8Acts& a, int64_t t,
                              PreparedHalf<D>* buf, float* out, int64_t ldo) {
   const int64_t kb_count = w.K / 32;
-  const uint8_t* tile = w.qweight + t * kb_count * (64 * B);
+  __m256i codes[2][8] = {};
   for (int64_t b = 0; b < kb_count; ++b)
     for (int h = 0; h < 2; ++h) {
       const uint8_t* sub = Sub ? w.sub_groups + (t * kb_count + b) * kI8TileRows + 8 * h : nullptr;
-      prepare_half<D, B>(tile + b * (64 * B) + 32 * h, tab, sub, buf[2 * b + h]);
+      prepare_half<D, B, Pairs>(w, tab, t, b, h, sub, codes[h], buf[2 * b + h]);
     }
   const PreparedHalf<D>* prepared = buf;
   for_token_blocks<kTokenBlock>(a.M, [&](auto mt, int64_t m0) TLB_KERNEL {
@@ -321,17 +337,17 @@ TLB_KERNEL void tile_prefill(const LutI8Weights& w, const TableBytes& tab, const
   });
 }
 
-template <Dot D, bool Sub, bool PT, int B>
+template <Dot D, bool Sub, bool PT, int B, bool Pairs = false>
 TLB_KERNEL void run_tiles(const LutI8Weights& w, const TableBytes& tab, const Q8Acts& a, int64_t t0, int64_t t1,
                           float* out, int64_t ldo) {
   if (a.M <= kTokenBlock) {
-    for (int64_t t = t0; t < t1; ++t) tile_decode_tokens<D, Sub, PT, B>(w, tab, a, t, out, ldo);
+    for (int64_t t = t0; t < t1; ++t) tile_decode_tokens<D, Sub, PT, B, Pairs>(w, tab, a, t, out, ldo);
     return;
   }
   // (std::vector does not promise the 32-byte alignment the prepared vectors need)
   std::vector<uint8_t> storage(2 * (w.K / 32) * sizeof(PreparedHalf<D>) + 32);
   auto* buf = reinterpret_cast<PreparedHalf<D>*>((reinterpret_cast<uintptr_t>(storage.data()) + 31) & ~uintptr_t{31});
-  for (int64_t t = t0; t < t1; ++t) tile_prefill<D, Sub, PT, B>(w, tab, a, t, buf, out, ldo);
+  for (int64_t t = t0; t < t1; ++t) tile_prefill<D, Sub, PT, B, Pairs>(w, tab, a, t, buf, out, ldo);
 }
 
 template <Dot D, int B>
@@ -339,6 +355,9 @@ TLB_KERNEL void run_range(const LutI8Weights& w, const Q8Acts& a, int64_t t0, in
   const TableBytes tab = table_bytes<D>(w);
   if constexpr (B == 2 || B == 3) {  // group codebooks
     if (w.sub_groups) return run_tiles<D, true, false, B>(w, tab, a, t0, t1, out, ldo);
+  }
+  if constexpr (B <= 4) {  // pair codebooks (vq): weight-only activations (the op checks)
+    if (w.pairs) return run_tiles<D, false, false, B, true>(w, tab, a, t0, t1, out, ldo);
   }
   if (a.per_token) return run_tiles<D, false, true, B>(w, tab, a, t0, t1, out, ldo);
   run_tiles<D, false, false, B>(w, tab, a, t0, t1, out, ldo);

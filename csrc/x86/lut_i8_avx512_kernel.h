@@ -57,7 +57,8 @@ TLB_KERNEL inline void decode_quads(const uint8_t* p, __m512i q[8]) {
   }
 }
 
-// Codes -> unsigned table bytes. sub: the block's 16 sub-group bytes (RowCodebook only).
+// Codes -> unsigned table bytes. sub: the block's 16 sub-group bytes (RowCodebook only); Table16 reads
+// tables[0] (pairs: tables[1] for the second coordinate, the caller passes tables + 1).
 template <Lookup L, int B>
 TLB_KERNEL inline void map_quads(__m512i q[8], const __m512i tables[2], const uint8_t* sub) {
   if constexpr (L == Lookup::Table16) {
@@ -83,16 +84,18 @@ TLB_KERNEL inline void map_quads(__m512i q[8], const __m512i tables[2], const ui
 // offset subtracted once per group from the token's group sum of q).
 template <Lookup L, int B, int NT, int MT, bool PT>
 TLB_KERNEL void tiles_tokens(const LutI8Weights& w, const Q8Acts& a, int64_t t, int64_t m0, float* out, int64_t ldo) {
-  constexpr int64_t block_bytes = 64 * B;
   const int64_t kb_count = w.K / 32, groups = w.K / w.group, blocks_per_group = w.group / 32;
   constexpr bool kTwoChains = NT * MT < 4;
   __m512i tables[2];
   if constexpr (L == Lookup::RowCodebook) {
     tables[0] = _mm512_loadu_si512(w.utable);
     tables[1] = _mm512_loadu_si512(w.utable + 64);
-  } else {
+  } else {  // pairs: the second coordinate's table in tables[1]
     tables[0] = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.utable)));
+    if constexpr (B <= 4)
+      tables[1] = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.utable + (1 << B))));
   }
+  __m512i codes[NT][8] = {};  // pairs: the code block of the even block, mapped again for the odd one
   __m512 acc[NT][MT];
   __mmask16 row_mask[NT];
   for (int n = 0; n < NT; ++n) {
@@ -114,17 +117,20 @@ TLB_KERNEL void tiles_tokens(const LutI8Weights& w, const Q8Acts& a, int64_t t, 
       __m512i quad[NT][8];
       __m512 steps[NT];  // gcb: the rows' sub-scales
       for (int n = 0; n < NT; ++n) {
-        const uint8_t* p = w.qweight + ((t + n) * kb_count + b) * block_bytes;
-        for (int c = 0; c < B; ++c)
-          _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64 * c), _MM_HINT_T0);
-        decode_quads<B>(p, quad[n]);
+        if (!w.pairs || (b & 1) == 0) {
+          const uint8_t* p = lut_i8_block(w, t + n, b);
+          for (int c = 0; c < B; ++c)
+            _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64 * c), _MM_HINT_T0);
+          decode_quads<B>(p, codes[n]);
+        }
+        for (int qd = 0; qd < 8; ++qd) quad[n][qd] = codes[n][qd];
         const uint8_t* sub = nullptr;
         if constexpr (L == Lookup::RowCodebook) {
           sub = w.sub_groups + ((t + n) * kb_count + b) * kI8TileRows;
           steps[n] = _mm512_cvtepi32_ps(_mm512_and_si512(
               _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub))), _mm512_set1_epi32(15)));
         }
-        map_quads<L, B>(quad[n], tables, sub);
+        map_quads<L, B>(quad[n], tables + (w.pairs && (b & 1)), sub);
       }
       for (int m = 0; m < MT; ++m) {
         const int8_t* xq = a.q + (m0 + m) * a.K + b * 32;

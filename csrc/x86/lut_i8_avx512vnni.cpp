@@ -12,7 +12,7 @@ TLB_KERNEL void run_bits(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int
   if constexpr (B == 8) {  // q8_0: the table is code - 128 (checked by the op), the offset undoes it
     run_range<Lookup::Identity, 8>(w, a, t0, t1, out, ldo);
   } else {
-    bool identity = true;
+    bool identity = !w.pairs;
     for (int i = 0; i < (1 << B); ++i) identity &= w.utable[i] == i;
     if (identity)
       run_range<Lookup::Identity, B>(w, a, t0, t1, out, ldo);

@@ -107,9 +107,10 @@ int main(int argc, char** argv) {
       const int64_t has_mins = rd.i64(), has_bias = rd.i64(), offset = rd.i64(), act_bits = rd.i64();
       const int64_t per_token = act_bits != 0;
       const int64_t has_sub = rd.i64();  // group codebooks (gcb): sub-group bytes [tiles, K/32, 16]
+      const int64_t pairs = rd.i64();    // 2-D codebooks (vq): K/2 codes per row, x in pair-split order
       const int64_t tiles = (N + 15) / 16, kb = K / 32, groups = K / group;
       auto utable = rd.read<uint8_t>(kI8MaxTable);
-      auto qweight = rd.read<uint8_t>(tiles * kb * lut_i8_block_bytes(static_cast<int>(bits)));
+      auto qweight = rd.read<uint8_t>(tiles * (pairs ? kb / 2 : kb) * lut_i8_block_bytes(static_cast<int>(bits)));
       auto scales = rd.read<c10::Half>(tiles * groups * 16);
       auto mins = rd.read<c10::Half>(has_mins ? tiles * groups * 16 : 0);
       auto bias = rd.read<float>(has_bias ? N : 0);
@@ -123,7 +124,7 @@ int main(int argc, char** argv) {
       auto expected = rd.read<float>(M * N);
       LutI8Weights w{qweight.data(), scales.data(), has_mins ? mins.data() : nullptr, has_sub ? sub.data() : nullptr,
                      {}, 0, N, K, group,
-                     has_bias ? bias.data() : nullptr, static_cast<int>(bits)};
+                     has_bias ? bias.data() : nullptr, static_cast<int>(bits), pairs != 0};
       std::memcpy(w.utable, utable.data(), kI8MaxTable);
       w.offset = static_cast<int32_t>(offset);
       Q8Acts a{xq.data(), xd.data(), xsum.data(), M, K, gdsum.data()};
@@ -136,9 +137,10 @@ int main(int argc, char** argv) {
       if (dotprod) paths.push_back({"dotprod", lut_i8_dotprod});
       for (auto& [name, fn] : paths) {
         const int64_t bad = mismatches(fn, w, a, tiles, N, expected);
-        printf("case %lld bits=%lld N=%lld K=%lld group=%lld M=%lld mins=%lld bias=%lld per_token=%lld gcb=%lld %s: %s\n",
+        printf("case %lld bits=%lld N=%lld K=%lld group=%lld M=%lld mins=%lld bias=%lld per_token=%lld gcb=%lld "
+               "pairs=%lld %s: %s\n",
                (long long)c, (long long)bits, (long long)N, (long long)K, (long long)group, (long long)M,
-               (long long)has_mins, (long long)has_bias, (long long)per_token, (long long)has_sub, name,
+               (long long)has_mins, (long long)has_bias, (long long)per_token, (long long)has_sub, (long long)pairs, name,
                bad ? "MISMATCH" : "equal");
         failures += bad != 0;
       }

@@ -185,13 +185,23 @@ class NUQ(GaussianFormat):
         return {"codes": ((out_features, in_features), torch.uint8)}
 
 
+# The integer grid of the 2-D codebooks small enough for the int8 table kernels (<= 16 entries):
+# |t| <= 64 keeps AVX2 on its unsigned dot product (table + offset <= 128, no sign trick).
+VQ_INT_GRID = 64
+
+
 @dataclasses.dataclass(frozen=True)
 class VQ(GaussianFormat):
     """vq{b}: one code per pair of consecutive weights, the nearest of 2^(2b) points of a 2-D
-    k-means codebook of the standard Gaussian (fp32 table)."""
+    k-means codebook of the standard Gaussian.
+
+    Codebooks of at most 16 points (vq1.5, vq2: 3- and 4-bit codes) are rounded to integers
+    t = round(64 * point / max |coordinate|), as NUQ's levels are, so the int8-table kernels
+    (layout vq_i8_n16) run them exactly; larger ones stay fp32 (palette_packed)."""
 
     kind: ClassVar[str] = "vq"
     prefix: ClassVar[str] = "vq"
+    version: ClassVar[int] = 2  # 2: codebooks of <= 16 points on the integer grid
     supported_bits: ClassVar[tuple] = VQ_BITS
     columns: ClassVar[int] = 2
 
@@ -199,14 +209,24 @@ class VQ(GaussianFormat):
     def code_bits(self) -> int:
         return round(2 * self.bits)  # one code per pair: 2^(2b) entries
 
-    def codebook(self) -> Tensor:
-        return vq_codebook(self.bits)
+    @property
+    def integer_codebook(self) -> bool:
+        return self.code_bits <= 4
+
+    def code_values(self) -> Tensor:
+        """fp32 [2^(2b), 2]: what each code decodes to before the row scale (integers for <= 16 points)."""
+        cb = vq_codebook(self.bits)
+        return torch.round(cb * VQ_INT_GRID / cb.abs().max()) if self.integer_codebook else cb
+
+    def unit_scale(self) -> float:
+        cb = vq_codebook(self.bits)
+        return float(cb.abs().max()) / VQ_INT_GRID if self.integer_codebook else 1.0
 
     def code_dtype(self) -> torch.dtype:
         return torch.uint8 if vq_entries(self.bits) <= 256 else torch.int16
 
     def encode_unit(self, x: Tensor) -> dict[str, Tensor]:
-        cb = self.codebook().to(x.device)
+        cb = self.code_values().to(x.device) * self.unit_scale()
         pairs = x.reshape(-1, 2)
         c2 = (cb * cb).sum(1)
         codes = torch.empty(pairs.shape[0], dtype=torch.long, device=x.device)
@@ -216,7 +236,7 @@ class VQ(GaussianFormat):
         return {"codes": codes.reshape(x.shape[0], x.shape[1] // 2).to(self.code_dtype())}
 
     def decode_tables(self) -> dict[str, Tensor]:
-        return {"vq_codebook": self.codebook()}
+        return {"vq_codebook": self.code_values()}
 
     def decode_unit(self, q: dict[str, Tensor]) -> Tensor:
         codes = q["codes"]

@@ -24,6 +24,11 @@ class Layout(ABC):
         """Whether this layout can hold the format (e.g. integer code tables only)."""
         return True
 
+    def holds_width(self, fmt: Format, in_features: int) -> bool:
+        """Whether it can hold a layer of that many input features (default_layout passes over it when
+        not, e.g. the int8 tiles' 32-feature activation blocks)."""
+        return True
+
     def reference_activations(self, x: Tensor, fmt: Optional[Format] = None,
                               buffers: Optional[dict[str, Tensor]] = None) -> Tensor:
         """The activations its kernels effectively multiply the dequantized weight with (identity for
@@ -126,17 +131,20 @@ def register_cpu_preference(choose) -> None:
     _CPU_PREFERENCES.append(choose)
 
 
-def default_layout(fmt: Format, device_type: str = "cpu") -> Layout:
+def default_layout(fmt: Format, device_type: str = "cpu", in_features: Optional[int] = None) -> Layout:
     """The layout a new QuantLinear on `device_type` packs into: on the CPU the one this CPU's features
-    pick (ARM: an interleaved q4 layout), else the device's own if it holds the format, else the
-    family's portable one."""
+    pick (ARM: an interleaved q4 layout; vq: the int8 tiles), else the device's own if it holds the
+    format, else the family's portable one. in_features: skip layouts that cannot hold that width."""
+    def fits(layout: Layout) -> bool:
+        return in_features is None or layout.holds_width(fmt, in_features)
+
     if device_type == "cpu":
         for choose in _CPU_PREFERENCES:
             chosen = choose(fmt)
-            if chosen is not None:
+            if chosen is not None and fits(chosen):
                 return chosen
     for key in ((fmt.layout_family, device_type), (fmt.layout_family, "any")):
         name = _DEFAULTS.get(key)
-        if name is not None and _LAYOUTS[name].supports(fmt):
+        if name is not None and _LAYOUTS[name].supports(fmt) and fits(_LAYOUTS[name]):
             return _LAYOUTS[name]
     raise ValueError(f"format {fmt.name} (family {fmt.layout_family}) has no kernel layout registered")

@@ -24,11 +24,11 @@ import torch
 from torch import Tensor
 
 from ..formats.activations import fake_quantize_q8_blocks
-from ..formats.gaussian import NUQ
+from ..formats.gaussian import NUQ, VQ
 from ..formats.scalar import ScalarCodebookFormat
 from ..packing import TILE, pack_codes, pad_rows, tile_rows_codes, unpack_codes
 from ..rotations import hadamard_transform
-from .base import Layout, register_layout, run_op
+from .base import Layout, register_cpu_preference, register_layout, run_op
 
 
 def int8_table(fmt) -> Optional[Tensor]:
@@ -126,6 +126,9 @@ class NuqI8Tiled(LutI8Tiled):
     """nuq*: the same tiles, one scale per row (a single group of K), and the activations rotated
     before they are quantized to int8 (x' = (x * s) @ H, see formats/gaussian.py)."""
 
+    format_class = NUQ
+    weights_per_code = 1
+
     def __init__(self):
         self.bits = None
         self.name = "nuq_i8_n16"
@@ -135,14 +138,20 @@ class NuqI8Tiled(LutI8Tiled):
 
     gather_rows = Layout.gather_rows  # one scale per row of rotated codes: no embedding use
 
+    def holds_width(self, fmt, in_features: int) -> bool:
+        return in_features % (32 * self.weights_per_code) == 0  # whole int8 activation blocks (per coordinate)
+
     def _check(self, fmt):
         if not self.supports(fmt):
-            raise ValueError(f"layout {self.name} holds nuq formats only, not {fmt.name}")
+            raise ValueError(f"layout {self.name} holds {self.format_class.prefix} formats only (with integer "
+                             f"tables), not {fmt.name}")
 
-    def pack(self, fmt: NUQ, q: dict[str, Tensor]) -> dict[str, Tensor]:
+    def pack(self, fmt, q: dict[str, Tensor]) -> dict[str, Tensor]:
+        self._check(fmt)
         if q["codes"].shape[1] % 32:
-            raise ValueError(f"layout {self.name} needs in_features divisible by 32 (int8 activation blocks), got "
-                             f"{q['codes'].shape[1]}; use layout palette_dense for this layer")
+            raise ValueError(f"layout {self.name} needs in_features divisible by {32 * self.weights_per_code} (int8 "
+                             f"activation blocks), got {q['codes'].shape[1] * self.weights_per_code}; use layout "
+                             "palette_packed or palette_dense for this layer")
         qweight = pack_codes(q["codes"], fmt.code_bits)
         tiles = qweight.shape[0]
         scales = pad_rows(q["row_scales"], tiles * TILE).reshape(tiles, 1, TILE).contiguous()
@@ -151,26 +160,27 @@ class NuqI8Tiled(LutI8Tiled):
             out["signs"] = q["signs"].contiguous()
         return out
 
-    def unpack(self, fmt: NUQ, buffers: dict[str, Tensor], out_features: int, in_features: int) -> dict[str, Tensor]:
+    def unpack(self, fmt, buffers: dict[str, Tensor], out_features: int, in_features: int) -> dict[str, Tensor]:
         q = {"codes": unpack_codes(buffers["qweight"], fmt.code_bits, out_features),
              "row_scales": buffers["scales"].reshape(-1)[:out_features]}
         if "signs" in buffers:
             q["signs"] = buffers["signs"]
         return q
 
-    def buffer_shapes(self, fmt: NUQ, out_features: int, in_features: int):
+    def buffer_shapes(self, fmt, out_features: int, in_features: int):
         tiles = -(-out_features // TILE)
-        shapes = {"qweight": ((tiles, in_features // 32, 64 * fmt.code_bits), torch.uint8),
+        codes = in_features // self.weights_per_code
+        shapes = {"qweight": ((tiles, codes // 32, 64 * fmt.code_bits), torch.uint8),
                   "scales": ((tiles, 1, TILE), torch.float16)}
         if fmt.rotate:
             shapes["signs"] = ((in_features,), torch.int8)
         return shapes
 
-    def runtime_buffers(self, fmt: NUQ) -> dict[str, Tensor]:
+    def runtime_buffers(self, fmt) -> dict[str, Tensor]:
         self._check(fmt)
         return {"lut_i8": fmt.code_values().to(torch.int8)}
 
-    def linear(self, fmt: NUQ, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
+    def linear(self, fmt, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
                backend: str, out_features: int) -> Tensor:
         xr = fmt.rotate_activations(x.float(), buffers.get("signs"))  # fp32: no second rounding of bf16 inputs
         return self._run(xr, buffers, fmt.code_bits, x.shape[-1], bias, backend, out_features).to(x.dtype)
@@ -178,15 +188,48 @@ class NuqI8Tiled(LutI8Tiled):
     def linear_int_acts(self, *args, **kwargs) -> Optional[Tensor]:
         return None  # the kernel sees the rotated input; per-token rounding of x must come first
 
+    def _kernel_activations(self, x: Tensor) -> Tensor:
+        """The rotated activations as the kernel rounds them (int8 per 32 features, dequantized)."""
+        return fake_quantize_q8_blocks(x)
+
     def reference_activations(self, x: Tensor, fmt=None, buffers=None) -> Tensor:
         # kernel: q8(x') @ W'^T with x' = x S H; as a product with W = W' H^T S that is
         # (q8(x') H^T S) @ W^T, so the effective activations are the rotation undone after q8.
         if not fmt.rotate:
-            return fake_quantize_q8_blocks(x)
+            return self._kernel_activations(x)
         signs = buffers["signs"].float()
-        return hadamard_transform(fake_quantize_q8_blocks(fmt.rotate_activations(x, signs)), signs, inverse=True)
+        return hadamard_transform(self._kernel_activations(fmt.rotate_activations(x, signs)), signs, inverse=True)
+
+
+class VqI8Tiled(NuqI8Tiled):
+    """vq1.5 / vq2 (2-D codebooks of <= 16 integer points): one code per pair of features in the
+    same tiles (K/2 codes per row), the lut_i8 kernels' pair mode (csrc/common/lut_i8.h: one table
+    per coordinate, [2, 2^b]); the op rounds x' to int8 in pair-split order (per 64 features, the 32
+    first coordinates, then the 32 second ones)."""
+
+    format_class = VQ
+    weights_per_code = 2
+
+    def __init__(self):
+        self.bits = None
+        self.name = "vq_i8_n16"
+
+    def supports(self, fmt) -> bool:
+        return isinstance(fmt, VQ) and fmt.integer_codebook
+
+    def runtime_buffers(self, fmt) -> dict[str, Tensor]:
+        self._check(fmt)
+        return {"lut_i8": fmt.code_values().T.contiguous().to(torch.int8)}  # [2, 2^b]: one table per coordinate
+
+    def _kernel_activations(self, x: Tensor) -> Tensor:
+        lead, k = x.shape[:-1], x.shape[-1]
+        split = x.reshape(*lead, k // 64, 32, 2).transpose(-1, -2).reshape(*lead, k)
+        q = fake_quantize_q8_blocks(split)
+        return q.reshape(*lead, k // 64, 2, 32).transpose(-1, -2).reshape(*lead, k)
 
 
 LUT_I8 = {b: register_layout(LutI8Tiled(b), default_for=f"lut{b}", device="cpu")
           for b in (8, 4, 3, 2, 1)}
 NUQ_I8 = register_layout(NuqI8Tiled(), default_for="nuq", device="cpu")
+VQ_I8 = register_layout(VqI8Tiled())
+register_cpu_preference(lambda fmt: VQ_I8 if VQ_I8.supports(fmt) else None)  # over palette_packed

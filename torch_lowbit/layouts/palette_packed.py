@@ -43,7 +43,8 @@ def _codes_per_row(fmt: GaussianFormat, in_features: int) -> int:
 
 def _codebook(fmt: GaussianFormat) -> Tensor:
     """fp32 [2^b, d]: what each code decodes to (before the row scale)."""
-    return fmt.codebook() if isinstance(fmt, VQ) else fmt.code_values()[:, None]
+    values = fmt.code_values()
+    return values if values.dim() == 2 else values[:, None]
 
 
 class PalettePacked(Layout):

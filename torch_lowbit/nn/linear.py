@@ -30,7 +30,7 @@ class QuantLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.fmt = get_format(fmt).for_layer(self.in_features)
-        self.layout = _resolve_layout(layout, self.fmt, "cpu")
+        self.layout = _resolve_layout(layout, self.fmt, "cpu", self.in_features)
         self.split_sizes = list(split_sizes) if split_sizes is not None else None
         if self.split_sizes is not None and sum(self.split_sizes) != self.out_features:
             raise ValueError(f"split sizes {self.split_sizes} do not add up to out_features={out_features}")
@@ -74,7 +74,7 @@ class QuantLinear(nn.Module):
         if isinstance(weight, Tensor) and weight.dim() == 2:
             fmt = fmt.for_layer(weight.shape[1])
         fmt.check_weight(weight)
-        layout = _resolve_layout(layout, fmt, weight.device.type)
+        layout = _resolve_layout(layout, fmt, weight.device.type, weight.shape[1])
         if hessian is not None and isinstance(fmt, GaussianFormat):
             from ..calibrate.ldlq import ldlq_quantize
             q = ldlq_quantize(fmt, weight, hessian)
@@ -106,7 +106,7 @@ class QuantLinear(nn.Module):
         if bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (out_features,)
                                  or not bias.is_floating_point()):
             raise ValueError(f"from_quantized: bias must be a float tensor of shape [{out_features}] or None")
-        layout = _resolve_layout(layout, fmt, next(iter(q.values())).device.type)
+        layout = _resolve_layout(layout, fmt, next(iter(q.values())).device.type, in_features)
         return cls(in_features, out_features, fmt, layout.pack(fmt, q),
                    bias.detach().clone() if bias is not None else None, layout=layout, split_sizes=split_sizes)
 
@@ -116,7 +116,7 @@ class QuantLinear(nn.Module):
               split_sizes: Optional[Sequence[int]] = None, device="meta") -> "QuantLinear":
         """An unfilled module of the right shapes (checkpoint loading assigns its buffers)."""
         fmt = get_format(fmt).for_layer(in_features)
-        layout = _resolve_layout(layout, fmt, "cpu")
+        layout = _resolve_layout(layout, fmt, "cpu", in_features)
         shapes = layout.buffer_shapes(fmt, out_features, in_features)
         buffers = {k: torch.empty(shape, dtype=dt, device=device) for k, (shape, dt) in shapes.items()}
         b = torch.empty(out_features, dtype=bias_dtype, device=device) if bias else None
@@ -203,9 +203,10 @@ class QuantLinear(nn.Module):
         return s + (f", split_sizes={self.split_sizes}" if self.split_sizes else "")
 
 
-def _resolve_layout(layout: Union[None, str, Layout], fmt: Format, device_type: str) -> Layout:
+def _resolve_layout(layout: Union[None, str, Layout], fmt: Format, device_type: str,
+                    in_features: Optional[int] = None) -> Layout:
     if layout is None:
-        return default_layout(fmt, device_type)
+        return default_layout(fmt, device_type, in_features)
     layout = get_layout(layout) if isinstance(layout, str) else layout
     if not layout.supports(fmt):
         raise ValueError(f"layout {layout.name} cannot hold format {fmt.name}")
@@ -225,7 +226,7 @@ def repack_for_this_cpu(model: nn.Module) -> int:
                 next(iter(m.packed.values())).device.type != "cpu" or \
                 any(t.data_ptr() in shared for t in m.packed.values()):
             continue
-        target = default_layout(m.fmt, "cpu")
+        target = default_layout(m.fmt, "cpu", m.in_features)
         if target.cpu_specific and target is not m.layout:
             key = (m.layout.name, target.name)
             m.repack(target)

@@ -182,9 +182,11 @@ def _register() -> None:
                             sub_groups=None, act_bits=0, act_clip=1.0):
         _check(1 <= code_bits <= 4 or code_bits == 8, f"lut_i8: code_bits must be 1..4 or 8, got {code_bits}")
         _check(act_bits in (0, 8, 4, 3, 2), f"lut_i8: act_bits must be 0, 8, 4, 3 or 2, got {act_bits}")
+        pairs = lut.dim() == 2  # a 2-D codebook: one code per pair of features, one table per coordinate
         _check(qweight.dtype == torch.uint8 and qweight.dim() == 3 and qweight.shape[2] == 64 * code_bits,
-               f"lut_i8: qweight must be uint8 [N/16, K/32, {64 * code_bits}] for {code_bits}-bit codes")
-        tiles, k = qweight.shape[0], qweight.shape[1] * 32
+               f"lut_i8: qweight must be uint8 [N/16, K/{64 if pairs else 32}, {64 * code_bits}] for "
+               f"{code_bits}-bit codes")
+        tiles, k = qweight.shape[0], qweight.shape[1] * (64 if pairs else 32)
         _check(out_features <= tiles * 16 and out_features > (tiles - 1) * 16,
                f"lut_i8: out_features {out_features} does not fit {tiles} tiles of 16 rows")
         _check(group_size > 0 and group_size % 32 == 0 and k % group_size == 0,
@@ -193,8 +195,13 @@ def _register() -> None:
                f"lut_i8: scales must be fp16 [{tiles}, {k // group_size}, 16]")
         if mins is not None:
             _check(mins.dtype == torch.float16 and mins.shape == scales.shape, "lut_i8: mins must match scales")
-        if sub_groups is None:
-            _check(lut.dtype == torch.int8 and lut.numel() == 2 ** code_bits,
+        if pairs:
+            _check(lut.dtype == torch.int8 and tuple(lut.shape) == (2, 2 ** code_bits) and code_bits <= 4
+                   and sub_groups is None and group_size % 64 == 0 and act_bits == 0,
+                   f"lut_i8: a pair codebook needs an int8 [2, {2 ** code_bits}] lut, codes of at most 4 bits, "
+                   "no sub_groups, groups of 64k and act_bits 0")
+        elif sub_groups is None:
+            _check(lut.dtype == torch.int8 and lut.dim() == 1 and lut.numel() == 2 ** code_bits,
                    f"lut_i8: lut must be {2 ** code_bits} int8 values")
         else:
             _check(code_bits in (2, 3) and mins is None, "lut_i8: group codebooks need 2/3-bit codes and no mins")
