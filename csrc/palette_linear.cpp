@@ -72,10 +72,8 @@ CodebookWeights codebook_weights(const char* op, const at::Tensor& codes, int64_
           codes.size(0), K};
 }
 
-// TcqWeights over checked tensors; `table_f16` keeps the fp16 pairs of the table alive. The format's
-// tables are fp16 values (formats/tcq.py), so the pairs hold them exactly and every path agrees.
 TcqWeights tcq_weights(const char* op, const at::Tensor& codes, const at::Tensor& table, int64_t table_bits,
-                       int64_t shift_bits, const at::Tensor& row_scales, at::Tensor& table_f16) {
+                       int64_t shift_bits, const at::Tensor& row_scales) {
   TORCH_CHECK(shift_bits >= 3 && shift_bits <= 10, op, ": shift_bits must be 3..10 (tcq1.5 .. tcq5), got ", shift_bits);
   TORCH_CHECK(table_bits >= 1 && table_bits <= 15, op, ": table_bits must be 1..15, got ", table_bits);
   TORCH_CHECK(table.scalar_type() == at::kFloat && table.is_contiguous() && table.dim() == 2 &&
@@ -87,20 +85,8 @@ TcqWeights tcq_weights(const char* op, const at::Tensor& codes, const at::Tensor
   TORCH_CHECK(codes.device().is_cpu() && table.device().is_cpu(), op, " (CPU kernel): all tensors must be on the CPU");
   const int64_t N = codes.size(0) * kTcqTile, K = codes.size(1) * kTcqTile;
   check_row_scales(op, row_scales, N);
-  const int64_t entries = table.size(0);
-  table_f16 = at::empty({entries}, table.options().dtype(at::kInt));
-  const float* t = table.data_ptr<float>();
-  auto* pairs = reinterpret_cast<uint32_t*>(table_f16.data_ptr<int32_t>());
-  for (int64_t e = 0; e < entries; ++e) {
-    const c10::Half x(t[2 * e]), y(t[2 * e + 1]);
-    TORCH_CHECK(static_cast<float>(x) == t[2 * e] && static_cast<float>(y) == t[2 * e + 1], op,
-                ": table entry ", e, " is not an fp16 value; the TCQ tables are fp16 values (tcq_signed_table of "
-                "format version 2): re-quantize the model with this torch_lowbit");
-    pairs[e] = static_cast<uint32_t>(x.x) | static_cast<uint32_t>(y.x) << 16;
-  }
   return {reinterpret_cast<const uint32_t*>(codes.data_ptr<int32_t>()), static_cast<int>(shift_bits),
-          static_cast<int>(table_bits), table.data_ptr<float>(), pairs, row_scales.data_ptr<c10::Half>(), nullptr,
-          N, K};
+          static_cast<int>(table_bits), table.data_ptr<float>(), row_scales.data_ptr<c10::Half>(), nullptr, N, K};
 }
 
 // Many tokens: decode `unit`-aligned row chunks to fp32 (threaded) and multiply with at::mm.
@@ -165,8 +151,7 @@ at::Tensor tcq_linear_cpu(const at::Tensor& x, const at::Tensor& codes, const at
                           int64_t shift_bits, const at::Tensor& row_scales, const c10::optional<at::Tensor>& bias) {
   const char* op = "tcq_linear";
   const at::Tensor cc = codes.contiguous(), sc = row_scales.contiguous();
-  at::Tensor table_f16;
-  TcqWeights w = tcq_weights(op, cc, table, table_bits, shift_bits, sc, table_f16);
+  TcqWeights w = tcq_weights(op, cc, table, table_bits, shift_bits, sc);
   check_linear_io(op, x, w.K, w.N, 0, bias, {});
   const at::Tensor x2 = activations_fp32(x, w.K);
   const int64_t M = x2.size(0), bands = w.N / kTcqTile;
@@ -186,8 +171,7 @@ at::Tensor tcq_linear_cpu(const at::Tensor& x, const at::Tensor& codes, const at
 at::Tensor tcq_dequantize_cpu(const at::Tensor& codes, const at::Tensor& table, int64_t table_bits, int64_t shift_bits,
                               const at::Tensor& row_scales) {
   const at::Tensor cc = codes.contiguous(), sc = row_scales.contiguous();
-  at::Tensor table_f16;
-  const TcqWeights w = tcq_weights("tcq_dequantize", cc, table, table_bits, shift_bits, sc, table_f16);
+  const TcqWeights w = tcq_weights("tcq_dequantize", cc, table, table_bits, shift_bits, sc);
   at::Tensor out = at::empty({w.N, w.K}, table.options());
   const TcqKernels kern = tcq_kernels(active_cpu_path());
   parallel_for(0, w.N / kTcqTile, 1, [&](int64_t b0, int64_t b1) {

@@ -71,7 +71,6 @@ struct TcqWeights {
   int shift;              // s = 2 * bits, 3..10
   int table_bits;         // Q
   const float* table;     // signed table [2^(Q+1), 2] interleaved (see tcq_value)
-  const uint32_t* table_f16;  // the same entries as fp16 pairs, x in the low half: one 32-bit gather per value
   const c10::Half* scales;  // [N]
   const float* bias;      // [N] or nullptr
   int64_t N, K;

@@ -10,9 +10,7 @@
 // TCQ: tile row r is steps 8 r .. 8 r + 7. Their 16-bit windows lie in at most four consecutive
 // words, so one masked 8-word load (the sequence's first word blended in where the tail-biting
 // window wraps), two vpermd and a variable shift pair give the states; the hash is a 16-bit
-// multiply; one 32-bit gather fetches the row's 8 (x, y) pairs as fp16 pairs (the tables are fp16
-// values), two vcvtph2ps give them in column order. (Two 64-bit gathers of the fp32 pairs, before:
-// the gathers bound the kernel, and a gather costs about one cycle per element on AMD and Intel.)
+// multiply; two 64-bit gathers fetch the (x, y) pairs of the row in column order.
 #if defined(TORCH_LOWBIT_X86)
 #include "x86/palette_avx2_codebook.h"
 
@@ -101,13 +99,13 @@ TcqLanes tcq_lanes(int shift) {
 
 struct TcqContext {
   TcqLanes k;
-  const int* table;  // fp16 pairs
+  const long long* table;
   __m128i hash_shift;
   int count;
 };
 
 TcqContext tcq_context(const TcqWeights& w) {
-  return {tcq_lanes(w.shift), reinterpret_cast<const int*>(w.table_f16), _mm_cvtsi32_si128(15 - w.table_bits),
+  return {tcq_lanes(w.shift), reinterpret_cast<const long long*>(w.table), _mm_cvtsi32_si128(15 - w.table_bits),
           4 * w.shift};
 }
 
@@ -126,7 +124,7 @@ TLB_AVX2 inline TcqRowLanes row_lanes(const TcqContext& ctx, int r, int table_bi
 
 // Tile row r of sequence `seq`, unscaled: columns 0-7 in c0, 8-15 in c1. The signed table (palette.h)
 // makes the hybrid code one lookup: index = (h >> (15 - Q)) mod 2^(Q+1), bit Q being the sign.
-TLB_AVX2 TLB_INLINE void tcq_row(const int32_t* seq, const TcqRowLanes& L, const int* table, __m128i hash_shift,
+TLB_AVX2 TLB_INLINE void tcq_row(const int32_t* seq, const TcqRowLanes& L, const long long* table, __m128i hash_shift,
                                  __m256& c0, __m256& c1) {
   __m256i words = _mm256_maskload_epi32(seq + L.base, L.avail);
   words = _mm256_blendv_epi8(words, _mm256_set1_epi32(seq[0]), L.wrap);
@@ -136,9 +134,8 @@ TLB_AVX2 TLB_INLINE void tcq_row(const int32_t* seq, const TcqRowLanes& L, const
   // state (state + 1) mod 2^16 in 16-bit lanes: the high halves multiply 0 by 0 or 1
   const __m256i h = _mm256_mullo_epi16(state, _mm256_add_epi32(state, _mm256_set1_epi32(1)));
   const __m256i index = _mm256_and_si256(_mm256_srl_epi32(h, hash_shift), L.index_mask);
-  const __m256i pairs = _mm256_i32gather_epi32(table, index, 4);
-  c0 = _mm256_cvtph_ps(_mm256_castsi256_si128(pairs));
-  c1 = _mm256_cvtph_ps(_mm256_extracti128_si256(pairs, 1));
+  c0 = _mm256_castsi256_ps(_mm256_i32gather_epi64(table, _mm256_castsi256_si128(index), 8));
+  c1 = _mm256_castsi256_ps(_mm256_i32gather_epi64(table, _mm256_extracti128_si256(index, 1), 8));
 }
 
 // Band b for tokens [m0, m0 + MB), one tile row at a time over all tiles (the band's codes are

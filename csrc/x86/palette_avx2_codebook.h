@@ -12,7 +12,7 @@
 #include "common/palette.h"
 #include "common/token_blocks.h"
 
-#define TLB_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define TLB_AVX2 __attribute__((target("avx2,fma")))
 #define TLB_INLINE __attribute__((always_inline)) inline
 
 namespace torch_lowbit {

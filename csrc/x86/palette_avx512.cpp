@@ -7,10 +7,8 @@
 // registers (vpermps / vpermi2ps), larger ones are gathered.
 // TCQ: per 16 steps (two tile rows) one vpermi2b (a second register holds the sequence start for
 // the tail-biting wrap) and one shift give the states, the hybrid code's hash is a multiply and a
-// shift, and one 32-bit gather per two tile rows fetches their (x, y) pairs as fp16 pairs (the
-// tables are fp16 values), two vcvtph2ps give them in column order (the gathers bound the speed:
-// ~1 element per cycle on Zen 4; 64-bit gathers of fp32 pairs took one element per value pair too,
-// but twice the instructions).
+// shift, and one 64-bit gather per tile row fetches (x, y) pairs already in column order (the
+// gathers bound the speed: ~1 element per cycle on Zen 4).
 #if defined(TORCH_LOWBIT_X86)
 #include <immintrin.h>
 
@@ -253,25 +251,24 @@ TcqLanes tcq_lanes(int shift) {
 // Tile rows 2i and 2i + 1 (steps 16 i .. 16 i + 15) of one sequence, unscaled: `a` is the sequence
 // from byte base[i] on, `start` its first bytes. The signed table (palette.h) makes the hybrid code
 // one lookup: index = (h >> (15 - Q)) mod 2^(Q+1), bit Q being the sign.
-TLB_AVX512 inline void tcq_row_pair(__m512i a, __m512i start, __m512i bytes, __m512i shr, const int* table,
+TLB_AVX512 inline void tcq_row_pair(__m512i a, __m512i start, __m512i bytes, __m512i shr, const long long* table,
                                     __m128i hash_shift, __m512i index_mask, __m512& r0, __m512& r1) {
   const __m512i state = _mm512_srlv_epi32(_mm512_permutex2var_epi8(a, bytes, start), shr);
   const __m512i h = _mm512_mullo_epi32(state, _mm512_add_epi32(state, _mm512_set1_epi32(1)));  // mod 2^16 below
   const __m512i index = _mm512_and_si512(_mm512_srl_epi32(h, hash_shift), index_mask);
-  const __m512i pairs = _mm512_i32gather_epi32(index, table, 4);  // (x, y) as fp16 pairs, one dword each
-  r0 = _mm512_cvtph_ps(_mm512_castsi512_si256(pairs));
-  r1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(pairs, 1));
+  r0 = _mm512_castsi512_ps(_mm512_i32gather_epi64(_mm512_castsi512_si256(index), table, 8));
+  r1 = _mm512_castsi512_ps(_mm512_i32gather_epi64(_mm512_extracti64x4_epi64(index, 1), table, 8));
 }
 
 struct TcqContext {
   TcqLanes k;
-  const int* table;  // fp16 pairs
+  const long long* table;
   __m128i hash_shift;
   int count;
 };
 
 TcqContext tcq_context(const TcqWeights& w) {
-  return {tcq_lanes(w.shift), reinterpret_cast<const int*>(w.table_f16), _mm_cvtsi32_si128(15 - w.table_bits),
+  return {tcq_lanes(w.shift), reinterpret_cast<const long long*>(w.table), _mm_cvtsi32_si128(15 - w.table_bits),
           4 * w.shift};
 }
 

@@ -265,7 +265,6 @@ class TCQ(GaussianFormat):
 
     kind: ClassVar[str] = "tcq"
     prefix: ClassVar[str] = "tcq"
-    version: ClassVar[int] = 2  # 2: the hybrid code's table holds fp16 values (formats/tcq.py)
     row_multiple: ClassVar[int] = 16
     supported_bits: ClassVar[tuple] = tcq.TCQ_SUPPORTED_BITS
     columns: ClassVar[int] = 16
@@ -293,7 +292,6 @@ class HalfTCQ(GaussianFormat):
 
     kind: ClassVar[str] = "tcq_half"
     prefix: ClassVar[str] = "tcq"
-    version: ClassVar[int] = 2  # 2: TCQ's tables hold fp16 values
     row_multiple: ClassVar[int] = 16
     supported_bits: ClassVar[tuple] = tuple(b + 0.25 for b in tcq.TCQ_SUPPORTED_BITS[:-1])
     columns: ClassVar[int] = 32  # two halves of whole 16-column tiles

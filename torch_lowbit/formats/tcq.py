@@ -100,12 +100,9 @@ def hybrid_code_values(table: Tensor, table_bits: int) -> Tensor:
 
 @functools.lru_cache(maxsize=None)
 def _scaled_table(bits: float) -> Tensor:
-    # rounded to fp16 values (kept as fp32; each entry moves by at most 2^-11 of itself): the x86 kernels
-    # gather each (x, y) entry as one fp16 pair, one 32-bit element instead of a 64-bit one, and the
-    # gathers bound them (format version 2)
     table = tcq_lut(bits)
     rms = hybrid_code_values(table, tcq_table_bits(bits)).double().square().mean().sqrt()
-    return (table.double() / (rms * QTIP_SCALE_OVERRIDE)).half().float()
+    return (table.double() / (rms * QTIP_SCALE_OVERRIDE)).float()
 
 
 def tcq_scaled_table(bits: float) -> Tensor:
