@@ -33,6 +33,27 @@ def test_asymmetric_grid_covers_min_to_max(bits):
     assert (fake_quantize_per_token(x, bits) - x).abs().mean() > (y - x).abs().mean()
 
 
+@pytest.mark.parametrize("block", [16, 32])
+def test_block_scaled_activations_give_each_block_its_own_grid(block):
+    """block > 0: one scale per block of a token's features (MXINT4-style), else the per-token math."""
+    x = torch.randn(5, 96, generator=_gen()) * torch.rand(5, 96 // block, 1, generator=_gen()).add(0.05).repeat_interleave(
+        block, 1).reshape(5, 96)
+    y = fake_quantize_per_token(x, 4, block=block)
+    for b in range(96 // block):
+        cols = slice(b * block, (b + 1) * block)
+        torch.testing.assert_close(y[:, cols], fake_quantize_per_token(x[:, cols], 4))
+    assert (y - x).square().sum() < (fake_quantize_per_token(x, 4) - x).square().sum()
+    lin = tl.QuantLinear.from_linear(torch.nn.Linear(96, 24), "q4_0")
+    wrapped = tl.ActQuantLinear(lin, 4, clip_ratio=0.9, block=block)  # rounded in torch, then the kernel
+    with torch.no_grad():
+        torch.testing.assert_close(wrapped(x), lin(fake_quantize_per_token(x, 4, True, 0.9, block)))
+    assert f"per block of {block}" in repr(wrapped)
+    with pytest.raises(ValueError, match="does not divide the layer's 96"):
+        tl.ActQuantLinear(lin, 4, block=64)
+    with pytest.raises(ValueError, match="even number"):
+        fake_quantize_per_token(x, 4, block=5)
+
+
 def test_clip_search_clips_heavy_tails_only():
     gen = _gen()
     heavy = torch.distributions.StudentT(2.0).sample((256, 128))

@@ -152,7 +152,9 @@ def test_cli_checks_names_and_paths_before_any_work(tmp_path):
              (["quantize", "--out", str(tmp_path / "missing" / "x.safetensors")], "does not exist or is not writable"),
              (["bench", "e2e", "--formats", "fp32", "q4_O"], "unknown format 'q4_O'"),
              (["eval", "--quarot", "W3A4KV4"], "W must be 4 or 16"),
-             (["eval", "--quarot", "A4"], "expected W<bits>A<bits>[KV<bits>]")]
+             (["eval", "--quarot", "A4"], "expected W<bits>A<bits>[KV<bits>]"),
+             (["eval", "--act-block", "16"], "--act-block 16: needs --quarot"),
+             (["eval", "--quarot", "W16A4", "--act-block", "7"], "an even number of features")]
     for argv, message in cases:
         r = subprocess.run([sys.executable, "-m", "torch_lowbit", *argv], capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (argv, r.stderr[-500:])

@@ -85,6 +85,28 @@ def test_w4a8kv8_recipe_is_close_saves_loads_and_compiles(tmp_path):
         assert (traced - eager).norm() / eager.norm() < 0.25 * (eager - ref).norm() / ref.norm()
 
 
+def test_block_scaled_activations_recipe_saves_and_loads(tmp_path):
+    """QuaRot(act_block=16): every wrapper rounds per block of 16 features; the setting survives a
+    checkpoint; a block that does not divide a layer's width is refused naming the layer."""
+    gen = _gen()
+    model = tiny_llama()
+    ids = torch.randint(0, 256, (1, 12), generator=gen)
+    recipe = tl.QuaRot(weights=None, acts=4, kv=None, act_block=16)
+    assert "blocks of 16" in recipe.label()
+    q = tl.quantize_(copy.deepcopy(model), recipe, calibration=[ids], progress=False)
+    wrapped = [m for m in q.modules() if isinstance(m, tl.ActQuantLinear)]
+    assert wrapped and all(m.block == 16 for m in wrapped)
+    path = tmp_path / "blocks.safetensors"
+    tl.save_quantized(q, path)
+    loaded = tl.load_quantized(tiny_llama(), path)
+    assert all(m.block == 16 for m in loaded.modules() if isinstance(m, tl.ActQuantLinear))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, q(ids).logits, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="block 48 does not divide"):
+        tl.quantize_(copy.deepcopy(model), tl.QuaRot(weights=None, acts=4, kv=None, act_block=48), calibration=[ids],
+                     progress=False)
+
+
 def test_recipe_without_rotation_and_a16_leaves_those_parts_out():
     gen = _gen()
     model = tiny_llama()

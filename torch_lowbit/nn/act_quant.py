@@ -5,6 +5,8 @@ per-token integer grid before the layer runs: symmetric q = clamp(round(x / d), 
 (-127 .. 127 at 8 bits) with d = c * max|x| / (2^(b-1) - 1), or asymmetric (min/max to 0 .. 2^b - 1 with a zero point).
 c <= 1 is the clipping ratio; with calibration batches it is searched per layer over a grid (the
 ratio minimizing the squared error of the layer's quantized input, as QuaRot picks its clip ratio).
+block > 0 gives each block of that many features of a token its own scale instead (block-scaled
+activations as MXINT4 / NVFP4 use them: 16 or 32), rounded in torch before the layer runs.
 
 This is the reference for activation-quantized execution: the layer sees exactly the values an
 integer-activation kernel would multiply with. It composes with weight formats (wrap after
@@ -28,11 +30,26 @@ def _check_bits(bits: int) -> None:
         raise ValueError(f"activation quantization: bits must be 2, 3, 4 or 8, got {bits!r}")
 
 
-def fake_quantize_per_token(x: Tensor, bits: int, symmetric: bool = True, clip_ratio: float = 1.0) -> Tensor:
-    """x [..., K] rounded per token (last dim) to `bits`; returns dequantized values in x's dtype."""
+def _check_block(block: int, features: Optional[int] = None) -> None:
+    if not isinstance(block, int) or block < 0 or (block and block % 2):
+        raise ValueError(f"activation quantization: block must be 0 (one scale per token) or an even number of "
+                         f"features, e.g. 16 or 32; got {block!r}")
+    if block and features is not None and features % block:
+        raise ValueError(f"activation quantization: block {block} does not divide the layer's {features} input "
+                         "features; pick a block dividing it (16 or 32) or block=0 (per token)")
+
+
+def fake_quantize_per_token(x: Tensor, bits: int, symmetric: bool = True, clip_ratio: float = 1.0,
+                            block: int = 0) -> Tensor:
+    """x [..., K] rounded per token (last dim; block > 0: per block of that many features of a token)
+    to `bits`; returns dequantized values in x's dtype."""
     _check_bits(bits)
     if not 0 < clip_ratio <= 1:
         raise ValueError(f"activation quantization: clip_ratio must be in (0, 1], got {clip_ratio}")
+    if block:
+        _check_block(block, x.shape[-1])
+        blocks = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
+        return fake_quantize_per_token(blocks, bits, symmetric, clip_ratio).reshape(x.shape)
     xf = x.float()
     if symmetric:
         codes, d = quantize_per_token(xf, bits, clip_ratio)
@@ -45,9 +62,9 @@ def fake_quantize_per_token(x: Tensor, bits: int, symmetric: bool = True, clip_r
     return ((torch.clamp(torch.round(xf / d) + zero, 0, qmax) - zero) * d).to(x.dtype)
 
 
-def search_clip_ratio(samples: Tensor, bits: int, symmetric: bool = True, grid=CLIP_GRID) -> float:
-    """The ratio of `grid` whose per-token quantization of samples [T, K] has the least squared error."""
-    errors = [(fake_quantize_per_token(samples, bits, symmetric, c) - samples).float().square().sum().item()
+def search_clip_ratio(samples: Tensor, bits: int, symmetric: bool = True, grid=CLIP_GRID, block: int = 0) -> float:
+    """The ratio of `grid` whose per-token (per-block) quantization of samples [T, K] has the least squared error."""
+    errors = [(fake_quantize_per_token(samples, bits, symmetric, c, block) - samples).float().square().sum().item()
               for c in grid]
     return float(grid[min(range(len(grid)), key=errors.__getitem__)])
 
@@ -55,24 +72,27 @@ def search_clip_ratio(samples: Tensor, bits: int, symmetric: bool = True, grid=C
 class ActQuantLinear(nn.Module):
     """layer(fake_quantize_per_token(x)): a linear-like layer whose input is bits-bit per token."""
 
-    def __init__(self, layer: nn.Module, bits: int, symmetric: bool = True, clip_ratio: float = 1.0):
+    def __init__(self, layer: nn.Module, bits: int, symmetric: bool = True, clip_ratio: float = 1.0, block: int = 0):
         super().__init__()
         _check_bits(bits)
+        _check_block(block, getattr(layer, "in_features", None))
         self.layer, self.bits, self.symmetric, self.clip_ratio = layer, bits, symmetric, float(clip_ratio)
+        self.block = block
         if hasattr(layer, "split_sizes"):  # a fused qkv / gate_up module: its parent's hook splits our output
             self.split_sizes = layer.split_sizes
         self._int_acts = hasattr(layer, "forward_int_acts")  # a QuantLinear: its layout may round in-kernel
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.symmetric and self._int_acts:  # the kernel rounds x per token and multiplies integers
+        if self.symmetric and self._int_acts and not self.block:  # the kernel rounds x per token, multiplies integers
             y = self.layer.forward_int_acts(x, self.bits, self.clip_ratio)
             if y is not None:
                 return y
-        return self.layer(fake_quantize_per_token(x, self.bits, self.symmetric, self.clip_ratio))
+        return self.layer(fake_quantize_per_token(x, self.bits, self.symmetric, self.clip_ratio, self.block))
 
     def extra_repr(self) -> str:
         kind = "sym" if self.symmetric else "asym"
-        return f"A{self.bits} per token ({kind}, clip {self.clip_ratio})"
+        where = f"per block of {self.block}" if self.block else "per token"
+        return f"A{self.bits} {where} ({kind}, clip {self.clip_ratio})"
 
 
 def _is_linear(mod: nn.Module) -> bool:
@@ -84,13 +104,15 @@ def _is_linear(mod: nn.Module) -> bool:
 def quantize_activations_(model: nn.Module, bits: int, *, symmetric: bool = True, clip_ratio: float = 1.0,
                           calibration: Optional[Iterable[Tensor]] = None, include_lm_head: bool = False,
                           filter_fn: Optional[Callable[[nn.Module, str], bool]] = None,
-                          max_calibration_tokens: int = 2048) -> nn.Module:
+                          max_calibration_tokens: int = 2048, block: int = 0) -> nn.Module:
     """Wraps the model's linear layers (nn.Linear or QuantLinear) in ActQuantLinear, in place.
 
     With `calibration` (token-id batches) each layer's clipping ratio is searched over CLIP_GRID on
     its own inputs (up to max_calibration_tokens rows); otherwise every layer uses `clip_ratio`.
-    The LM head keeps full-precision inputs unless include_lm_head (QuaRot keeps it so)."""
+    The LM head keeps full-precision inputs unless include_lm_head (QuaRot keeps it so). block > 0:
+    one scale per block of that many features of a token (rounded in torch, not in the kernels)."""
     _check_bits(bits)
+    _check_block(block)
     if any(isinstance(m, ActQuantLinear) for m in model.modules()):
         raise ValueError("quantize_activations_: the model's activations are already quantized")
     head = getattr(model, "lm_head", None)
@@ -99,6 +121,11 @@ def quantize_activations_(model: nn.Module, bits: int, *, symmetric: bool = True
                and (filter_fn is None or filter_fn(mod, name))]
     if not targets:
         raise ValueError("quantize_activations_: no nn.Linear / QuantLinear layers selected")
+    for name, mod in targets:
+        try:
+            _check_block(block, mod.in_features)
+        except ValueError as e:
+            raise ValueError(f"quantize_activations_: layer {name}: {e}") from None
     ratios = {name: clip_ratio for name, _ in targets}
     if calibration is not None:
         inputs: dict[str, list[Tensor]] = {name: [] for name, _ in targets}
@@ -120,11 +147,11 @@ def quantize_activations_(model: nn.Module, bits: int, *, symmetric: bool = True
                 h.remove()
         for name, _ in targets:
             if inputs[name]:
-                ratios[name] = search_clip_ratio(torch.cat(inputs[name]), bits, symmetric)
+                ratios[name] = search_clip_ratio(torch.cat(inputs[name]), bits, symmetric, block=block)
     for name, mod in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, ActQuantLinear(mod, bits, symmetric, ratios[name]))
+        setattr(parent, child, ActQuantLinear(mod, bits, symmetric, ratios[name], block))
     return model
 
 
@@ -135,6 +162,8 @@ def unwrap_activation_quant(model: nn.Module) -> dict[str, dict]:
     for name, mod in list(model.named_modules()):
         if isinstance(mod, ActQuantLinear):
             entries[name] = {"bits": mod.bits, "symmetric": mod.symmetric, "clip_ratio": mod.clip_ratio}
+            if mod.block:
+                entries[name]["block"] = mod.block
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name) if parent_name else model, child, mod.layer)
     return entries
@@ -146,4 +175,4 @@ def wrap_activation_quant(model: nn.Module, entries: dict[str, dict]) -> None:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, ActQuantLinear(getattr(parent, child), int(e["bits"]), bool(e["symmetric"]),
-                                              float(e["clip_ratio"])))
+                                              float(e["clip_ratio"]), int(e.get("block", 0))))
