@@ -51,7 +51,8 @@ def _quantize(model, tok, args):
         from .quarot import QuaRot
         fmt = QuaRot.parse(quarot, rounding=args.rounding,  # the spec was checked before any work
                            rotate=not getattr(args, "no_rotation", False), smooth=getattr(args, "smooth", None),
-                           act_block=getattr(args, "act_block", None) or 0)
+                           act_block=getattr(args, "act_block", None) or 0,
+                           **({"kv_group": args.kv_group} if getattr(args, "kv_group", None) else {}))
         if fmt.weights is not None:
             fmt = dataclasses.replace(fmt, weights=args.format)
         if calib is None and (fmt.acts is not None or fmt.smooth is not None):
@@ -359,6 +360,8 @@ def main(argv=None) -> None:
                         "by max|x|^ALPHA on the calibration before rotating (0.25 measured best)")
         sp.add_argument("--act-block", type=int, metavar="N", help="with --quarot: one activation scale per N "
                         "features of a token (16 or 32, MXINT4-style) instead of per token; rounded in torch")
+        sp.add_argument("--kv-group", type=int, metavar="N", help="with --quarot ...KV4/KV8: features per KV-cache "
+                        "scale (default 64; 32 measured better at KV4)")
         sp.add_argument("--target-bpw", type=float, help="with --mix: the bit budget, bits per weight over the "
                         "quantized layers")
         sp.add_argument("--sensitivity", choices=["fisher", "output"], help="with --mix: fisher (default with "
@@ -522,6 +525,9 @@ def _check_before_work(p: argparse.ArgumentParser, args) -> None:
     smooth = getattr(args, "smooth", None)
     if smooth is not None and (not getattr(args, "quarot", None) or not 0.0 < smooth <= 1.0):
         p.error(f"--smooth {smooth}: needs --quarot and a value in (0, 1], e.g. --smooth 0.25")
+    kv_group = getattr(args, "kv_group", None)
+    if kv_group is not None and not getattr(args, "quarot", None):
+        p.error(f"--kv-group {kv_group}: needs --quarot with a KV setting, e.g. --quarot W4A4KV4 --kv-group 32")
     act_block = getattr(args, "act_block", None)
     if act_block is not None and (not getattr(args, "quarot", None) or act_block <= 0 or act_block % 2):
         p.error(f"--act-block {act_block}: needs --quarot and an even number of features, e.g. --act-block 16")
