@@ -128,13 +128,14 @@ class NuqI8Tiled(LutI8Tiled):
 
     format_class = NUQ
     weights_per_code = 1
+    layout_name = "nuq_i8_n16"
 
     def __init__(self):
-        self.bits = None
-        self.name = "nuq_i8_n16"
+        self.bits = None  # the format's own code width
+        self.name = self.layout_name
 
     def supports(self, fmt) -> bool:
-        return isinstance(fmt, NUQ)
+        return isinstance(fmt, self.format_class)
 
     gather_rows = Layout.gather_rows  # one scale per row of rotated codes: no embedding use
 
@@ -209,13 +210,10 @@ class VqI8Tiled(NuqI8Tiled):
 
     format_class = VQ
     weights_per_code = 2
-
-    def __init__(self):
-        self.bits = None
-        self.name = "vq_i8_n16"
+    layout_name = "vq_i8_n16"
 
     def supports(self, fmt) -> bool:
-        return isinstance(fmt, VQ) and fmt.integer_codebook
+        return super().supports(fmt) and fmt.integer_codebook
 
     def runtime_buffers(self, fmt) -> dict[str, Tensor]:
         self._check(fmt)
