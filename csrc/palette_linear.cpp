@@ -75,11 +75,12 @@ CodebookWeights codebook_weights(const char* op, const at::Tensor& codes, int64_
 TcqWeights tcq_weights(const char* op, const at::Tensor& codes, const at::Tensor& table, int64_t table_bits,
                        int64_t shift_bits, const at::Tensor& row_scales) {
   TORCH_CHECK(shift_bits >= 3 && shift_bits <= 10, op, ": shift_bits must be 3..10 (tcq1.5 .. tcq5), got ", shift_bits);
-  TORCH_CHECK(table_bits >= 1 && table_bits <= 15, op, ": table_bits must be 1..15, got ", table_bits);
+  TORCH_CHECK(table_bits >= 0 && table_bits <= 15, op, ": table_bits must be 0..15, got ", table_bits);
+  const int64_t entries = table_bits == kTcqMadTableBits ? 0 : int64_t{2} << table_bits;
   TORCH_CHECK(table.scalar_type() == at::kFloat && table.is_contiguous() && table.dim() == 2 &&
-                  table.size(0) == (int64_t{2} << table_bits) && table.size(1) == 2,
-              op, ": table must be the contiguous fp32 signed table [2^(table_bits+1), 2] (tcq_signed_table), got ",
-              table.scalar_type(), " ", table.sizes());
+                  table.size(0) == entries && table.size(1) == 2,
+              op, ": table must be the contiguous fp32 signed table [2^(table_bits+1), 2] (tcq_kernel_table; "
+              "table_bits 0: the 1mad code, an empty [0, 2] table), got ", table.scalar_type(), " ", table.sizes());
   TORCH_CHECK(codes.scalar_type() == at::kInt && codes.dim() == 3 && codes.size(2) == 4 * shift_bits, op,
               ": codes must be int32 [N/16, K/16, ", 4 * shift_bits, "], got ", codes.scalar_type(), " ", codes.sizes());
   TORCH_CHECK(codes.device().is_cpu() && table.device().is_cpu(), op, " (CPU kernel): all tensors must be on the CPU");

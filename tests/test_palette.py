@@ -8,7 +8,7 @@ import torch
 import torch_lowbit as tl
 from torch_lowbit.formats import gaussian_codebooks as gc
 from torch_lowbit.tools import gen_palette_tables
-from torch_lowbit.formats.gaussian import NUQ, VQ
+from torch_lowbit.formats.gaussian import NUQ, TCQ, VQ, HalfTCQ
 from torch_lowbit.ops.library import cpu_extension
 
 from conftest import assert_matches_product, tiny_llama
@@ -244,10 +244,12 @@ def test_codebook_kernel_matches_its_definition(dim, bits, path):
             assert_matches_product(y, x, w, bias, msg=path)
 
 
-@pytest.mark.parametrize("fmt", ["tcq1.5", "tcq2", "tcq2.5", "tcq4", "tcq5"])
+@pytest.mark.parametrize("fmt", ["tcq1.5", "tcq2", "tcq2.5", "tcq4", "tcq5", "tcq1.5_1mad", "tcq2_1mad",
+                                 "tcq3.5_1mad", "tcq5_1mad"])
 @pytest.mark.parametrize("path", ["scalar", "avx2", "avx512"])
 def test_tcq_kernel_matches_the_reference_decoder(fmt, path):
-    """Random code words (every state pattern, both halves of the signed table), tail-biting wrap."""
+    """Random code words (every state pattern, both halves of the signed table or the 1mad code's
+    computed values), tail-biting wrap."""
     from torch_lowbit.formats import tcq
     if path not in cpu_extension().available_cpu_paths():
         pytest.skip(f"CPU path {path} not available")
@@ -257,7 +259,7 @@ def test_tcq_kernel_matches_the_reference_decoder(fmt, path):
     codes = torch.randint(-2**31, 2**31 - 1, (n // 16, k // 16, 4 * s), generator=gen, dtype=torch.int64).to(torch.int32)
     scales = torch.rand(n, generator=gen).add(0.5).half()
     w = f.dequantize_rotated({"codes": codes, "row_scales": scales})
-    args = (tcq.tcq_signed_table(f.bits), tcq.tcq_table_bits(f.bits), s, scales)
+    args = (tcq.tcq_kernel_table(f.bits, f.code), tcq.tcq_kernel_table_bits(f.bits, f.code), s, scales)
     with tl.use_backend("cpu", path="scalar"):
         scalar = torch.ops.torch_lowbit.tcq_dequantize(codes, *args)
     with tl.use_backend("cpu", path=path):
@@ -281,6 +283,59 @@ def test_signed_table_is_the_hybrid_code():
         assert torch.equal(tcq.tcq_signed_table(bits)[idx], tcq.tcq_state_values(bits))
 
 
+def test_mad_code_is_the_documented_formula():
+    """The 1mad code's values, recomputed here from its definition; the kernels (csrc/common/palette.h)
+    transcribe the same constants, which the kernel tests check through the decoded weights."""
+    from torch_lowbit.formats import tcq
+    state = torch.arange(1 << 16, dtype=torch.int64)
+    expect = []
+    for a, b in [(34038481, 76625530), (3188803409, 1013904223)]:
+        z = (a * state + b) % 2**32
+        expect.append((z % 256 + z // 256 % 256 + z // 65536 % 256 + z // 2**24 - 510) / 128)
+    assert torch.equal(tcq.mad_code_values(), torch.stack(expect, 1).float())
+    # near-Gaussian, uncorrelated coordinates; the Viterbi targets are 1 / 0.9 of unit RMS
+    values = tcq.tcq_state_values(2.0, "1mad").double()
+    assert abs(float(values.square().mean().sqrt()) - 1 / 0.9) < 1e-6
+    assert abs(float(torch.corrcoef(values.T)[0, 1])) < 0.01
+
+
+def test_tcq_1mad_format_names_and_errors():
+    f = tl.get_format("tcq2_1mad")
+    assert (f.bits, f.code, f.name) == (2.0, "1mad", "tcq2_1mad")
+    assert HalfTCQ(bits=2.25, code="1mad").name == "tcq2.25_1mad"
+    with pytest.raises(ValueError, match="code must be one of"):
+        TCQ(bits=2.0, code="3inst")
+    with pytest.raises(ValueError, match="code must be one of"):
+        HalfTCQ(bits=2.25, code="lut")
+
+
+@pytest.mark.parametrize("fmt", ["tcq2_1mad", "tcq2.25_1mad"])
+def test_tcq_1mad_layer_round_trip(fmt, tmp_path):
+    """A QuantLinear in the 1mad code (half-TCQ: both halves) runs the kernels, matches its reference
+    dequantization, beats the hybrid code's error on Gaussian weights and survives save / load."""
+    f = tl.get_format(fmt) if fmt in tl.formats() else HalfTCQ(bits=2.25, code="1mad")
+    hyb = tl.get_format(fmt.replace("_1mad", ""))
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    lin = torch.nn.Linear(512, 48)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(48, 512, generator=gen) * 0.02)
+    q = tl.QuantLinear.from_linear(lin, f)
+    assert q.layout.name == "palette_packed"
+    w = q.dequantize()
+    err = float((w - lin.weight).square().mean() / lin.weight.square().mean())
+    err_hyb = float((tl.QuantLinear.from_linear(lin, hyb).dequantize() - lin.weight).square().mean()
+                    / lin.weight.square().mean())
+    assert err < 1.03 * err_hyb and err < 0.08
+    x = torch.randn(3, 512, generator=gen)
+    with torch.no_grad():
+        y = q(x)
+        assert_matches_product(y, x, w, lin.bias, msg=fmt)
+        model = torch.nn.Sequential(q)
+        tl.save_quantized(model, tmp_path / "m.safetensors")
+        loaded = tl.load_quantized(torch.nn.Sequential(torch.nn.Linear(512, 48)), tmp_path / "m.safetensors")
+        assert loaded[0].fmt == f and torch.equal(loaded[0](x), y)
+
+
 def test_palette_kernel_ops_reject_bad_input():
     from torch_lowbit.formats import tcq
     ops = torch.ops.torch_lowbit
@@ -298,6 +353,8 @@ def test_palette_kernel_ops_reject_bad_input():
         ops.tcq_linear(torch.randn(1, 32), codes, tcq.tcq_scaled_table(2.0), 9, 4, torch.ones(16).half(), None)
     with pytest.raises(RuntimeError, match="features but the weight has K=32"):
         ops.tcq_linear(torch.randn(1, 48), codes, tcq.tcq_signed_table(2.0), 9, 4, torch.ones(16).half(), None)
+    with pytest.raises(RuntimeError, match="the 1mad code, an empty"):  # table_bits 0 takes no table
+        ops.tcq_linear(torch.randn(1, 32), codes, tcq.tcq_signed_table(2.0), 0, 4, torch.ones(16).half(), None)
 
 
 def test_palette_packed_ops_compile_fullgraph():

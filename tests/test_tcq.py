@@ -131,7 +131,7 @@ def test_gpu_route_runs_the_reference_in_bounded_slices(bits, monkeypatch):
     monkeypatch.setattr(tcq, "VITERBI_DEVICE_BYTES", 3 * tcq.viterbi_bytes_per_sequence(bits))
     calls = []
     reference = tcq.tcq_viterbi_reference
-    monkeypatch.setattr(tcq, "tcq_viterbi_reference", lambda xs, b: calls.append(len(xs)) or reference(xs, b))
+    monkeypatch.setattr(tcq, "tcq_viterbi_reference", lambda xs, b, code="hyb": calls.append(len(xs)) or reference(xs, b, code))
     sliced = tcq._reference_in_slices(x, bits)
     assert calls == [3, 3, 2]
     assert torch.equal(sliced[0], whole[0]) and torch.equal(sliced[1], whole[1])
@@ -230,7 +230,7 @@ def test_bad_inputs_are_rejected():
 def test_op_checks_its_arguments():
     op = tcq._extension_viterbi  # loads the extension
     values = tcq.tcq_state_values(2.0)
-    op(torch.randn(1, 256), 2.0)
+    op(torch.randn(1, 256), 2.0, "hyb")
     viterbi = torch.ops.torch_lowbit.tcq_viterbi
     with pytest.raises(RuntimeError, match="shift_bits must be in 3..10"):
         viterbi(torch.randn(1, 256), values, 11)

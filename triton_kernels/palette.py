@@ -42,10 +42,17 @@ import torch
 import triton
 import triton.language as tl
 
+from torch_lowbit.formats import tcq
+
 from .matmul import (WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _epilogue, _fma_or_dot, _k_slice, _lookup, _store_tile,
                      _tiles, _unit_words, _window, _bits_at, check_device, check_x, dequant_launch, derived, linear_launch,
                      pair_table)
 
+# The 1mad code's constants (formats/tcq.py); jit code reads only constexpr globals.
+_MAD_A0, _MAD_A1 = (tl.constexpr(a) for a in tcq.MAD_MULTIPLIERS)
+_MAD_B0, _MAD_B1 = (tl.constexpr(b) for b in tcq.MAD_INCREMENTS)
+_MAD_OFFSET = tl.constexpr(tcq.MAD_OFFSET)
+_MAD_UNIT = tl.constexpr(tcq.MAD_UNIT)
 STREAMS = 16  # bit streams per codebook row (palette.h kCodeStreams)
 TILE = 16  # TCQ tiles are 16 x 16 (palette.h kTcqTile)
 # nuq codes up to this wide are looked up two at a time in a 2^(2 b)-entry pair table (8 B entries).
@@ -109,11 +116,28 @@ def _tcq_tile(codes_ptr, tbl_ptr, offs_n, k0, k_lim, N, KP, S: tl.constexpr, Q: 
     second = tl.load(base + (w + 1) % (4 * S), mask=mask, other=0,  # tail-biting
                      eviction_policy="evict_first").to(tl.uint32, bitcast=True)
     state = _window(first, second, (pos % 32).to(tl.uint32)) >> 16
+    if Q == 0:  # the computed 1mad code
+        w_even, w_odd = _mad_pair(state)
+        return tl.interleave(w_even, w_odd)
     h = (state * (state + 1)) & 0xFFFF
     idx = ((h >> (15 - Q)) & ((2 << Q) - 1)).to(tl.int32)
     # the table (2^(Q+1) x 2, 16-64 KiB) is too large to stage in registers: keep it in L1
     return tl.interleave(tl.load(tbl_ptr + 2 * idx, eviction_policy="evict_last"),
                          tl.load(tbl_ptr + 2 * idx + 1, eviction_policy="evict_last"))
+
+
+@triton.jit
+def _mad_coordinate(state, a: tl.constexpr, b: tl.constexpr):
+    """(bytesum((a * state + b) mod 2^32) - 510) / 128: one coordinate of the 1mad code (formats/tcq.py)."""
+    z = state.to(tl.uint32) * tl.full((), a, tl.uint32) + tl.full((), b, tl.uint32)  # mod 2^32
+    total = (z & 0xFF) + ((z >> 8) & 0xFF) + ((z >> 16) & 0xFF) + (z >> 24)
+    return (total.to(tl.int32) - _MAD_OFFSET).to(tl.float32) * _MAD_UNIT
+
+
+@triton.jit
+def _mad_pair(state):
+    """The 1mad code's two weights of a 16-bit state (uint32)."""
+    return _mad_coordinate(state, _MAD_A0, _MAD_B0), _mad_coordinate(state, _MAD_A1, _MAD_B1)
 
 
 @triton.jit
@@ -252,8 +276,11 @@ def _tcq_part_mac(acc, x_ptr, x_rows, m_ok, codes_ptr, tbl_ptr, offs_n, k_begin,
         x_ok = m_ok & (kt < (k_end - col0) // 16)[None, :]
         for i in tl.static_range(8):
             state = _state_at(a0, a1, a2, a3, i * S)
-            idx = ((state * (state + 1)) >> (15 - Q)) & ((2 << Q) - 1)
-            w_even, w_odd = _pair_at(tbl_ptr, idx.to(tl.int32))
+            if Q == 0:  # the computed 1mad code
+                w_even, w_odd = _mad_pair(state)
+            else:
+                idx = ((state * (state + 1)) >> (15 - Q)) & ((2 << Q) - 1)
+                w_even, w_odd = _pair_at(tbl_ptr, idx.to(tl.int32))
             acc = _fma_or_dot(acc, tl.load(x_step + 2 * i, mask=x_ok, other=0.0), w_even, GEMV, DOT_FP32)
             acc = _fma_or_dot(acc, tl.load(x_step + 2 * i + 1, mask=x_ok, other=0.0), w_odd, GEMV, DOT_FP32)
     return acc
@@ -354,11 +381,11 @@ def _tcq_part(op, codes, table, table_bits, shift_bits):
     """K of one TCQ code tensor, with clear errors."""
     if not 3 <= shift_bits <= 10:
         raise ValueError(f"{op} (triton): shift_bits must be 3..10 (tcq1.5 .. tcq5), got {shift_bits}")
-    if not 1 <= table_bits <= 15 or table.dtype != torch.float32 \
-            or tuple(table.shape) != (2 ** (table_bits + 1), 2):
+    if not 0 <= table_bits <= 15 or table.dtype != torch.float32 \
+            or tuple(table.shape) != tcq.kernel_table_shape(table_bits):
         raise ValueError(f"{op} (triton): table must be the fp32 signed table [2^(table_bits+1), 2] "
-                         f"(formats.tcq.tcq_signed_table), got {table.dtype} {tuple(table.shape)} for "
-                         f"table_bits={table_bits}")
+                         f"(formats.tcq.tcq_kernel_table; table_bits 0: the 1mad code, [0, 2]), got "
+                         f"{table.dtype} {tuple(table.shape)} for table_bits={table_bits}")
     if codes.dtype != torch.int32 or codes.dim() != 3 or codes.shape[2] != 4 * shift_bits:
         raise ValueError(f"{op} (triton): codes must be int32 [N/16, K/16, {4 * shift_bits}], got {codes.dtype} "
                          f"{tuple(codes.shape)}")

@@ -14,10 +14,13 @@
 // state is the stream's window at bit t * s (wrapping: tail-biting). Its 2-D value comes from QTIP's
 // hybrid code: h = state * (state + 1) mod 2^16, entry (h >> (15 - Q)) mod 2^Q of the 2^Q x 2 table,
 // first coordinate negated when bit 15 of h is set (kernels read the signed table: tcq_signed_table).
+// Or (table_bits == kTcqMadTableBits, no table) the computed 1mad code: coordinate c of the value is
+// (bytesum((A_c state + B_c) mod 2^32) - 510) / 128 (tcq_mad_coordinate).
 #pragma once
 #include <c10/util/Half.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace torch_lowbit {
 
@@ -46,13 +49,52 @@ inline uint32_t tcq_state(const uint32_t* seq, int count, int t, int shift) {
   return v >> 16;
 }
 
-// The hybrid code: state -> (x, y) from the signed table [2^(Q+1), 2] (interleaved): entries
+// TCQ's computed 1mad code (torch_lowbit/formats/tcq.py: MAD_* constants, which tests pin these to).
+constexpr int kTcqMadTableBits = 0;
+constexpr uint32_t kTcqMadMultipliers[2] = {34038481u, 3188803409u};
+constexpr uint32_t kTcqMadIncrements[2] = {76625530u, 1013904223u};
+constexpr int kTcqMadOffset = 510;
+constexpr float kTcqMadUnit = 1.f / 128;
+
+// The sum of the four bytes of (A_c state + B_c) mod 2^32 (0 .. 1020).
+inline int tcq_mad_bytesum(uint32_t state, int c) {
+  const uint32_t z = kTcqMadMultipliers[c] * state + kTcqMadIncrements[c];
+  return static_cast<int>((z & 0xFF) + ((z >> 8) & 0xFF) + ((z >> 16) & 0xFF) + (z >> 24));
+}
+
+inline float tcq_mad_coordinate(uint32_t state, int c) {
+  return static_cast<float>(tcq_mad_bytesum(state, c) - kTcqMadOffset) * kTcqMadUnit;  // exact
+}
+
+// state -> (x, y). The hybrid code reads the signed table [2^(Q+1), 2] (interleaved): entries
 // 2^Q + e are entries e with x negated, so bit 15 of h (the sign) is just the index's top bit.
 inline void tcq_value(const float* signed_table, int table_bits, uint32_t state, float& x, float& y) {
+  if (table_bits == kTcqMadTableBits) {
+    x = tcq_mad_coordinate(state, 0);
+    y = tcq_mad_coordinate(state, 1);
+    return;
+  }
   const uint32_t h = (state * (state + 1)) & 0xFFFF;
   const uint32_t idx = (h >> (15 - table_bits)) & ((2u << table_bits) - 1);
   x = signed_table[2 * idx];
   y = signed_table[2 * idx + 1];
+}
+
+// The 1mad GEMVs' order of x': per 16-column tile, its 8 even columns, then its 8 odd ones (a tile
+// row's first coordinates, then its second ones); sums[m] = the sum of token m's x' (the vector
+// kernels subtract the byte sums' offset once per row: sum_k x'_k (S_k - 510) = sum_k x'_k S_k - 510 sum_k x'_k).
+inline void tcq_split_columns(const float* x, int64_t M, int64_t K, float* split, float* sums) {
+  for (int64_t m = 0; m < M; ++m) {
+    double total = 0;
+    for (int64_t k0 = 0; k0 < K; k0 += kTcqTile)
+      for (int j = 0; j < kTcqTile / 2; ++j) {
+        const float even = x[m * K + k0 + 2 * j], odd = x[m * K + k0 + 2 * j + 1];
+        split[m * K + k0 + j] = even;
+        split[m * K + k0 + kTcqTile / 2 + j] = odd;
+        total += static_cast<double>(even) + odd;
+      }
+    sums[m] = static_cast<float>(total);
+  }
 }
 
 struct CodebookWeights {
@@ -69,8 +111,8 @@ struct CodebookWeights {
 struct TcqWeights {
   const uint32_t* words;  // [N / 16, K / 16, 4 * shift]
   int shift;              // s = 2 * bits, 3..10
-  int table_bits;         // Q
-  const float* table;     // signed table [2^(Q+1), 2] interleaved (see tcq_value)
+  int table_bits;         // Q; kTcqMadTableBits: the computed 1mad code
+  const float* table;     // signed table [2^(Q+1), 2] interleaved (see tcq_value); unused by 1mad
   const c10::Half* scales;  // [N]
   const float* bias;      // [N] or nullptr
   int64_t N, K;

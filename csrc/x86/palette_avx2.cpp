@@ -10,7 +10,11 @@
 // TCQ: tile row r is steps 8 r .. 8 r + 7. Their 16-bit windows lie in at most four consecutive
 // words, so one masked 8-word load (the sequence's first word blended in where the tail-biting
 // window wraps), two vpermd and a variable shift pair give the states; the hash is a 16-bit
-// multiply; two 64-bit gathers fetch the (x, y) pairs of the row in column order.
+// multiply; two 64-bit gathers fetch the (x, y) pairs of the row in column order. The 1mad code
+// instead computes both coordinates of the 8 states: a 32-bit multiply-add each, then vpmaddubsw and
+// vpmaddwd with ones sum the four bytes. Its GEMV reads x' reordered per 16-column tile (even columns,
+// then odd ones: tcq_split_columns), so the 8 first and 8 second coordinates multiply x' unshuffled,
+// and subtracts the byte sums' offset 510 once per row through the token's sum of x'.
 #if defined(TORCH_LOWBIT_X86)
 #include "x86/palette_avx2_codebook.h"
 
@@ -76,6 +80,8 @@ struct TcqLanes {
   alignas(32) int32_t avail[16][8];   // lanes base + k < count
   alignas(32) int32_t wrap[16][8];    // the lane base + k == count: holds word 0
   int base[16];
+  bool wraps[16];  // the row's windows read the wrap lane (else the lanes past the sequence go unused)
+  bool two_words[16];  // every window of the row lies in words base and base + 1 (tcq2: every row)
 };
 
 TcqLanes tcq_lanes(int shift) {
@@ -84,6 +90,8 @@ TcqLanes tcq_lanes(int shift) {
   for (int r = 0; r < 16; ++r) {
     const int base = (8 * r * shift) >> 5;
     k.base[r] = base;
+    k.wraps[r] = (8 * r + 7) * shift + 16 > 32 * (count - 1);  // the last window reaches word count - 1 + 1
+    k.two_words[r] = !k.wraps[r] && (((8 * r + 7) * shift) >> 5) == base;
     for (int l = 0; l < 8; ++l) {
       const int p = (8 * r + l) * shift, w = p >> 5;
       k.first[r][l] = w - base;
@@ -112,25 +120,76 @@ TcqContext tcq_context(const TcqWeights& w) {
 struct TcqRowLanes {
   __m256i first, second, shl, shr, avail, wrap, index_mask;
   int base;
+  bool wraps, two_words;
 };
+
+// How a row's sequence words reach the lanes (tcq_row_states).
+enum TcqLoad { kMaskedLoad, kPlainLoad, kTwoWords };
 
 TLB_AVX2 inline __m256i load_lanes(const int32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
 
 TLB_AVX2 inline TcqRowLanes row_lanes(const TcqContext& ctx, int r, int table_bits) {
   const auto ld = load_lanes;
   return {ld(ctx.k.first[r]), ld(ctx.k.second[r]), ld(ctx.k.shl[r]), ld(ctx.k.shr[r]), ld(ctx.k.avail[r]),
-          ld(ctx.k.wrap[r]), _mm256_set1_epi32((2 << table_bits) - 1), ctx.k.base[r]};
+          ld(ctx.k.wrap[r]), _mm256_set1_epi32((2 << table_bits) - 1), ctx.k.base[r], ctx.k.wraps[r],
+          ctx.k.two_words[r]};
+}
+
+// The 16-bit states of tile row r (steps 8 r .. 8 r + 7) of sequence `seq`. kMaskedLoad: any row.
+// kPlainLoad: 8 words unmasked, for rows that do not wrap in sequences followed by another one of the
+// band (the lanes past the sequence's end then hold the next sequence's words, which no window reads).
+// kTwoWords: rows whose windows all lie in words base and base + 1 (broadcast loads, no vpermd).
+template <TcqLoad kLoad = kMaskedLoad>
+TLB_AVX2 TLB_INLINE __m256i tcq_row_states(const int32_t* seq, const TcqRowLanes& L) {
+  __m256i first, second;
+  if constexpr (kLoad == kTwoWords) {
+    first = _mm256_set1_epi32(seq[L.base]);
+    second = _mm256_set1_epi32(seq[L.base + 1]);
+  } else {
+    __m256i words;
+    if constexpr (kLoad == kPlainLoad) {
+      words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(seq + L.base));
+    } else {
+      words = _mm256_maskload_epi32(seq + L.base, L.avail);
+      words = _mm256_blendv_epi8(words, _mm256_set1_epi32(seq[0]), L.wrap);
+    }
+    first = _mm256_permutevar8x32_epi32(words, L.first);
+    second = _mm256_permutevar8x32_epi32(words, L.second);
+  }
+  const __m256i hi = _mm256_sllv_epi32(first, L.shl), lo = _mm256_srlv_epi32(second, L.shr);
+  return _mm256_srli_epi32(_mm256_or_si256(hi, lo), 16);
+}
+
+// The 1mad code of 8 states: bytesum((A_c state + B_c) mod 2^32) per lane, coordinate c = 0 in s0,
+// 1 in s1 (the value is (sum - 510) / 128, palette.h).
+TLB_AVX2 TLB_INLINE void tcq_mad_sums(__m256i state, __m256i& s0, __m256i& s1) {
+  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  const __m256i z0 = _mm256_add_epi32(_mm256_mullo_epi32(state, _mm256_set1_epi32(static_cast<int>(kTcqMadMultipliers[0]))),
+                                      _mm256_set1_epi32(static_cast<int>(kTcqMadIncrements[0])));
+  const __m256i z1 = _mm256_add_epi32(_mm256_mullo_epi32(state, _mm256_set1_epi32(static_cast<int>(kTcqMadMultipliers[1]))),
+                                      _mm256_set1_epi32(static_cast<int>(kTcqMadIncrements[1])));
+  s0 = _mm256_madd_epi16(_mm256_maddubs_epi16(z0, ones8), ones16);  // bytes (unsigned) times 1, pairs summed
+  s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(z1, ones8), ones16);
 }
 
 // Tile row r of sequence `seq`, unscaled: columns 0-7 in c0, 8-15 in c1. The signed table (palette.h)
-// makes the hybrid code one lookup: index = (h >> (15 - Q)) mod 2^(Q+1), bit Q being the sign.
+// makes the hybrid code one lookup: index = (h >> (15 - Q)) mod 2^(Q+1), bit Q being the sign. The
+// 1mad code's values are left in units of 1/128 (as integers; callers fold the unit into the scale).
+template <bool kMad, TcqLoad kLoad = kMaskedLoad>
 TLB_AVX2 TLB_INLINE void tcq_row(const int32_t* seq, const TcqRowLanes& L, const long long* table, __m128i hash_shift,
                                  __m256& c0, __m256& c1) {
-  __m256i words = _mm256_maskload_epi32(seq + L.base, L.avail);
-  words = _mm256_blendv_epi8(words, _mm256_set1_epi32(seq[0]), L.wrap);
-  const __m256i hi = _mm256_sllv_epi32(_mm256_permutevar8x32_epi32(words, L.first), L.shl);
-  const __m256i lo = _mm256_srlv_epi32(_mm256_permutevar8x32_epi32(words, L.second), L.shr);
-  const __m256i state = _mm256_srli_epi32(_mm256_or_si256(hi, lo), 16);
+  const __m256i state = tcq_row_states<kLoad>(seq, L);
+  if constexpr (kMad) {
+    __m256i s0, s1;
+    tcq_mad_sums(state, s0, s1);
+    const __m256i offset = _mm256_set1_epi32(kTcqMadOffset);
+    const __m256 v0 = _mm256_cvtepi32_ps(_mm256_sub_epi32(s0, offset));
+    const __m256 v1 = _mm256_cvtepi32_ps(_mm256_sub_epi32(s1, offset));
+    const __m256 lo = _mm256_unpacklo_ps(v0, v1), hi = _mm256_unpackhi_ps(v0, v1);  // steps 0,1,4,5 | 2,3,6,7
+    c0 = _mm256_permute2f128_ps(lo, hi, 0x20);
+    c1 = _mm256_permute2f128_ps(lo, hi, 0x31);
+    return;
+  }
   // state (state + 1) mod 2^16 in 16-bit lanes: the high halves multiply 0 by 0 or 1
   const __m256i h = _mm256_mullo_epi16(state, _mm256_add_epi32(state, _mm256_set1_epi32(1)));
   const __m256i index = _mm256_and_si256(_mm256_srl_epi32(h, hash_shift), L.index_mask);
@@ -139,28 +198,51 @@ TLB_AVX2 TLB_INLINE void tcq_row(const int32_t* seq, const TcqRowLanes& L, const
 }
 
 // Band b for tokens [m0, m0 + MB), one tile row at a time over all tiles (the band's codes are
-// re-read from L1/L2 per row, from DRAM once).
-template <int MB>
-TLB_AVX2 void tcq_band(const TcqWeights& w, const TcqContext& ctx, const float* x, int64_t m0, int64_t b, float* out) {
+// re-read from L1/L2 per row, from DRAM once). The 1mad code (kMad): x holds each tile's even columns
+// then its odd ones (tcq_split_columns), x_sums each token's sum of x'.
+template <int MB, bool kMad>
+TLB_AVX2 void tcq_band(const TcqWeights& w, const TcqContext& ctx, const float* x, const float* x_sums, int64_t m0,
+                       int64_t b, float* out) {
   const int64_t tiles = w.K / kTcqTile;
   const int32_t* band = reinterpret_cast<const int32_t*>(w.words + b * tiles * ctx.count);
   for (int r = 0; r < kTcqTile; ++r) {
     const TcqRowLanes L = row_lanes(ctx, r, w.table_bits);
     __m256 acc0[MB], acc1[MB];
     for (int m = 0; m < MB; ++m) acc0[m] = acc1[m] = _mm256_setzero_ps();
-    const int32_t* seq = band;
-    const float* xt = x + m0 * w.K;
-    for (int64_t t = 0; t < tiles; ++t, seq += ctx.count, xt += kTcqTile) {
-      __m256 c0, c1;
-      tcq_row(seq, L, ctx.table, ctx.hash_shift, c0, c1);
-      for (int m = 0; m < MB; ++m) {
-        acc0[m] = _mm256_fmadd_ps(c0, _mm256_loadu_ps(xt + m * w.K), acc0[m]);
-        acc1[m] = _mm256_fmadd_ps(c1, _mm256_loadu_ps(xt + m * w.K + 8), acc1[m]);
+    const auto tiles_from = [&](auto load, int64_t t0, int64_t t1) TLB_AVX2 {
+      constexpr TcqLoad kLoad = decltype(load)::value;
+      const int32_t* seq = band + t0 * ctx.count;
+      const float* xt = x + m0 * w.K + t0 * kTcqTile;
+      for (int64_t t = t0; t < t1; ++t, seq += ctx.count, xt += kTcqTile) {
+        __m256 c0, c1;
+        if constexpr (kMad) {  // byte sums, offset not subtracted: first coordinates, then second ones
+          __m256i s0, s1;
+          tcq_mad_sums(tcq_row_states<kLoad>(seq, L), s0, s1);
+          c0 = _mm256_cvtepi32_ps(s0);
+          c1 = _mm256_cvtepi32_ps(s1);
+        } else {
+          tcq_row<false, kLoad>(seq, L, ctx.table, ctx.hash_shift, c0, c1);
+        }
+        for (int m = 0; m < MB; ++m) {
+          acc0[m] = _mm256_fmadd_ps(c0, _mm256_loadu_ps(xt + m * w.K), acc0[m]);
+          acc1[m] = _mm256_fmadd_ps(c1, _mm256_loadu_ps(xt + m * w.K + 8), acc1[m]);
+        }
       }
+    };
+    if (L.two_words) {
+      tiles_from(std::integral_constant<TcqLoad, kTwoWords>{}, 0, tiles);
+    } else {  // the band's last sequence may end the tensor: masked loads there
+      const int64_t plain_tiles = L.wraps ? 0 : tiles - 1;
+      tiles_from(std::integral_constant<TcqLoad, kPlainLoad>{}, 0, plain_tiles);
+      tiles_from(std::integral_constant<TcqLoad, kMaskedLoad>{}, plain_tiles, tiles);
     }
     const int64_t n = b * kTcqTile + r;
     const float scale = static_cast<float>(w.scales[n]), bias = w.bias ? w.bias[n] : 0.f;
-    for (int m = 0; m < MB; ++m) out[(m0 + m) * w.N + n] = horizontal_sum(_mm256_add_ps(acc0[m], acc1[m])) * scale + bias;
+    for (int m = 0; m < MB; ++m) {
+      const float dot = horizontal_sum(_mm256_add_ps(acc0[m], acc1[m]));
+      out[(m0 + m) * w.N + n] = kMad ? (dot - kTcqMadOffset * x_sums[m0 + m]) * (scale * kTcqMadUnit) + bias
+                                     : dot * scale + bias;
+    }
   }
 }
 
@@ -183,11 +265,23 @@ void codebook_decode_avx2(const CodebookWeights& w, int64_t n0, int64_t n1, floa
 
 void tcq_gemv_avx2(const TcqWeights& w, const float* x, int64_t M, int64_t b0, int64_t b1, float* out) {
   const TcqContext ctx = tcq_context(w);
+  if (w.table_bits == kTcqMadTableBits) {
+    std::vector<float> split(M * w.K), sums(M);
+    tcq_split_columns(x, M, w.K, split.data(), sums.data());
+    for (int64_t b = b0; b < b1; ++b)
+      for_token_blocks<kMaxTokenBlock>(M, [&](auto T, int64_t m0) {
+        tcq_band<decltype(T)::value, true>(w, ctx, split.data(), sums.data(), m0, b, out);
+      });
+    return;
+  }
   for (int64_t b = b0; b < b1; ++b)
-    for_token_blocks<kMaxTokenBlock>(M, [&](auto T, int64_t m0) { tcq_band<decltype(T)::value>(w, ctx, x, m0, b, out); });
+    for_token_blocks<kMaxTokenBlock>(M, [&](auto T, int64_t m0) {
+      tcq_band<decltype(T)::value, false>(w, ctx, x, nullptr, m0, b, out);
+    });
 }
 
-TLB_AVX2 void tcq_decode_avx2(const TcqWeights& w, int64_t b0, int64_t b1, float* dst) {
+template <bool kMad>
+TLB_AVX2 void tcq_decode_bands(const TcqWeights& w, int64_t b0, int64_t b1, float* dst) {
   const TcqContext ctx = tcq_context(w);
   const int64_t tiles = w.K / kTcqTile;
   for (int64_t b = b0; b < b1; ++b) {
@@ -195,16 +289,23 @@ TLB_AVX2 void tcq_decode_avx2(const TcqWeights& w, int64_t b0, int64_t b1, float
     const int32_t* first_seq = reinterpret_cast<const int32_t*>(w.words + b * tiles * ctx.count);
     for (int r = 0; r < kTcqTile; ++r) {
       const TcqRowLanes L = row_lanes(ctx, r, w.table_bits);
-      const __m256 scale = _mm256_set1_ps(static_cast<float>(w.scales[b * kTcqTile + r]));
+      const float row_scale = static_cast<float>(w.scales[b * kTcqTile + r]);
+      // 1mad: integer values times scale / 128, the same single rounding as value / 128 times scale
+      const __m256 scale = _mm256_set1_ps(kMad ? row_scale * kTcqMadUnit : row_scale);
       const int32_t* seq = first_seq;
       for (int64_t t = 0; t < tiles; ++t, seq += ctx.count) {
         __m256 c0, c1;
-        tcq_row(seq, L, ctx.table, ctx.hash_shift, c0, c1);
+        tcq_row<kMad>(seq, L, ctx.table, ctx.hash_shift, c0, c1);
         _mm256_storeu_ps(band + r * w.K + t * kTcqTile, _mm256_mul_ps(c0, scale));
         _mm256_storeu_ps(band + r * w.K + t * kTcqTile + 8, _mm256_mul_ps(c1, scale));
       }
     }
   }
+}
+
+void tcq_decode_avx2(const TcqWeights& w, int64_t b0, int64_t b1, float* dst) {
+  if (w.table_bits == kTcqMadTableBits) return tcq_decode_bands<true>(w, b0, b1, dst);
+  tcq_decode_bands<false>(w, b0, b1, dst);
 }
 
 }  // namespace torch_lowbit

@@ -8,7 +8,10 @@
 // TCQ: per 16 steps (two tile rows) one vpermi2b (a second register holds the sequence start for
 // the tail-biting wrap) and one shift give the states, the hybrid code's hash is a multiply and a
 // shift, and one 64-bit gather per tile row fetches (x, y) pairs already in column order (the
-// gathers bound the speed: ~1 element per cycle on Zen 4).
+// gathers bound the speed: ~1 element per cycle on Zen 4). The 1mad code computes the values instead
+// (a multiply-add per coordinate, byte sums by vpmaddubsw / vpmaddwd with ones); its GEMV reads x'
+// in the split column order of palette.h (tcq_split_columns), so each row's 8 first and 8 second
+// coordinates meet x' after one 128-bit-block shuffle.
 #if defined(TORCH_LOWBIT_X86)
 #include <immintrin.h>
 
@@ -251,13 +254,40 @@ TcqLanes tcq_lanes(int shift) {
 // Tile rows 2i and 2i + 1 (steps 16 i .. 16 i + 15) of one sequence, unscaled: `a` is the sequence
 // from byte base[i] on, `start` its first bytes. The signed table (palette.h) makes the hybrid code
 // one lookup: index = (h >> (15 - Q)) mod 2^(Q+1), bit Q being the sign.
+TLB_AVX512 inline __m512i tcq_states(__m512i a, __m512i start, __m512i bytes, __m512i shr) {
+  return _mm512_srlv_epi32(_mm512_permutex2var_epi8(a, bytes, start), shr);
+}
+
 TLB_AVX512 inline void tcq_row_pair(__m512i a, __m512i start, __m512i bytes, __m512i shr, const long long* table,
                                     __m128i hash_shift, __m512i index_mask, __m512& r0, __m512& r1) {
-  const __m512i state = _mm512_srlv_epi32(_mm512_permutex2var_epi8(a, bytes, start), shr);
+  const __m512i state = tcq_states(a, start, bytes, shr);
   const __m512i h = _mm512_mullo_epi32(state, _mm512_add_epi32(state, _mm512_set1_epi32(1)));  // mod 2^16 below
   const __m512i index = _mm512_and_si512(_mm512_srl_epi32(h, hash_shift), index_mask);
   r0 = _mm512_castsi512_ps(_mm512_i32gather_epi64(_mm512_castsi512_si256(index), table, 8));
   r1 = _mm512_castsi512_ps(_mm512_i32gather_epi64(_mm512_extracti64x4_epi64(index, 1), table, 8));
+}
+
+// The 1mad code's byte sums (palette.h) of 16 states given with stream bits above bit 15.
+TLB_AVX512 inline void tcq_mad_sums(__m512i raw_state, __m512i& s0, __m512i& s1) {
+  const __m512i state = _mm512_and_si512(raw_state, _mm512_set1_epi32(0xFFFF));
+  const __m512i ones8 = _mm512_set1_epi8(1), ones16 = _mm512_set1_epi16(1);
+  const __m512i z0 = _mm512_add_epi32(_mm512_mullo_epi32(state, _mm512_set1_epi32(static_cast<int>(kTcqMadMultipliers[0]))),
+                                      _mm512_set1_epi32(static_cast<int>(kTcqMadIncrements[0])));
+  const __m512i z1 = _mm512_add_epi32(_mm512_mullo_epi32(state, _mm512_set1_epi32(static_cast<int>(kTcqMadMultipliers[1]))),
+                                      _mm512_set1_epi32(static_cast<int>(kTcqMadIncrements[1])));
+  s0 = _mm512_madd_epi16(_mm512_maddubs_epi16(z0, ones8), ones16);
+  s1 = _mm512_madd_epi16(_mm512_maddubs_epi16(z1, ones8), ones16);
+}
+
+// Tile rows 2i and 2i + 1 in the 1mad code, unscaled, values in units of 1/128, column order.
+TLB_AVX512 inline void tcq_mad_row_pair(__m512i a, __m512i start, __m512i bytes, __m512i shr, __m512& r0, __m512& r1) {
+  __m512i s0, s1;
+  tcq_mad_sums(tcq_states(a, start, bytes, shr), s0, s1);
+  const __m512i offset = _mm512_set1_epi32(kTcqMadOffset);
+  const __m512 v0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(s0, offset)), v1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(s1, offset));
+  const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  r0 = _mm512_permutex2var_ps(v0, lo, v1);  // steps 0..7: x0 y0 x1 y1 ..
+  r1 = _mm512_permutex2var_ps(v0, _mm512_add_epi32(lo, _mm512_set1_epi32(8)), v1);  // steps 8..15
 }
 
 struct TcqContext {
@@ -275,9 +305,11 @@ TcqContext tcq_context(const TcqWeights& w) {
 // Band b for tokens [m0, m0 + MB), one row pair at a time over all tiles: the pair's lane constants
 // stay in registers and 2 MB accumulators suffice (the band's codes, 16 s bytes per tile, are re-read
 // from L1/L2 for each pair, from DRAM once).
-template <int MB>
-TLB_AVX512 void tcq_band(const TcqWeights& w, const TcqContext& ctx, const float* x, int64_t m0, int64_t b,
-                         float* out) {
+// The 1mad code (kMad): x holds each tile's even columns then its odd ones (tcq_split_columns),
+// x_sums each token's sum of x'.
+template <int MB, bool kMad>
+TLB_AVX512 void tcq_band(const TcqWeights& w, const TcqContext& ctx, const float* x, const float* x_sums, int64_t m0,
+                         int64_t b, float* out) {
   const int64_t tiles = w.K / kTcqTile, seq_bytes = 4 * ctx.count;
   const __m512i index_mask = _mm512_set1_epi32((2 << w.table_bits) - 1);
   const uint8_t* band = reinterpret_cast<const uint8_t*>(w.words + b * tiles * ctx.count);
@@ -291,8 +323,15 @@ TLB_AVX512 void tcq_band(const TcqWeights& w, const TcqContext& ctx, const float
     const float* xt = x + m0 * w.K;
     for (int64_t t = 0; t < tiles; ++t, seq += seq_bytes, xt += kTcqTile) {
       __m512 r0, r1;
-      tcq_row_pair(_mm512_maskz_loadu_epi8(avail, seq + base), _mm512_maskz_loadu_epi8(start_bytes, seq), bytes, shr,
-                   ctx.table, ctx.hash_shift, index_mask, r0, r1);
+      const __m512i a = _mm512_maskz_loadu_epi8(avail, seq + base), start = _mm512_maskz_loadu_epi8(start_bytes, seq);
+      if constexpr (kMad) {  // byte sums, offset not subtracted; row 2i: lanes 0-7 of both coordinates
+        __m512i s0, s1;
+        tcq_mad_sums(tcq_states(a, start, bytes, shr), s0, s1);
+        r0 = _mm512_cvtepi32_ps(_mm512_shuffle_i32x4(s0, s1, 0x44));
+        r1 = _mm512_cvtepi32_ps(_mm512_shuffle_i32x4(s0, s1, 0xEE));
+      } else {
+        tcq_row_pair(a, start, bytes, shr, ctx.table, ctx.hash_shift, index_mask, r0, r1);
+      }
       for (int m = 0; m < MB; ++m) {
         const __m512 xv = _mm512_loadu_ps(xt + m * w.K);
         acc0[m] = _mm512_fmadd_ps(r0, xv, acc0[m]);
@@ -302,7 +341,8 @@ TLB_AVX512 void tcq_band(const TcqWeights& w, const TcqContext& ctx, const float
     for (int m = 0; m < MB; ++m)
       for (int r = 0; r < 2; ++r) {
         const int64_t n = b * kTcqTile + 2 * i + r;
-        out[(m0 + m) * w.N + n] = _mm512_reduce_add_ps(r ? acc1[m] : acc0[m]) * static_cast<float>(w.scales[n]) +
+        const float dot = _mm512_reduce_add_ps(r ? acc1[m] : acc0[m]), scale = static_cast<float>(w.scales[n]);
+        out[(m0 + m) * w.N + n] = (kMad ? (dot - kTcqMadOffset * x_sums[m0 + m]) * (scale * kTcqMadUnit) : dot * scale) +
                                   (w.bias ? w.bias[n] : 0.f);
       }
   }
@@ -325,11 +365,23 @@ void codebook_decode_avx512(const CodebookWeights& w, int64_t n0, int64_t n1, fl
 
 void tcq_gemv_avx512(const TcqWeights& w, const float* x, int64_t M, int64_t b0, int64_t b1, float* out) {
   const TcqContext ctx = tcq_context(w);
+  if (w.table_bits == kTcqMadTableBits) {
+    std::vector<float> split(M * w.K), sums(M);
+    tcq_split_columns(x, M, w.K, split.data(), sums.data());
+    for (int64_t b = b0; b < b1; ++b)
+      for_token_blocks<kMaxTokenBlock>(M, [&](auto T, int64_t m0) {
+        tcq_band<decltype(T)::value, true>(w, ctx, split.data(), sums.data(), m0, b, out);
+      });
+    return;
+  }
   for (int64_t b = b0; b < b1; ++b)
-    for_token_blocks<kMaxTokenBlock>(M, [&](auto T, int64_t m0) { tcq_band<decltype(T)::value>(w, ctx, x, m0, b, out); });
+    for_token_blocks<kMaxTokenBlock>(M, [&](auto T, int64_t m0) {
+      tcq_band<decltype(T)::value, false>(w, ctx, x, nullptr, m0, b, out);
+    });
 }
 
 TLB_AVX512 void tcq_decode_avx512(const TcqWeights& w, int64_t b0, int64_t b1, float* dst) {
+  const bool mad = w.table_bits == kTcqMadTableBits;
   const TcqContext ctx = tcq_context(w);
   const int64_t tiles = w.K / kTcqTile, seq_bytes = 4 * ctx.count;
   const __m512i index_mask = _mm512_set1_epi32((2 << w.table_bits) - 1);
@@ -337,13 +389,17 @@ TLB_AVX512 void tcq_decode_avx512(const TcqWeights& w, int64_t b0, int64_t b1, f
     float* band = dst + (b - b0) * kTcqTile * w.K;
     for (int i = 0; i < 8; ++i) {
       const __m512i bytes = _mm512_load_si512(ctx.k.bytes[i]), shr = _mm512_load_si512(ctx.k.shr[i]);
-      const __m512 s0 = _mm512_set1_ps(static_cast<float>(w.scales[b * kTcqTile + 2 * i]));
-      const __m512 s1 = _mm512_set1_ps(static_cast<float>(w.scales[b * kTcqTile + 2 * i + 1]));
+      // 1mad: integer values times scale / 128, the same single rounding as value / 128 times scale
+      const float unit = mad ? kTcqMadUnit : 1.f;
+      const __m512 s0 = _mm512_set1_ps(static_cast<float>(w.scales[b * kTcqTile + 2 * i]) * unit);
+      const __m512 s1 = _mm512_set1_ps(static_cast<float>(w.scales[b * kTcqTile + 2 * i + 1]) * unit);
       const uint8_t* seq = reinterpret_cast<const uint8_t*>(w.words + b * tiles * ctx.count);
       for (int64_t t = 0; t < tiles; ++t, seq += seq_bytes) {
         __m512 r0, r1;
-        tcq_row_pair(_mm512_maskz_loadu_epi8(ctx.k.avail[i], seq + ctx.k.base[i]), _mm512_maskz_loadu_epi8(ctx.k.start, seq),
-                     bytes, shr, ctx.table, ctx.hash_shift, index_mask, r0, r1);
+        const __m512i a = _mm512_maskz_loadu_epi8(ctx.k.avail[i], seq + ctx.k.base[i]);
+        const __m512i start = _mm512_maskz_loadu_epi8(ctx.k.start, seq);
+        if (mad) tcq_mad_row_pair(a, start, bytes, shr, r0, r1);
+        else tcq_row_pair(a, start, bytes, shr, ctx.table, ctx.hash_shift, index_mask, r0, r1);
         _mm512_storeu_ps(band + (2 * i) * w.K + t * kTcqTile, _mm512_mul_ps(r0, s0));
         _mm512_storeu_ps(band + (2 * i + 1) * w.K + t * kTcqTile, _mm512_mul_ps(r1, s1));
       }

@@ -53,7 +53,13 @@ class GaussianFormat(Format):
 
     @property
     def name(self) -> str:
-        return f"{self.prefix}{self.bits:g}" + ("" if self.rotate else "_norot") + (f"_s{self.seed}" if self.seed else "")
+        return (f"{self.prefix}{self.bits:g}{self.variant}" + ("" if self.rotate else "_norot")
+                + (f"_s{self.seed}" if self.seed else ""))
+
+    @property
+    def variant(self) -> str:
+        """Name suffix of a codebook variant (TCQ's computed code: "_1mad")."""
+        return ""
 
     def bits_per_weight(self) -> float:
         return float(self.bits)
@@ -259,20 +265,36 @@ def _untiles(seqs: Tensor, n: int, k: int) -> Tensor:
 
 @dataclasses.dataclass(frozen=True)
 class TCQ(GaussianFormat):
-    """tcq{b}: QTIP's bitshift trellis (L = 16, V = 2, tail-biting sequences of 256 weights, hybrid
-    quantlut_sym code), one sequence per 16 x 16 tile of W', Viterbi-encoded (torch_lowbit/formats/tcq.py
-    holds the math and the packing). b in 1.5 .. 5 by 0.5."""
+    """tcq{b}: QTIP's bitshift trellis (L = 16, V = 2, tail-biting sequences of 256 weights), one
+    sequence per 16 x 16 tile of W', Viterbi-encoded (torch_lowbit/formats/tcq.py holds the math and
+    the packing). b in 1.5 .. 5 by 0.5. code "hyb": QTIP's hybrid quantlut_sym code (a table lookup per
+    state); "1mad" (tcq{b}_1mad): a computed code, two multiply-adds per state, no table."""
 
     kind: ClassVar[str] = "tcq"
     prefix: ClassVar[str] = "tcq"
     row_multiple: ClassVar[int] = 16
     supported_bits: ClassVar[tuple] = tcq.TCQ_SUPPORTED_BITS
     columns: ClassVar[int] = 16
+    code: str = "hyb"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.code not in tcq.TCQ_CODES:
+            raise ValueError(f"{self.prefix}: code must be one of {list(tcq.TCQ_CODES)}, got {self.code!r}")
+
+    @property
+    def variant(self) -> str:
+        return "" if self.code == "hyb" else f"_{self.code}"
+
+    def unit_scale(self) -> float:
+        return tcq.mad_unit_scale() if self.code == "1mad" else 1.0
 
     def encode_unit(self, x: Tensor) -> dict[str, Tensor]:
-        return {"codes": tcq.tcq_encode(_tiles(x), self.bits)}
+        return {"codes": tcq.tcq_encode(_tiles(x), self.bits, self.code)}
 
     def decode_tables(self) -> dict[str, Tensor]:
+        if self.code == "1mad":  # in the code's own units (1/128), which the kernels compute
+            return {"tcq_values": tcq.mad_code_values()}
         return {"tcq_values": tcq.tcq_state_values(self.bits)}
 
     def decode_unit(self, q: dict[str, Tensor]) -> Tensor:
@@ -295,9 +317,21 @@ class HalfTCQ(GaussianFormat):
     row_multiple: ClassVar[int] = 16
     supported_bits: ClassVar[tuple] = tuple(b + 0.25 for b in tcq.TCQ_SUPPORTED_BITS[:-1])
     columns: ClassVar[int] = 32  # two halves of whole 16-column tiles
+    code: str = "hyb"  # of both halves (TCQ's code)
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.halves()  # checks the code
+
+    @property
+    def variant(self) -> str:
+        return self.halves()[0].variant
+
+    def unit_scale(self) -> float:
+        return self.halves()[0].unit_scale()
 
     def halves(self) -> tuple[TCQ, TCQ]:
-        return TCQ(self.bits - 0.25, rotate=False), TCQ(self.bits + 0.25, rotate=False)
+        return TCQ(self.bits - 0.25, rotate=False, code=self.code), TCQ(self.bits + 0.25, rotate=False, code=self.code)
 
     def encode_unit(self, x: Tensor) -> dict[str, Tensor]:
         lo, hi = self.halves()
@@ -326,5 +360,6 @@ for _b in VQ_BITS:
     register_format(VQ(bits=_b))
 for _b in tcq.TCQ_SUPPORTED_BITS:
     register_format(TCQ(bits=_b))
+    register_format(TCQ(bits=_b, code="1mad"))
 for _b in HalfTCQ.supported_bits:
     register_format(HalfTCQ(bits=_b))

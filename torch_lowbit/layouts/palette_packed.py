@@ -8,7 +8,8 @@ the format stores them (both halves of half-TCQ). row_scales and signs are the f
 
 The forward rotates the activations (x' = (x * s) @ H) and calls the fused decode-matmul ops
 codebook_linear, tcq_linear and tcq_half_linear (half-TCQ), whose tables come from the format
-(codebook values; TCQ's signed hybrid-code table) as runtime buffers. CPU backend: the C++ kernels
+(codebook values; TCQ's signed hybrid-code table, an empty one for the computed 1mad code) as
+runtime buffers. CPU backend: the C++ kernels
 (csrc/palette_linear.cpp), fp32 end to end: the codebooks are not integer grids, so there is no
 int8-activation path (nuq has one: nuq_i8_n16). Triton backend (triton_kernels/palette.py, the
 ops' CUDA impls): x' in x's dtype (the Triton Hadamard kernel), fp16/bf16 tensor cores.
@@ -98,7 +99,8 @@ class PalettePacked(Layout):
     def runtime_buffers(self, fmt: GaussianFormat) -> dict[str, Tensor]:
         self._check(fmt)
         if isinstance(fmt, (TCQ, HalfTCQ)):
-            return {f"table{k[5:]}": tcq.tcq_signed_table(part.bits) for k, part in self._tcq_parts(fmt).items()}
+            return {f"table{k[5:]}": tcq.tcq_kernel_table(part.bits, part.code)
+                    for k, part in self._tcq_parts(fmt).items()}
         return {"table": _codebook(fmt).contiguous()}
 
     def linear(self, fmt: GaussianFormat, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
@@ -136,7 +138,7 @@ class PalettePacked(Layout):
             return _fused_op(fmt), [buffers["codes"], _code_bits(fmt), buffers["table"]]
         args = []
         for name, part in self._tcq_parts(fmt).items():
-            args += [buffers[name], buffers[f"table{name[5:]}"], tcq.tcq_table_bits(part.bits),
+            args += [buffers[name], buffers[f"table{name[5:]}"], tcq.tcq_kernel_table_bits(part.bits, part.code),
                      tcq.tcq_shift_bits(part.bits)]
         return _fused_op(fmt), args
 
