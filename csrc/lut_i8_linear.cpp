@@ -1,5 +1,6 @@
 // torch_lowbit::lut_i8_linear on CPU: activations quantized once per call to int8 (per-32 fp32
-// scales; or per token to act_bits, QuaRot's A8 / A4), then the tiled integer kernel of the active
+// scales; or per token to act_bits, QuaRot's A8 / A4, with act_block 32 one scale per 32 features),
+// then the tiled integer kernel of the active
 // ISA path, threaded over 16-row tiles.
 #include <ATen/ATen.h>
 
@@ -37,7 +38,8 @@ LutI8Fn kernel_for(CpuPath p, bool row_codebooks) {
 at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                              const c10::optional<at::Tensor>& mins, const at::Tensor& lut, int64_t code_bits,
                              int64_t group, int64_t out_features, const c10::optional<at::Tensor>& bias,
-                             const c10::optional<at::Tensor>& sub_groups, int64_t act_bits, double act_clip) {
+                             const c10::optional<at::Tensor>& sub_groups, int64_t act_bits, double act_clip,
+                             int64_t act_block) {
   TORCH_CHECK((code_bits >= 1 && code_bits <= 4) || code_bits == 8, "lut_i8_linear: code_bits must be 1..4 or 8, got ",
               code_bits);
   const int64_t block_bytes = lut_i8_block_bytes(static_cast<int>(code_bits));
@@ -99,7 +101,7 @@ at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, con
   }
 
   // The activation buffers: the only allocation on the hot path besides the output.
-  const ActBuffers acts = quantize_activations("lut_i8_linear", x2, group, act_bits, act_clip, mins.has_value(),
+  const ActBuffers acts = quantize_activations("lut_i8_linear", x2, group, act_bits, act_clip, act_block, mins.has_value(),
                                                /*per_token_sums=*/!sub_groups.has_value());
   at::Tensor out = at::empty({M, N}, x2.options());
   if (M > 0) {

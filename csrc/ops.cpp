@@ -18,10 +18,11 @@ at::Tensor lut4_dequantize_cpu(const at::Tensor& qweight, const at::Tensor& scal
 at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                              const c10::optional<at::Tensor>& mins, const at::Tensor& lut, int64_t code_bits,
                              int64_t group, int64_t out_features, const c10::optional<at::Tensor>& bias,
-                             const c10::optional<at::Tensor>& sub_groups, int64_t act_bits, double act_clip);
+                             const c10::optional<at::Tensor>& sub_groups, int64_t act_bits, double act_clip,
+                             int64_t act_block);
 at::Tensor q4x_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                           const at::Tensor& lut, int64_t rows, int64_t chunk, int64_t group, int64_t out_features,
-                          const c10::optional<at::Tensor>& bias, int64_t act_bits, double act_clip);
+                          const c10::optional<at::Tensor>& bias, int64_t act_bits, double act_clip, int64_t act_block);
 at::Tensor codebook_linear_cpu(const at::Tensor& x, const at::Tensor& codes, int64_t code_bits, const at::Tensor& table,
                                const at::Tensor& row_scales, const c10::optional<at::Tensor>& bias);
 at::Tensor codebook_dequantize_cpu(const at::Tensor& codes, int64_t code_bits, const at::Tensor& table,
@@ -51,10 +52,10 @@ TORCH_LIBRARY(torch_lowbit, m) {
         "Tensor? bias) -> Tensor");
   m.def("lut_i8_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int code_bits, "
         "int group_size, int out_features, Tensor? bias, Tensor? sub_groups=None, int act_bits=0, "
-        "float act_clip=1.0) -> Tensor");
+        "float act_clip=1.0, int act_block=0) -> Tensor");
   // the interleaved ARM layouts q4_{R}x{S} (common/q4x.h, layouts/q4x.py)
   m.def("q4x_linear(Tensor x, Tensor qweight, Tensor scales, Tensor lut, int rows, int chunk, int group_size, "
-        "int out_features, Tensor? bias, int act_bits=0, float act_clip=1.0) -> Tensor");
+        "int out_features, Tensor? bias, int act_bits=0, float act_clip=1.0, int act_block=0) -> Tensor");
   m.def("lut4_dequantize(Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int group_size) -> Tensor");
   // per-token integer activations (xq int8 [M, K], xd fp32 [M]) x lut4_rowmajor weights (int8 table): fp32
   // [M, N]; CUDA: Triton's integer tl.dot (triton_kernels/int_act.py), CPU: the reference in Python

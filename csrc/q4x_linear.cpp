@@ -26,7 +26,7 @@ Q4xFn kernel_for(CpuPath p, int chunk) {
 
 at::Tensor q4x_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                           const at::Tensor& lut, int64_t rows, int64_t chunk, int64_t group, int64_t out_features,
-                          const c10::optional<at::Tensor>& bias, int64_t act_bits, double act_clip) {
+                          const c10::optional<at::Tensor>& bias, int64_t act_bits, double act_clip, int64_t act_block) {
   TORCH_CHECK((rows == 4 || rows == 8) && (chunk == 4 || chunk == 8), "q4x_linear: rows and chunk must be 4 or 8, got ",
               rows, " and ", chunk);
   TORCH_CHECK(qweight.scalar_type() == at::kByte && qweight.dim() == 3 && qweight.size(2) == 16 * rows,
@@ -49,7 +49,7 @@ at::Tensor q4x_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, const 
     w.table[i] = table[i];
     w.toggled &= table[i] == i - 8;  // the layout toggles the nibbles' top bit exactly for these tables
   }
-  const ActBuffers acts = quantize_activations("q4x_linear", x2, group, act_bits, act_clip, false, true);
+  const ActBuffers acts = quantize_activations("q4x_linear", x2, group, act_bits, act_clip, act_block, false, true);
   at::Tensor out = at::empty({M, N}, x2.options());
   if (M > 0) {
     const Q4xFn kern = kernel_for(active_cpu_path(), static_cast<int>(chunk));

@@ -44,9 +44,12 @@ def test_block_scaled_activations_give_each_block_its_own_grid(block):
         torch.testing.assert_close(y[:, cols], fake_quantize_per_token(x[:, cols], 4))
     assert (y - x).square().sum() < (fake_quantize_per_token(x, 4) - x).square().sum()
     lin = tl.QuantLinear.from_linear(torch.nn.Linear(96, 24), "q4_0")
-    wrapped = tl.ActQuantLinear(lin, 4, clip_ratio=0.9, block=block)  # rounded in torch, then the kernel
+    wrapped = tl.ActQuantLinear(lin, 4, clip_ratio=0.9, block=block)  # 16: rounded in torch; 32: in the kernel
     with torch.no_grad():
-        torch.testing.assert_close(wrapped(x), lin(fake_quantize_per_token(x, 4, True, 0.9, block)))
+        torch.testing.assert_close(wrapped(x), lin(fake_quantize_per_token(x, 4, True, 0.9, block)), rtol=0.02, atol=0.02)
+        in_torch = tl.ActQuantLinear(tl.QuantLinear.from_linear(torch.nn.Linear(96, 24), "q4_0", layout="lut4_rowmajor"),
+                                     4, clip_ratio=0.9, block=block)  # a layout without integer activations
+        assert in_torch.layer.forward_int_acts(x, 4, 0.9, block) is None
     assert f"per block of {block}" in repr(wrapped)
     with pytest.raises(ValueError, match="does not divide the layer's 96"):
         tl.ActQuantLinear(lin, 4, block=64)
@@ -116,27 +119,30 @@ def test_fused_projections_see_the_same_quantized_input_as_separate_ones():
 
 @pytest.mark.parametrize("path", ["scalar", "avx2", "avxvnni", "avx512"])
 @pytest.mark.parametrize("fmt", ["q4_0", "int4_g64", "q8_0"])
-@pytest.mark.parametrize("bits", [8, 4])
-def test_integer_activation_kernel_matches_the_rounded_product(path, fmt, bits):
-    """ActQuantLinear on a CPU-kernel QuantLinear: the lut_i8 kernel rounds x per token and multiplies
-    the integers (one rounding); the result is x_rounded @ W_dequantized.T within fp32 error, for
-    odd shapes (N = 37, K = 192, 1..33 tokens, bias). The old route (round in torch, then the
-    kernel's own per-32 int8 blocks) rounds twice and misses that bound at A4."""
+@pytest.mark.parametrize("bits,block", [(8, 0), (4, 0), (4, 32), (3, 32)])
+def test_integer_activation_kernel_matches_the_rounded_product(path, fmt, bits, block):
+    """ActQuantLinear on a CPU-kernel QuantLinear: the lut_i8 kernel rounds x per token (block 32: per
+    block of 32 features) and multiplies the integers (one rounding); the result is
+    x_rounded @ W_dequantized.T within fp32 error, for odd shapes (N = 37, K = 192, 1..33 tokens,
+    bias). The old route (round in torch, then the kernel's own per-32 int8 blocks) rounds twice and
+    misses that bound at A4."""
     from conftest import assert_matches_product, random_linear
     from torch_lowbit.ops.library import cpu_extension
     if path not in cpu_extension().available_cpu_paths():
         pytest.skip(f"CPU path {path} not available")
     gen = _gen()
     q = tl.QuantLinear.from_linear(random_linear(192, 37, True, gen), fmt)
-    layer = tl.ActQuantLinear(q, bits, clip_ratio=0.9)
+    layer = tl.ActQuantLinear(q, bits, clip_ratio=0.9, block=block)
     w = q.dequantize()
     for m in (1, 5, 33):
         x = torch.randn(m, 192, generator=gen) * torch.rand(m, 1, generator=gen).add(0.1)
         x[:, 7] *= 20  # an outlier channel: the clip ratio bites
-        xq = fake_quantize_per_token(x, bits, clip_ratio=0.9)
+        if block:  # and blocks of very different scales
+            x = x * torch.rand(m, 192 // block, 1, generator=gen).add(0.05).repeat_interleave(block, 1).reshape(m, 192)
+        xq = fake_quantize_per_token(x, bits, clip_ratio=0.9, block=block)
         with tl.use_backend("cpu", path=path):
             y = layer(x)
-        assert_matches_product(y, xq, w, q.bias, roundings=8, msg=f"{fmt} A{bits} M={m} {path}")
+        assert_matches_product(y, xq, w, q.bias, roundings=8, msg=f"{fmt} A{bits} block {block} M={m} {path}")
     if bits == 4:
         with tl.use_backend("cpu", path=path):
             twice = q(xq)
@@ -165,6 +171,18 @@ def test_integer_activation_paths_agree_bit_for_bit(fmt, bits):
         for path in paths:
             with tl.use_backend("cpu", path=path):
                 assert torch.equal(layer(x), ref), f"{fmt} A{bits} M={m}: {path} differs from scalar"
+
+
+def test_integer_activation_op_checks_the_block():
+    q = tl.QuantLinear.from_linear(torch.nn.Linear(64, 16), "q4_0")
+    args = (torch.randn(2, 64), q.qweight, q.scales, None, q.lut_i8, 4, 32, 16, q.bias, None)
+    ops = torch.ops.torch_lowbit
+    torch.testing.assert_close(ops.lut_i8_linear(*args, 4, 1.0, 32), q(fake_quantize_per_token(args[0], 4, block=32)),
+                               rtol=0.05, atol=0.05)
+    with pytest.raises(RuntimeError, match="act_block must be 0 .* or 32"):
+        ops.lut_i8_linear(*args, 4, 1.0, 16)
+    with pytest.raises(RuntimeError, match="act_block must be 0 .* or 32"):
+        ops.lut_i8_linear(*args, 0, 1.0, 32)  # blocks need act_bits
 
 
 def test_integer_activation_kernel_refuses_groups_its_int32_sums_cannot_hold():

@@ -133,7 +133,8 @@ def test_pair_codebook_op_checks_its_tables():
 
 @pytest.mark.parametrize("fmt,layout,tol", [("nuq4", "nuq_i8_n16", 0.3), ("vq2", "vq_i8_n16", 0.6),
                                             ("vq3", "palette_packed", 0.5),
-                                            ("tcq2.75", "palette_packed", 0.6), ("tcq2.25", "palette_packed", 0.6)])
+                                            ("tcq2.75", "palette_packed", 0.6), ("tcq2.25", "palette_packed", 0.6),
+                                            ("tcq2_1mad", "palette_packed", 0.6)])
 def test_quantize_model_fused_compile_and_checkpoint(tmp_path, fmt, layout, tol):
     model = tiny_llama()
     x = torch.randint(0, 256, (1, 12))

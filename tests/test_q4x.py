@@ -44,8 +44,8 @@ def test_bytes_follow_ggml_interleaving(layout):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_kernels_equal_the_x86_tiles_on_every_path(layout, fmt):
-    """Same weights in q4_RxS and lut4_i8_n16: identical bytes out (odd N, 1..17 tokens, bias; int8 blocks and
-    per-token A8 / A4), on every CPU path of this machine; dequantize identical."""
+    """Same weights in q4_RxS and lut4_i8_n16: identical bytes out (odd N, 1..17 tokens, bias; int8 blocks,
+    per-token A8 / A4 and A4 per block of 32), on every CPU path of this machine; dequantize identical."""
     gen = _gen()
     lin = random_linear(256, 37, True, gen)
     tiles = tl.QuantLinear.from_linear(lin, fmt, layout="lut4_i8_n16")
@@ -56,9 +56,10 @@ def test_kernels_equal_the_x86_tiles_on_every_path(layout, fmt):
         for path in cpu_extension().available_cpu_paths():
             with tl.use_backend("cpu", path=path):
                 assert torch.equal(inter(x), tiles(x)), f"{fmt} {layout} M={m} {path}"
-                for bits in (8, 4):
-                    assert torch.equal(tl.ActQuantLinear(inter, bits, clip_ratio=0.9)(x),
-                                       tl.ActQuantLinear(tiles, bits, clip_ratio=0.9)(x)), f"A{bits} {path}"
+                for bits, block in ((8, 0), (4, 0), (4, 32)):  # per token; per block of 32 features
+                    assert torch.equal(tl.ActQuantLinear(inter, bits, clip_ratio=0.9, block=block)(x),
+                                       tl.ActQuantLinear(tiles, bits, clip_ratio=0.9, block=block)(x)), \
+                        f"A{bits} block {block} {path}"
 
 
 def test_formats_the_layouts_cannot_hold_are_refused():

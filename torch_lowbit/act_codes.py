@@ -7,6 +7,9 @@ import torch
 from torch import Tensor
 
 ACT_BITS = (2, 3, 4, 8)  # the per-token activation widths the kernels and wrappers take
+# The one block of block-scaled activations the int8-weight CPU kernels round in-kernel (their per-32
+# activation blocks, csrc kActBlock); other blocks are rounded in torch.
+KERNEL_ACT_BLOCK = 32
 
 
 def symmetric_min_code(bits: int) -> int:

@@ -64,10 +64,11 @@ class Layout(ABC):
         """y = x @ W.T + bias with the kernels of `backend` ("cpu" or "triton")."""
 
     def linear_int_acts(self, fmt: Format, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
-                        backend: str, out_features: int, bits: int, clip: float) -> Optional[Tensor]:
-        """y = q(x) @ W.T + bias with x rounded per token to `bits` (symmetric, clip ratio `clip`) inside
-        the kernel, which multiplies the integer activations (QuaRot's A8 / A4); None where this
-        layout's kernels cannot (nn.ActQuantLinear then rounds x in torch and calls linear)."""
+                        backend: str, out_features: int, bits: int, clip: float, block: int = 0) -> Optional[Tensor]:
+        """y = q(x) @ W.T + bias with x rounded per token (block > 0: per block of that many features)
+        to `bits` (symmetric, clip ratio `clip`) inside the kernel, which multiplies the integer
+        activations (QuaRot's A8 / A4); None where this layout's kernels cannot (nn.ActQuantLinear then
+        rounds x in torch and calls linear)."""
         return None
 
     def kernel_ops(self, fmt: Format) -> tuple[tuple[str, Optional[str]], ...]:

@@ -45,11 +45,11 @@ class Lut4RowMajor(ScalarRowMajor):
 
     def linear_int_acts(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], x: Tensor,
                         bias: Optional[Tensor], backend: str, out_features: int, bits: int,
-                        clip: float) -> Optional[Tensor]:
+                        clip: float, block: int = 0) -> Optional[Tensor]:
         """Triton / CUDA: one kernel rounds x per token and multiplies int8 x int8 with tl.dot
         (triton_kernels/int_act.py). The CPU backend keeps the float lut4 kernel on the rounded x (the
-        int8 tiles are lut{b}_i8_n16)."""
-        if "lut_i8" not in buffers or (backend != "triton" and x.device.type != "cuda"):
+        int8 tiles are lut{b}_i8_n16). Block-scaled activations are rounded in torch."""
+        if block or "lut_i8" not in buffers or (backend != "triton" and x.device.type != "cuda"):
             return None
         args = (x.reshape(-1, x.shape[-1]), buffers[self.codes_key], buffers["scales"], buffers.get("mins"),
                 buffers["lut_i8"], fmt.group_size, bias, bits, float(clip))

@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..act_codes import KERNEL_ACT_BLOCK
 from ..formats.activations import fake_quantize_q8_blocks
 from ..formats.gaussian import NUQ, VQ
 from ..formats.scalar import ScalarCodebookFormat
@@ -98,7 +99,7 @@ class LutI8Tiled(Layout):
         return fake_quantize_q8_blocks(x)
 
     def _run(self, x: Tensor, buffers: dict[str, Tensor], bits: int, group: int, bias, backend: str,
-             out_features: int, act: tuple[int, float] = (0, 1.0)) -> Tensor:
+             out_features: int, act: tuple[int, float, int] = (0, 1.0, 0)) -> Tensor:
         if backend != "cpu" or x.device.type != "cpu":
             raise RuntimeError(f"layout {self.name} runs on the CPU backend only; repack the module with "
                                "QuantLinear.repack(...) to a portable layout (lut4_rowmajor, palette_dense) for "
@@ -109,10 +110,10 @@ class LutI8Tiled(Layout):
 
     def linear_int_acts(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], x: Tensor,
                         bias: Optional[Tensor], backend: str, out_features: int, bits: int,
-                        clip: float) -> Optional[Tensor]:
-        if backend != "cpu" or x.device.type != "cpu":
+                        clip: float, block: int = 0) -> Optional[Tensor]:
+        if backend != "cpu" or x.device.type != "cpu" or block not in (0, KERNEL_ACT_BLOCK):
             return None
-        return self._run(x, buffers, self.bits, fmt.group_size, bias, backend, out_features, (bits, clip))
+        return self._run(x, buffers, self.bits, fmt.group_size, bias, backend, out_features, (bits, clip, block))
 
     def kernel_ops(self, fmt) -> tuple:
         return super().kernel_ops(fmt) + (("lut_i8_linear", None),)  # nuq: the rotation first

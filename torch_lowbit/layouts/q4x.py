@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..act_codes import KERNEL_ACT_BLOCK
 from ..formats.activations import fake_quantize_q8_blocks
 from ..formats.scalar import ScalarCodebookFormat
 from ..packing import deinterleave_nibble_rows, interleave_nibble_rows, interleaved_rows_codes, pad_rows
@@ -90,7 +91,7 @@ class Q4xInterleaved(Layout):
     def kernel_ops(self, fmt) -> tuple:
         return (("q4x_linear", None),)
 
-    def _run(self, fmt, buffers, x, bias, backend, out_features, act=(0, 1.0)) -> Tensor:
+    def _run(self, fmt, buffers, x, bias, backend, out_features, act=(0, 1.0, 0)) -> Tensor:
         if backend != "cpu" or x.device.type != "cpu":
             raise RuntimeError(f"layout {self.name} runs on the CPU backend only; repack the module with "
                                "QuantLinear.repack(\"lut4_rowmajor\") for Triton/CUDA")
@@ -104,10 +105,10 @@ class Q4xInterleaved(Layout):
 
     def linear_int_acts(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], x: Tensor,
                         bias: Optional[Tensor], backend: str, out_features: int, bits: int,
-                        clip: float) -> Optional[Tensor]:
-        if backend != "cpu" or x.device.type != "cpu":
+                        clip: float, block: int = 0) -> Optional[Tensor]:
+        if backend != "cpu" or x.device.type != "cpu" or block not in (0, KERNEL_ACT_BLOCK):
             return None
-        return self._run(fmt, buffers, x, bias, backend, out_features, (bits, clip))
+        return self._run(fmt, buffers, x, bias, backend, out_features, (bits, clip, block))
 
 
 Q4X = {(r, s): register_layout(Q4xInterleaved(r, s)) for r, s in ((4, 4), (4, 8), (8, 8))}

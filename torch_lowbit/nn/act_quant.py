@@ -6,7 +6,8 @@ per-token integer grid before the layer runs: symmetric q = clamp(round(x / d), 
 c <= 1 is the clipping ratio; with calibration batches it is searched per layer over a grid (the
 ratio minimizing the squared error of the layer's quantized input, as QuaRot picks its clip ratio).
 block > 0 gives each block of that many features of a token its own scale instead (block-scaled
-activations as MXINT4 / NVFP4 use them: 16 or 32), rounded in torch before the layer runs.
+activations as MXINT4 / NVFP4 use them: 16 or 32); the int8-weight CPU kernels round blocks of 32
+themselves (act_codes.KERNEL_ACT_BLOCK), other blocks are rounded in torch before the layer runs.
 
 This is the reference for activation-quantized execution: the layer sees exactly the values an
 integer-activation kernel would multiply with. It composes with weight formats (wrap after
@@ -83,8 +84,8 @@ class ActQuantLinear(nn.Module):
         self._int_acts = hasattr(layer, "forward_int_acts")  # a QuantLinear: its layout may round in-kernel
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.symmetric and self._int_acts and not self.block:  # the kernel rounds x per token, multiplies integers
-            y = self.layer.forward_int_acts(x, self.bits, self.clip_ratio)
+        if self.symmetric and self._int_acts:  # the kernel may round x (per token or block) and multiply integers
+            y = self.layer.forward_int_acts(x, self.bits, self.clip_ratio, self.block)
             if y is not None:
                 return y
         return self.layer(fake_quantize_per_token(x, self.bits, self.symmetric, self.clip_ratio, self.block))

@@ -185,9 +185,10 @@ class QuantLinear(nn.Module):
         buffers = {name: bufs[name] for name in self._kernel_buffer_names}
         return self.layout.linear(self.fmt, buffers, x, bufs["bias"], backend, self.out_features)
 
-    def forward_int_acts(self, x: Tensor, bits: int, clip: float) -> Optional[Tensor]:
-        """forward with x rounded per token to `bits` (symmetric) inside the kernel, which multiplies the
-        integer activations; None when this layout / backend cannot (see Layout.linear_int_acts)."""
+    def forward_int_acts(self, x: Tensor, bits: int, clip: float, block: int = 0) -> Optional[Tensor]:
+        """forward with x rounded per token (block > 0: per block of that many features) to `bits`
+        (symmetric) inside the kernel, which multiplies the integer activations; None when this layout /
+        backend cannot (see Layout.linear_int_acts)."""
         bufs = self._buffers
         if x.shape[-1] != self.in_features or x.device != bufs[self._buffer_names[0]].device:
             return None  # forward raises the clear error
@@ -195,7 +196,8 @@ class QuantLinear(nn.Module):
         if backend == "reference":
             return None
         buffers = {name: bufs[name] for name in self._kernel_buffer_names}
-        return self.layout.linear_int_acts(self.fmt, buffers, x, bufs["bias"], backend, self.out_features, bits, clip)
+        return self.layout.linear_int_acts(self.fmt, buffers, x, bufs["bias"], backend, self.out_features, bits, clip,
+                                           block)
 
     def extra_repr(self) -> str:
         s = f"in_features={self.in_features}, out_features={self.out_features}, format={self.fmt.name}, " \

@@ -8,7 +8,7 @@ import functools
 
 import torch
 
-from ..act_codes import ACT_BITS, quantize_per_token
+from ..act_codes import ACT_BITS, KERNEL_ACT_BLOCK, quantize_per_token
 from ..formats import tcq
 
 _FLOAT_ACTS = (torch.float32, torch.bfloat16, torch.float16)
@@ -83,6 +83,12 @@ def _codebook_check(codes, code_bits, table, row_scales, in_features):
     n = codes.shape[0]
     _check(row_scales.dtype == torch.float16 and tuple(row_scales.shape) == (n,), f"codebook: row_scales must be fp16 [{n}]")
     return n, in_features
+
+
+def _check_act_args(op, act_bits, act_block):
+    _check(act_bits in (0, 8, 4, 3, 2), f"{op}: act_bits must be 0, 8, 4, 3 or 2, got {act_bits}")
+    _check(act_block == 0 or (act_block == KERNEL_ACT_BLOCK and act_bits != 0),
+           f"{op}: act_block must be 0 (one scale per token) or {KERNEL_ACT_BLOCK} (with act_bits), got {act_block}")
 
 
 def _tcq_check(codes, table, table_bits, shift_bits, row_scales):
@@ -181,9 +187,9 @@ def _register() -> None:
 
     @torch.library.register_fake("torch_lowbit::lut_i8_linear")
     def _lut_i8_linear_fake(x, qweight, scales, mins, lut, code_bits, group_size, out_features, bias,
-                            sub_groups=None, act_bits=0, act_clip=1.0):
+                            sub_groups=None, act_bits=0, act_clip=1.0, act_block=0):
         _check(1 <= code_bits <= 4 or code_bits == 8, f"lut_i8: code_bits must be 1..4 or 8, got {code_bits}")
-        _check(act_bits in (0, 8, 4, 3, 2), f"lut_i8: act_bits must be 0, 8, 4, 3 or 2, got {act_bits}")
+        _check_act_args("lut_i8", act_bits, act_block)
         pairs = lut.dim() == 2  # a 2-D codebook: one code per pair of features, one table per coordinate
         _check(qweight.dtype == torch.uint8 and qweight.dim() == 3 and qweight.shape[2] == 64 * code_bits,
                f"lut_i8: qweight must be uint8 [N/16, K/{64 if pairs else 32}, {64 * code_bits}] for "
@@ -216,9 +222,9 @@ def _register() -> None:
 
     @torch.library.register_fake("torch_lowbit::q4x_linear")
     def _q4x_linear_fake(x, qweight, scales, lut, rows, chunk, group_size, out_features, bias, act_bits=0,
-                         act_clip=1.0):
+                         act_clip=1.0, act_block=0):
         _check(rows in (4, 8) and chunk in (4, 8), f"q4x: rows and chunk must be 4 or 8, got {rows}, {chunk}")
-        _check(act_bits in (0, 8, 4, 3, 2), f"q4x: act_bits must be 0, 8, 4, 3 or 2, got {act_bits}")
+        _check_act_args("q4x", act_bits, act_block)
         _check(qweight.dtype == torch.uint8 and qweight.dim() == 3 and qweight.shape[2] == 16 * rows,
                f"q4x: qweight must be uint8 [N/{rows}, K/32, {16 * rows}]")
         groups, k = qweight.shape[0], qweight.shape[1] * 32
