@@ -40,6 +40,9 @@ TcqKernels tcq_kernels(CpuPath p) {
   if (p == CpuPath::Avx512 && cpu_has_avx512_vbmi()) return {tcq_gemv_avx512, tcq_decode_avx512};
   if (p != CpuPath::Scalar) return {tcq_gemv_avx2, tcq_decode_avx2};
 #endif
+#if defined(__aarch64__)
+  if (p != CpuPath::Scalar) return {tcq_gemv_neon, tcq_decode_neon};  // neon, dotprod, i8mm
+#endif
   (void)p;
   return {tcq_gemv_scalar, tcq_decode_scalar};
 }

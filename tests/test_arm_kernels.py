@@ -2,7 +2,8 @@
 with csrc/common/{lut_i8,q4x}_scalar.cpp and csrc/arm/*.cpp) with g++-aarch64-linux-gnu and run it under
 qemu-aarch64 on three CPU models: `max` (dotprod and i8mm), `cortex-a76` (dotprod, no i8mm) and
 `cortex-a53` (plain NEON). The int8-tile kernels (lut_i8) and the interleaved q4_RxS kernels (q4x:
-sdot for S = 4, smmla for S = 8) are both checked. The vectors come from this package: weights packed by the Python layouts,
+sdot for S = 4, smmla for S = 8) are both checked, and the TCQ kernels (the computed 1mad code in NEON,
+the hybrid code through the scalar path). The vectors come from this package: weights packed by the Python layouts,
 activations by the Python twin of the kernels' quantizer (which the NEON quantizers must reproduce byte
 for byte from the same floats), and the expected output is the x86 scalar kernel's, which every ARM path
 must equal bit for bit (the formats' math has one source)."""
@@ -42,6 +43,12 @@ Q4X_CASES = [("q4_4x4", "q4_0", 37, 96, 1, True, 0), ("q4_4x4", "iq4_nl", 23, 64
              ("q4_4x8", "q4_0", 29, 128, 5, True, 0), ("q4_4x8", "int4_pc", 18, 160, 2, False, 8),
              ("q4_8x8", "q4_0", 43, 64, 4, True, 4), ("q4_8x8", "iq4_nl", 16, 96, 1, True, 0),
              ("q4_4x4", "int4_pc", 13, 128, 6, True, 4), ("q4_8x8", "int4_pc", 9, 192, 7, False, 8)]
+
+
+# (format, N, K, M, bias): TCQ codes of random words (every state pattern, the tail-biting wrap); 1.5, 2, 3.5
+# and 5 bits cover s = 3 (windows at every bit offset), 4 (two words per row), 7 and 10 (the widest rows)
+TCQ_CASES = [("tcq2_1mad", 48, 272, 1, True), ("tcq1.5_1mad", 32, 256, 3, False), ("tcq3.5_1mad", 16, 512, 6, True),
+             ("tcq5_1mad", 32, 128, 5, False), ("tcq2", 16, 256, 2, True)]
 
 
 def _i64(*values):
@@ -121,12 +128,33 @@ def _q4x_case_bytes(layout, fmt, n, k, m, bias, act_bits, gen) -> bytes:
     return b"".join(parts)
 
 
+def _tcq_case_bytes(fmt, n, k, m, bias, gen) -> bytes:
+    from torch_lowbit.formats import tcq
+    f = tl.get_format(fmt)
+    s = tcq.tcq_shift_bits(f.bits)
+    codes = torch.randint(-2**31, 2**31 - 1, (n // 16, k // 16, 4 * s), generator=gen, dtype=torch.int64).to(torch.int32)
+    scales = torch.rand(n, generator=gen).add(0.5).half()
+    b = torch.randn(n, generator=gen) if bias else None
+    x = torch.randn(m, k, generator=gen)
+    table, table_bits = tcq.tcq_kernel_table(f.bits, f.code), tcq.tcq_kernel_table_bits(f.bits, f.code)
+    with tl.use_backend("cpu", path="scalar"):
+        w = torch.ops.torch_lowbit.tcq_dequantize(codes, table, table_bits, s, scales)
+        y = torch.ops.torch_lowbit.tcq_linear(x, codes, table, table_bits, s, scales, b)
+    parts = [_i64(s, table_bits, n, k, m, bias, table.shape[0]), table.contiguous().numpy().tobytes(),
+             codes.contiguous().numpy().tobytes(), scales.view(torch.int16).numpy().tobytes()]
+    if bias:
+        parts.append(b.numpy().tobytes())
+    parts += [x.numpy().tobytes(), w.contiguous().numpy().tobytes(), y.float().contiguous().numpy().tobytes()]
+    return b"".join(parts)
+
+
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory):
     out = tmp_path_factory.mktemp("arm") / "kernels_driver"
     sources = ["tests/arm/kernels_driver.cpp", "csrc/common/lut_i8_scalar.cpp", "csrc/arm/lut_i8_neon.cpp",
                "csrc/arm/lut_i8_dotprod.cpp", "csrc/common/q4x_scalar.cpp", "csrc/arm/q4x_dotprod.cpp",
-               "csrc/arm/q4x_i8mm.cpp", "csrc/arm/act_q8_neon.cpp"]
+               "csrc/arm/q4x_i8mm.cpp", "csrc/arm/act_q8_neon.cpp", "csrc/common/palette_scalar.cpp",
+               "csrc/arm/palette_neon.cpp"]
     torch_include = Path(torch.__file__).parent / "include"
     # -ffp-contract=off: as the extension's flags, no fused multiply-add the source does not spell out
     cmd = [CXX, "-O2", "-std=c++17", "-ffp-contract=off", "-static", f"-I{ROOT / 'csrc'}", f"-I{torch_include}",
@@ -142,7 +170,8 @@ def vectors(tmp_path_factory):
     gen = torch.Generator().manual_seed(seed)
     path = tmp_path_factory.mktemp("arm") / "kernel_vectors.bin"
     path.write_bytes(_i64(len(CASES)) + b"".join(_case_bytes(*case[:5], gen, *case[5:]) for case in CASES)
-                     + _i64(len(Q4X_CASES)) + b"".join(_q4x_case_bytes(*case, gen) for case in Q4X_CASES))
+                     + _i64(len(Q4X_CASES)) + b"".join(_q4x_case_bytes(*case, gen) for case in Q4X_CASES)
+                     + _i64(len(TCQ_CASES)) + b"".join(_tcq_case_bytes(*case, gen) for case in TCQ_CASES))
     return path, seed
 
 
@@ -159,3 +188,5 @@ def test_arm_int8_tile_kernels_equal_the_x86_scalar_kernel_under_qemu(driver, ve
     assert paths == ({"scalar", "neon", "dotprod"} if dotprod else {"scalar", "neon"})
     q4x = {line.rsplit(" ", 2)[-2].rstrip(":") for line in r.stdout.splitlines() if line.startswith("q4x case ")}
     assert q4x == {"scalar"} | ({"dotprod"} if dotprod else set()) | ({"i8mm"} if i8mm else set())
+    tcq = [line for line in lines if line.startswith("tcq case ")]
+    assert len(tcq) == 2 * len(TCQ_CASES) and all(line.endswith(": equal") for line in tcq)

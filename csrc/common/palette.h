@@ -142,5 +142,10 @@ void codebook_decode_avx2(const CodebookWeights&, int64_t, int64_t, float*);
 void tcq_gemv_avx2(const TcqWeights&, const float*, int64_t, int64_t, int64_t, float*);
 void tcq_decode_avx2(const TcqWeights&, int64_t, int64_t, float*);
 #endif
+#if defined(__aarch64__)
+// the computed 1mad code in NEON; the hybrid code's table lookups run the scalar path
+void tcq_gemv_neon(const TcqWeights&, const float*, int64_t, int64_t, int64_t, float*);
+void tcq_decode_neon(const TcqWeights&, int64_t, int64_t, float*);
+#endif
 
 }  // namespace torch_lowbit

@@ -3,7 +3,9 @@
 // Python layouts, activations quantized by the Python twin of the kernels' quantizer, and the
 // output of the x86 scalar kernel): first the int8-tile cases (lut_i8: scalar, NEON and, where HWCAP
 // says so, dotprod), then the interleaved q4_RxS cases (q4x: scalar, dotprod for S = 4, i8mm for S = 8),
-// and requires each path to equal the x86 scalar output bit for bit.
+// and requires each path to equal the x86 scalar output bit for bit; last the TCQ kernels (palette.h:
+// scalar and NEON decode bit for bit the x86 scalar decode; the NEON GEMV, which sums in another
+// order, within fp32 rounding of the x86 scalar GEMV).
 //   usage: kernels_driver VECTORS.bin     prints one line per case and path; exit 0 iff all equal
 #include <sys/auxv.h>
 
@@ -12,10 +14,12 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/act_q8.h"
 #include "common/lut_i8.h"
+#include "common/palette.h"
 #include "common/q4x.h"
 
 #ifndef HWCAP_ASIMDDP
@@ -172,6 +176,45 @@ int main(int argc, char** argv) {
                (long long)c, (long long)rows, (long long)chunk, (long long)N, (long long)K, (long long)group,
                (long long)M, (long long)has_bias, (long long)per_token, name, bad ? "MISMATCH" : "equal");
         failures += bad != 0;
+      }
+    }
+    const int64_t tcq_cases = rd.i64();
+    for (int64_t c = 0; c < tcq_cases; ++c) {
+      const int64_t shift = rd.i64(), table_bits = rd.i64(), N = rd.i64(), K = rd.i64(), M = rd.i64();
+      const int64_t has_bias = rd.i64(), entries = rd.i64();
+      auto table = rd.read<float>(entries * 2);
+      auto words = rd.read<uint32_t>((N / 16) * (K / 16) * 4 * shift);
+      auto scales = rd.read<c10::Half>(N);
+      auto bias = rd.read<float>(has_bias ? N : 0);
+      auto x = rd.read<float>(M * K);
+      auto expected_w = rd.read<float>(N * K);
+      auto expected_y = rd.read<float>(M * N);
+      TcqWeights w{words.data(), static_cast<int>(shift), static_cast<int>(table_bits), table.data(), scales.data(),
+                   has_bias ? bias.data() : nullptr, N, K};
+      const int64_t bands = N / 16;
+      std::vector<std::tuple<const char*, TcqDecodeFn, TcqGemvFn>> paths = {
+          {"scalar", tcq_decode_scalar, tcq_gemv_scalar}, {"neon", tcq_decode_neon, tcq_gemv_neon}};
+      for (auto& [name, decode, gemv] : paths) {
+        std::vector<float> wd(N * K, -1.f), y(M * N, -1.f);
+        decode(w, 0, bands / 2, wd.data());  // two calls over disjoint bands, as the threads do
+        decode(w, bands / 2, bands, wd.data() + (bands / 2) * 16 * K);
+        gemv(w, x.data(), M, 0, bands / 2, y.data());
+        gemv(w, x.data(), M, bands / 2, bands, y.data());
+        const bool decode_ok = std::memcmp(wd.data(), expected_w.data(), 4 * N * K) == 0;
+        int64_t bad = 0;
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < N; ++n) {  // fp32 sums in another order: within 1e-4 of sum |w x| + 510-offset terms
+            double bound = 0;
+            for (int64_t k = 0; k < K; ++k)
+              bound += std::fabs(x[m * K + k]) * (std::fabs(expected_w[n * K + k]) + 8.f * static_cast<float>(scales[n]));
+            const float got = y[m * N + n], want = expected_y[m * N + n];
+            if (!(std::fabs(got - want) <= 1e-4 * bound + 1e-6) && bad++ == 0)
+              printf("  first GEMV difference at m=%lld n=%lld: %.9g vs %.9g\n", (long long)m, (long long)n, got, want);
+          }
+        printf("tcq case %lld s=%lld table_bits=%lld N=%lld K=%lld M=%lld bias=%lld %s: %s\n", (long long)c,
+               (long long)shift, (long long)table_bits, (long long)N, (long long)K, (long long)M, (long long)has_bias,
+               name, decode_ok && !bad ? "equal" : "MISMATCH");
+        failures += !decode_ok || bad;
       }
     }
   } catch (const std::string& e) {
