@@ -363,3 +363,4 @@ for _b in tcq.TCQ_SUPPORTED_BITS:
     register_format(TCQ(bits=_b, code="1mad"))
 for _b in HalfTCQ.supported_bits:
     register_format(HalfTCQ(bits=_b))
+    register_format(HalfTCQ(bits=_b, code="1mad"))
