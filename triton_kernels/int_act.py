@@ -11,6 +11,12 @@ tile as it goes, xq = clamp(rint(x / xd)) — an IEEE division (div_rn) and roun
 and subtracting 1.5 * 2^23), as torch does. Each N tile re-reads its rows' x for that (M K values,
 small next to the weight).
 
+Weights, word-wise: a 32-code run of a row is 4 int32 words (lut4_rowmajor: byte j of the run holds
+code j in its low nibble and code j + 16 in its high one, so word w's byte j is columns 4 w + j and
+4 w + j + 16); each word is cut into its 8 nibbles with compile-time shifts and the nibbles are put
+back in column order with joins and reshapes (register moves), instead of loading every byte twice
+and shifting it per element.
+
 Math (the CPU kernels' per-token math, csrc/common/lut_i8.h): per group, isum = sum xq * t[c] in
 int32; acc += float(isum) * scale (+ float(sum xq) * min); y = acc * xd + bias. The op is
 torch_lowbit::lut4_int_linear; torch_lowbit/layouts/lut4.py calls it.
@@ -27,6 +33,29 @@ from .matmul import _affine_form, cdiv, check_device, derived
 
 BLOCK_N = 64
 DOT_M = 16  # the smallest M tile an int8 tl.dot takes on GPUs (the interpreter would take less)
+RUN = 32  # codes per run of the layout: the kernel's K step (4 int32 words per row)
+
+
+@triton.jit
+def _nibbles(words, j: tl.constexpr):
+    """(low, high) nibble of byte j of each word: the codes of columns 4 w + j and 4 w + j + 16."""
+    byte = (words >> (8 * j)) & 0xFF
+    return byte & 0xF, byte >> 4
+
+
+@triton.jit
+def _run_codes(words, BLOCK_N: tl.constexpr):
+    """int32 codes [RUN, BLOCK_N] (column k of the run down, rows across) from the run's words
+    [BLOCK_N, 4]: joins put nibble j of word w at column 4 w + j (+ 16 for high nibbles)."""
+    lo0, hi0 = _nibbles(words, 0)
+    lo1, hi1 = _nibbles(words, 1)
+    lo2, hi2 = _nibbles(words, 2)
+    lo3, hi3 = _nibbles(words, 3)
+    # join(join(v0, v2), join(v1, v3))[n, w, c, d] = v_{2c + d}: flattened, column 4 w + j
+    lo = tl.reshape(tl.join(tl.join(lo0, lo2), tl.join(lo1, lo3)), (BLOCK_N, 16))
+    hi = tl.reshape(tl.join(tl.join(hi0, hi2), tl.join(hi1, hi3)), (BLOCK_N, 16))
+    both = tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (BLOCK_N, 32))  # columns 0-15, then 16-31
+    return tl.trans(both)
 
 
 @triton.jit
@@ -36,7 +65,9 @@ def _lut4_int_linear_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr,
                             AFFINE: tl.constexpr, LUT_A: tl.constexpr, LUT_B: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """AFFINE: t[c] = LUT_A c + LUT_B (q4_0, int4_pc: c - 8; int4_g*: c) in integer arithmetic; else a
-    gather from the 16-entry int8 table (iq4_nl). ACT_SCALE: clip / qmax (fp32)."""
+    gather from the 16-entry int8 table (iq4_nl). ACT_SCALE: clip / qmax (fp32). qw_ptr: the codes as
+    int32 words [N, K / 8]; BLOCK_K: one run (RUN)."""
+    tl.static_assert(BLOCK_K == 32, "one K step is one 32-code run")
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -49,7 +80,8 @@ def _lut4_int_linear_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr,
         amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
     xd = amax * ACT_SCALE
     xd = tl.where(xd > 0, xd, 1.0)
-    w_cols = offs_n[None, :].to(tl.int64) * (K // 2)  # [BLOCK_K, BLOCK_N] tiles: k down, rows across
+    word_rows = offs_n[:, None].to(tl.int64) * (K // 8)
+    wl = tl.arange(0, 4)
     g_rows = offs_n.to(tl.int64) * (K // GROUP)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for g in range(0, K // GROUP):
@@ -60,10 +92,9 @@ def _lut4_int_linear_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr,
             x = tl.load(x_ptr + x_rows + k[None, :], mask=m_ok[:, None], other=0.0).to(tl.float32)
             r = (tl.math.div_rn(x, xd[:, None]) + 12582912.0) - 12582912.0  # round half to even
             xq = tl.minimum(tl.maximum(r, QMIN), QMAX).to(tl.int8)
-            byte = (k // 32) * 16 + (k % 16)  # lut4_rowmajor: code j and j + 16 of a 32-run share byte j
-            packed = tl.load(qw_ptr + w_cols + byte[:, None], mask=n_ok[None, :], other=0,
-                             eviction_policy="evict_first")
-            codes = (packed.to(tl.int32) >> (((k % 32) // 16) * 4)[:, None]) & 0xF
+            words = tl.load(qw_ptr + word_rows + (k0 // 8 + wl)[None, :], mask=n_ok[:, None], other=0,
+                            eviction_policy="evict_first")
+            codes = _run_codes(words, BLOCK_N)  # [BLOCK_K, BLOCK_N]
             if AFFINE:  # int8 table values [BLOCK_K, BLOCK_N]
                 w = (codes * LUT_A + LUT_B).to(tl.int8)
             else:
@@ -110,11 +141,11 @@ def lut4_int_linear(x, qweight, scales, mins, lut, group_size, bias=None, act_bi
         return y
     qmax = 2 ** (act_bits - 1) - 1
     block_m = DOT_M if m <= DOT_M else 64
-    block_k = 32  # 64 spills at BLOCK_M = 64 (sm_90 compile check)
+    block_k = RUN  # one run: its per-group int32 sums; 64 spilled at BLOCK_M = 64 (sm_90 compile check)
     form = derived(lut, "affine_form", _affine_form)  # one device sync per table, then remembered
     grid = (cdiv(m, block_m), cdiv(n, BLOCK_N))
     _lut4_int_linear_kernel[grid](
-        x.contiguous(), qweight.contiguous(), scales.contiguous(),
+        x.contiguous(), qweight.contiguous().view(torch.int32), scales.contiguous(),
         (mins if mins is not None else scales).contiguous(), lut.contiguous(),
         bias.float().contiguous() if bias is not None else y, y, m, n, k, act_clip / qmax,
         QMIN=symmetric_min_code(act_bits), QMAX=qmax, GROUP=group_size,
