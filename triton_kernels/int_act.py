@@ -2,14 +2,13 @@
 activations rounded per token inside the kernel to int8 codes xq with one fp32 scale xd per token
 (any of A8 / A4: the codes are int8 either way), weights decoded to their int8 table values (q4_0 /
 int4_pc: c - 8, int4_g*: c, iq4_nl: its integer table) and multiplied with an integer tl.dot
-(int8 x int8 -> int32, IMMA tensor cores on sm_80+). One launch per call: no rounded copy of x, no
-torch ops around it.
+(int8 x int8 -> int32, IMMA tensor cores on sm_80+). Two launches per call, no torch ops around them:
+_round_rows_kernel rounds x once (int8 codes, M K bytes), then the matmul kernel reads the codes.
 
-Rounding (formats/activations.py quantize_per_token, bit for bit): each program first reads its
-BLOCK_M rows whole for max|x|, xd = max|x| * (clip / qmax) (1 for an all-zero row), then rounds each
-tile as it goes, xq = clamp(rint(x / xd)) — an IEEE division (div_rn) and round-half-even (adding
-and subtracting 1.5 * 2^23), as torch does. Each N tile re-reads its rows' x for that (M K values,
-small next to the weight).
+Rounding (formats/activations.py quantize_per_token, bit for bit): one program per token reads its
+row for max|x|, xd = max|x| * (clip / qmax) (1 for an all-zero row), then xq = clamp(rint(x / xd)) —
+an IEEE division (div_rn) and round-half-even (adding and subtracting 1.5 * 2^23), as torch does.
+(Rounding inside the matmul kernel repeated it per N tile: at M = 64 it was most of the loop.)
 
 Weights, word-wise: a 32-code run of a row is 4 int32 words (lut4_rowmajor: byte j of the run holds
 code j in its low nibble and code j + 16 in its high one, so word w's byte j is columns 4 w + j and
@@ -34,6 +33,7 @@ from .matmul import _affine_form, cdiv, check_device, derived
 BLOCK_N = 64
 DOT_M = 16  # the smallest M tile an int8 tl.dot takes on GPUs (the interpreter would take less)
 RUN = 32  # codes per run of the layout: the kernel's K step (4 int32 words per row)
+ROUND_BLOCK = 1024  # features a rounding program reads per step
 
 
 @triton.jit
@@ -59,14 +59,33 @@ def _run_codes(words, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _lut4_int_linear_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, M, N, K, ACT_SCALE,
-                            QMIN: tl.constexpr, QMAX: tl.constexpr,
+def _round_rows_kernel(x_ptr, q_ptr, d_ptr, K, ACT_SCALE, QMIN: tl.constexpr, QMAX: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
+    """Token m's codes q [K] int8 and scale d (fp32) from x [K] (any float dtype); ACT_SCALE: clip / qmax."""
+    row = tl.program_id(0).to(tl.int64) * K
+    offs = tl.arange(0, BLOCK_K)
+    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    xd = tl.max(amax, axis=0) * ACT_SCALE
+    xd = tl.where(xd > 0, xd, 1.0)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+        r = (tl.math.div_rn(x, xd) + 12582912.0) - 12582912.0  # round half to even
+        tl.store(q_ptr + row + k0 + offs, tl.minimum(tl.maximum(r, QMIN), QMAX).to(tl.int8), mask=k0 + offs < K)
+    tl.store(d_ptr + tl.program_id(0), xd)
+
+
+@triton.jit
+def _lut4_int_linear_kernel(q_ptr, d_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, M, N, K,
                             GROUP: tl.constexpr, HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr,
                             AFFINE: tl.constexpr, LUT_A: tl.constexpr, LUT_B: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """AFFINE: t[c] = LUT_A c + LUT_B (q4_0, int4_pc: c - 8; int4_g*: c) in integer arithmetic; else a
-    gather from the 16-entry int8 table (iq4_nl). ACT_SCALE: clip / qmax (fp32). qw_ptr: the codes as
-    int32 words [N, K / 8]; BLOCK_K: one run (RUN)."""
+    gather from the 16-entry int8 table (iq4_nl). q_ptr, d_ptr: the tokens' codes int8 [M, K] and
+    scales fp32 [M] (_round_rows_kernel). qw_ptr: the weight codes as int32 words [N, K / 8];
+    BLOCK_K: one run (RUN)."""
     tl.static_assert(BLOCK_K == 32, "one K step is one 32-code run")
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -74,12 +93,7 @@ def _lut4_int_linear_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr,
     offs_k = tl.arange(0, BLOCK_K)
     m_ok, n_ok = offs_m < M, offs_n < N
     x_rows = offs_m[:, None].to(tl.int64) * K
-    amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        x = tl.load(x_ptr + x_rows + (k0 + offs_k)[None, :], mask=m_ok[:, None], other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
-    xd = amax * ACT_SCALE
-    xd = tl.where(xd > 0, xd, 1.0)
+    xd = tl.load(d_ptr + offs_m, mask=m_ok, other=1.0)
     word_rows = offs_n[:, None].to(tl.int64) * (K // 8)
     wl = tl.arange(0, 4)
     g_rows = offs_n.to(tl.int64) * (K // GROUP)
@@ -88,10 +102,7 @@ def _lut4_int_linear_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr,
         isum = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
         qsum = tl.zeros((BLOCK_M,), dtype=tl.int32)
         for k0 in range(g * GROUP, (g + 1) * GROUP, BLOCK_K):
-            k = k0 + offs_k
-            x = tl.load(x_ptr + x_rows + k[None, :], mask=m_ok[:, None], other=0.0).to(tl.float32)
-            r = (tl.math.div_rn(x, xd[:, None]) + 12582912.0) - 12582912.0  # round half to even
-            xq = tl.minimum(tl.maximum(r, QMIN), QMAX).to(tl.int8)
+            xq = tl.load(q_ptr + x_rows + (k0 + offs_k)[None, :], mask=m_ok[:, None], other=0)
             words = tl.load(qw_ptr + word_rows + (k0 // 8 + wl)[None, :], mask=n_ok[:, None], other=0,
                             eviction_policy="evict_first")
             codes = _run_codes(words, BLOCK_N)  # [BLOCK_K, BLOCK_N]
@@ -143,12 +154,15 @@ def lut4_int_linear(x, qweight, scales, mins, lut, group_size, bias=None, act_bi
     block_m = DOT_M if m <= DOT_M else 64
     block_k = RUN  # one run: its per-group int32 sums; 64 spilled at BLOCK_M = 64 (sm_90 compile check)
     form = derived(lut, "affine_form", _affine_form)  # one device sync per table, then remembered
+    xq = torch.empty(m, k, dtype=torch.int8, device=x.device)
+    xd = torch.empty(m, dtype=torch.float32, device=x.device)
+    _round_rows_kernel[(m,)](x.contiguous(), xq, xd, k, act_clip / qmax, QMIN=symmetric_min_code(act_bits),
+                             QMAX=qmax, BLOCK_K=ROUND_BLOCK, num_warps=4)
     grid = (cdiv(m, block_m), cdiv(n, BLOCK_N))
     _lut4_int_linear_kernel[grid](
-        x.contiguous(), qweight.contiguous().view(torch.int32), scales.contiguous(),
+        xq, xd, qweight.contiguous().view(torch.int32), scales.contiguous(),
         (mins if mins is not None else scales).contiguous(), lut.contiguous(),
-        bias.float().contiguous() if bias is not None else y, y, m, n, k, act_clip / qmax,
-        QMIN=symmetric_min_code(act_bits), QMAX=qmax, GROUP=group_size,
+        bias.float().contiguous() if bias is not None else y, y, m, n, k, GROUP=group_size,
         HAS_MIN=mins is not None, HAS_BIAS=bias is not None, AFFINE=form is not None,
         LUT_A=int(form[0]) if form else 1, LUT_B=int(form[1]) if form else 0, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=block_k,
         num_warps=4)
