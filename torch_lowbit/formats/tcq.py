@@ -50,6 +50,9 @@ import os
 import torch
 from torch import Tensor
 
+from ..tcq_codes import (MAD_INCREMENTS, MAD_MULTIPLIERS, MAD_OFFSET, MAD_TABLE_BITS, MAD_UNIT,  # noqa: F401
+                         kernel_table_shape)
+
 TCQ_L = 16
 TCQ_V = 2
 TCQ_T = 256
@@ -59,11 +62,6 @@ VITERBI_DEVICE_BYTES = 1 << 30  # working set of the reference Viterbi on a GPU 
 QTIP_SCALE_OVERRIDE = 0.9  # encoded RMS relative to the code's RMS (QTIP / Q-Palette default)
 
 TCQ_CODES = ("hyb", "1mad")  # QTIP's hybrid lookup code; the computed 1MAD pair code
-MAD_MULTIPLIERS = (34038481, 3188803409)  # A_0 (QTIP's 1MAD a), A_1
-MAD_INCREMENTS = (76625530, 1013904223)  # B_0 (QTIP's 1MAD b), B_1
-MAD_OFFSET = 510  # the mean of a sum of four uniform bytes
-MAD_UNIT = 1 / 128  # value units: exact in fp32
-MAD_TABLE_BITS = 0  # the kernels' table_bits for the 1mad code: no table (an empty [0, 2] one)
 
 _TABLES_FILE = os.path.join(os.path.dirname(__file__), "data", "tcq_tables.safetensors")
 _STATE_MASK = (1 << TCQ_L) - 1
@@ -174,11 +172,6 @@ def _state_values(bits: float, code: str = "hyb") -> Tensor:
 def tcq_state_values(bits: float, code: str = "hyb") -> Tensor:
     """fp32 [2**L, 2]: the 2-D value each state decodes to, for unit-variance data."""
     return _state_values(_check_bits(bits), _check_code(code)).clone()
-
-
-def kernel_table_shape(table_bits: int) -> tuple[int, int]:
-    """The shape of the kernels' table argument for table_bits (tcq_kernel_table)."""
-    return (0, 2) if table_bits == MAD_TABLE_BITS else (2 << table_bits, 2)
 
 
 def tcq_kernel_table_bits(bits: float, code: str = "hyb") -> int:

@@ -9,7 +9,7 @@ import functools
 import torch
 
 from ..act_codes import ACT_BITS, KERNEL_ACT_BLOCK, quantize_per_token
-from ..formats import tcq
+from ..tcq_codes import kernel_table_shape
 
 _FLOAT_ACTS = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -94,7 +94,7 @@ def _check_act_args(op, act_bits, act_block):
 def _tcq_check(codes, table, table_bits, shift_bits, row_scales):
     _check(3 <= shift_bits <= 10, f"tcq: shift_bits must be 3..10, got {shift_bits}")
     _check(0 <= table_bits <= 15 and table.dtype == torch.float32
-           and tuple(table.shape) == tcq.kernel_table_shape(table_bits),
+           and tuple(table.shape) == kernel_table_shape(table_bits),
            "tcq: table must be the fp32 signed table [2^(table_bits+1), 2] (table_bits 0: the 1mad code, [0, 2])")
     _check(codes.dtype == torch.int32 and codes.dim() == 3 and codes.shape[2] == 4 * shift_bits,
            f"tcq: codes must be int32 [N/16, K/16, {4 * shift_bits}]")
