@@ -182,3 +182,27 @@ def test_extension_names_the_torch_it_was_built_against():
 
     from torch_lowbit.ops.library import cpu_extension
     assert torch.__version__.startswith(cpu_extension().built_torch_version() + ".")
+
+
+def test_gpu_host_profile_names_where_the_time_goes():
+    """bench gpu --profile: the top functions by own time of an eager call (here a CPU stand-in)."""
+    import torch
+
+    from torch_lowbit.bench import gpu
+
+    def inner(x):
+        return torch.nn.functional.linear(x, torch.ones(8, 8))
+
+    def call():
+        return inner(torch.randn(2, 8))
+
+    synced = []
+    text = gpu.host_profile(call, calls=20, top=50, sync=lambda: synced.append(1))
+    lines = text.splitlines()
+    assert synced == [1] and lines[0].startswith("host time ") and "µs per call" in lines[0]
+    body = lines[3:]
+    assert 3 <= len(body) <= 50 and all(line.count("|") == 5 for line in body)
+    inner_row = [line for line in body if "| inner (" in line and "test_cli.py:" in line]
+    assert len(inner_row) == 1 and inner_row[0].split("|")[3].strip() == "1.0"  # one call of inner per call
+    own = [float(line.split("|")[1]) for line in body]
+    assert own == sorted(own, reverse=True)

@@ -246,6 +246,14 @@ def cmd_bench(args) -> None:
                              rotate_mib=args.rotate_mib)
         print(gpu.format_gpu_table(rows, torch.cuda.get_device_name()))
         print()
+        if args.profile:  # where each contender's eager call spends its host time (first shape, M = 1)
+            n, k = shapes[0]
+            x = torch.randn(1, k, device="cuda").half()
+            for name, (make, _, _) in gpu._contenders(n, k, tuple(args.formats or gpu.GPU_BENCH_FORMATS), 0,
+                                                     "cuda").items():
+                print(f"{name}, {n}x{k}, M = 1:")
+                print(gpu.host_profile(lambda: make(0)(x), sync=torch.cuda.synchronize))
+                print()
         fht = gpu.fast_hadamard_transform_fn()
         if fht is None:
             print("fast_hadamard_transform is not installed: ours alone (pip install fast-hadamard-transform)")
@@ -434,6 +442,8 @@ def main(argv=None) -> None:
     sp.add_argument("--repeats", type=int, help="e2e: timed runs per row, median (default 3); cpu --prefill: "
                     "forward passes per row, median (default 5)")
     sp.add_argument("--no-peers", action="store_true", help="e2e: leave llama.cpp out even if installed")
+    sp.add_argument("--profile", action="store_true",
+                    help="gpu: also profile each contender's eager call on the host (cProfile, first shape, M = 1)")
     sp.add_argument("--png", help="write the plot (cpu: roofline at the largest thread count; distortion: MSE "
                     "vs bits) to this PNG file")
     sp.set_defaults(fn=cmd_bench)

@@ -196,6 +196,35 @@ def bench_gpu(shapes=GPU_BENCH_SHAPES, ms=(1, 8, 64, 512), formats=GPU_BENCH_FOR
     return rows
 
 
+def host_profile(fn: Callable[[], object], calls: int = 200, top: int = 12, sync: Optional[Callable] = None) -> str:
+    """Where an eager call's host time goes: cProfile over `calls` calls of fn (warmed up first), the
+    `top` functions by their own time, with the µs per call each costs. On CUDA the device runs
+    asynchronously, so this is the launch path alone (custom-op dispatch, the Triton launcher,
+    allocations); `sync` (torch.cuda.synchronize) runs once at the end, outside the profile."""
+    import cProfile
+    import io
+    import pstats
+    for _ in range(3):
+        fn()
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    host_us = (time.perf_counter() - t0) * 1e6 / calls
+    if sync is not None:
+        sync()
+    stats = pstats.Stats(prof, stream=io.StringIO())
+    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]  # (cc, nc, tottime, cumtime, callers)
+    lines = [f"host time {host_us:.1f} µs per call (profiled; cProfile adds its own cost), top {top} by own time:",
+             "| own µs/call | cumulative µs/call | calls/call | function |", "|---|---|---|---|"]
+    for (file, line, name), (_, ncalls, tottime, cumtime, _) in rows:
+        where = f"{'/'.join(file.rsplit('/', 2)[-2:])}:{line}" if line else "built-in"
+        lines.append(f"| {tottime * 1e6 / calls:.1f} | {cumtime * 1e6 / calls:.1f} | {ncalls / calls:.1f} | {name} ({where}) |")
+    return "\n".join(lines)
+
+
 def format_gpu_table(rows: list[GpuRow], device_name: str) -> str:
     lines = [f"GPU: {device_name}; fp16 activations; weights streamed from HBM; median µs per call "
              "(eager: what a caller waits, host launch included; graph: the calls replayed from a CUDA graph, "
