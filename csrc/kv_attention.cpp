@@ -90,7 +90,8 @@ at::Tensor kv_attention_cpu(const at::Tensor& q, const at::Tensor& k_codes, cons
   const int64_t rows = (S + blocks - 1) / blocks;
   const int64_t row_blocks = (S + rows - 1) / rows;
   parallel_for(0, B * Hkv * row_blocks, 1, [&](int64_t r0, int64_t r1) {
-    std::vector<float> scratch(rows * G * L + kKvScratchRows * D);
+    const int64_t scratch_floats = kv_attention_scratch_floats(rows * G, L, D);
+    std::vector<float> scratch(scratch_floats);
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t b = r / (Hkv * row_blocks), kv = (r / row_blocks) % Hkv, s = (r % row_blocks) * rows;
       const int64_t cache_row = (b * Hkv + kv) * L;
@@ -120,7 +121,7 @@ at::Tensor kv_attention_cpu(const at::Tensor& q, const at::Tensor& k_codes, cons
       t.bits = static_cast<int>(bits);
       t.scale = static_cast<float>(scale);
       t.scores = scratch.data();
-      t.row = scratch.data() + rows * G * L;
+      t.row = scratch.data() + scratch_floats - kKvScratchRows * D;
       if (R) {
         t.k_recent = kr.data_ptr<float>() + (b * Hkv + kv) * R * D;
         t.v_recent = vr.data_ptr<float>() + (b * Hkv + kv) * R * D;

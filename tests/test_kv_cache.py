@@ -158,11 +158,13 @@ def _reference_attention(q, keys, values, mask, scale):
 
 @pytest.mark.parametrize("path", ["scalar", "avx2"])
 @pytest.mark.parametrize("bits,group,d", [(4, 64, 64), (4, 16, 48), (8, 32, 96), (4, 6, 24)])
-@pytest.mark.parametrize("rows,residual,g", [(1, 0, 2), (3, 0, 2), (1, 5, 2), (23, 3, 2), (9, 0, 24)])
+@pytest.mark.parametrize("rows,residual,g", [(1, 0, 2), (3, 0, 2), (1, 5, 2), (23, 3, 2), (9, 0, 24), (16, 0, 5),
+                                            (11, 2, 5)])
 def test_kv_attention_kernel_matches_the_dequantized_reference(path, bits, group, d, rows, residual, g):
     """Decode (1 row) and prefill blocks (several rows, causal: the first rows do not see the last
     keys; tasks of several rows x G queries, the last block ragged; 24 heads per KV head leave room
-    for only 2 rows per task)."""
+    for only 2 rows per task; 5 heads give 30-40 queries per task: the AVX2 prefill path's query
+    lanes in register tiles of 3, 2 and 1 vectors, the last vector partly padding)."""
     from torch_lowbit.ops.library import cpu_extension
     if path not in cpu_extension().available_cpu_paths():
         pytest.skip(f"CPU path {path} not available")
@@ -190,6 +192,38 @@ def test_kv_attention_kernel_matches_the_dequantized_reference(path, bits, group
         torch.testing.assert_close(layer.attention(q, finfo_min, 0.125), out)
         strided = finfo_min.transpose(-1, -2).contiguous().transpose(-1, -2)  # keys not adjacent in memory
         torch.testing.assert_close(layer.attention(q, strided, 0.125), out)
+
+
+@pytest.mark.parametrize("path", ["scalar", "avx2"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kv_attention_prefill_rows_that_see_no_key(path, threads):
+    """A prefill block whose first query row sees no key: NaN there (as softmax of all -inf), exact
+    elsewhere; with transformers' finfo.min mask that row attends uniformly, as softmax does. One
+    task holds 6-12 rows x 4 heads (the AVX2 query-lane path)."""
+    from torch_lowbit.ops.library import cpu_extension
+    if path not in cpu_extension().available_cpu_paths():
+        pytest.skip(f"CPU path {path} not available")
+    gen = _gen()
+    b, hkv, g, rows, length, d = 1, 1, 4, 48, 61, 32
+    layer = tl.QuantizedKVLayer(length, bits=4, group=32, residual_length=0, rotate_keys=True)
+    keys, values = layer.update(torch.randn(b, hkv, length, d, generator=gen), torch.randn(b, hkv, length, d, generator=gen))
+    q = torch.randn(b, hkv * g, rows, d, generator=gen)
+    mask = (torch.arange(length)[None, :] <= (length - rows + torch.arange(rows))[:, None]).expand(b, 1, rows, length).clone()
+    mask[0, 0, 0] = False  # the first row sees nothing
+    ref = _reference_attention(q, keys, values, mask, 0.2)
+    finfo_min = torch.where(mask, 0.0, torch.finfo(torch.float32).min)
+    ref_finfo = _reference_attention(q, keys, values, finfo_min, 0.2)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with tl.use_backend("cpu", path=path):
+            out = layer.attention(q, mask, 0.2)
+            out_finfo = layer.attention(q, finfo_min, 0.2)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.isnan(out[:, 0]).all() and torch.isnan(ref[:, 0]).all()
+    torch.testing.assert_close(out[:, 1:].double(), ref[:, 1:], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out_finfo.double(), ref_finfo, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("bits,group,d,residual", [(4, 64, 64, 0), (4, 16, 48, 5), (8, 32, 96, 3)])

@@ -12,6 +12,14 @@ namespace torch_lowbit {
 constexpr int64_t kKvMaxQueries = 64;  // rows * G per task (the softmax state lives on the stack)
 constexpr int64_t kKvScratchRows = 9;  // rebuilt rows per task: the AVX2 path's block of 8 and a zero row
 
+// Scratch floats of a task of `queries` queries (rows * G) over L positions: the scores (by query, or
+// key-major with the queries padded to 8 lanes), the prefill path's transposed queries and outputs,
+// and the rebuilt rows.
+inline int64_t kv_attention_scratch_floats(int64_t queries, int64_t L, int64_t D) {
+  const int64_t padded = (queries + 7) / 8 * 8;
+  return padded * (L + 2 * D) + kKvScratchRows * D;
+}
+
 struct KvAttentionTask {
   const float* q;          // query (row r, head g): q + r * q_row_stride + g * q_stride
   int64_t q_stride;
@@ -29,7 +37,7 @@ struct KvAttentionTask {
   int64_t G, L, D, group;
   int bits;
   float scale;
-  float* scores;           // scratch: rows * G * L floats
+  float* scores;           // scratch: kv_attention_scratch_floats(rows * G, L, D) - kKvScratchRows * D floats
   float* row;              // scratch: kKvScratchRows * D floats
   // exact recent tokens (or nullptr): positions [recent_lo, recent_hi) read fp32 rows
   // k_recent + (j % recent_len) * D instead of their codes (a ring, as QuantizedKVLayer keeps it)

@@ -253,9 +253,216 @@ TLB_AVX2 void run_blocked_task(const KvAttentionTask& t) {
   }
 }
 
+// ---- Prefill tasks (many queries): queries in the vector lanes ---------------------------------------
+// With rows x G >= kLaneQueries queries, a task works like a small GEMM with the queries in the lanes:
+// the queries are transposed once (qt[d][h], pre-scaled), a score vector holds 8 queries' scores of one
+// key (scores key-major, s[j][h]) and the value pass accumulates ot[d][h]. Each step loads a few query
+// (or probability) vectors and broadcasts a few key (or value) elements into a register tile of
+// NV query vectors x 4 keys (4 channels): 3 x 4 FMAs for 7 loads, where the per-query dot products above
+// take 9 loads for 8 FMAs plus a horizontal-add tree per block. The softmax runs over query lanes too.
+constexpr int64_t kLaneQueries = 16;
+
+TLB_AVX2 inline void transpose8(__m256 r[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+// scores of keys rows[k0 .. k0 + 3] for query vectors v0 .. v0 + NV - 1: s[j0 + k][v * 8 ..] += qt · key
+template <int NV>
+TLB_AVX2 inline void lane_scores(const float* qt, int64_t Qp, int64_t D, const float* const* rows, int k0, int n,
+                                 float* s, int64_t v0) {
+  __m256 acc[NV][4];
+  for (int i = 0; i < NV; ++i)
+    for (int k = 0; k < 4; ++k) acc[i][k] = _mm256_setzero_ps();
+  const float* r0 = rows[k0];
+  const float* r1 = rows[k0 + 1];
+  const float* r2 = rows[k0 + 2];
+  const float* r3 = rows[k0 + 3];
+  const float* qd = qt + v0 * 8;
+  for (int64_t d = 0; d < D; ++d, qd += Qp) {
+    __m256 qv[NV];
+    for (int i = 0; i < NV; ++i) qv[i] = _mm256_loadu_ps(qd + i * 8);
+    const __m256 b0 = _mm256_broadcast_ss(r0 + d), b1 = _mm256_broadcast_ss(r1 + d);
+    const __m256 b2 = _mm256_broadcast_ss(r2 + d), b3 = _mm256_broadcast_ss(r3 + d);
+    for (int i = 0; i < NV; ++i) {
+      acc[i][0] = _mm256_fmadd_ps(qv[i], b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(qv[i], b1, acc[i][1]);
+      acc[i][2] = _mm256_fmadd_ps(qv[i], b2, acc[i][2]);
+      acc[i][3] = _mm256_fmadd_ps(qv[i], b3, acc[i][3]);
+    }
+  }
+  for (int k = 0; k < 4 && k0 + k < n; ++k)
+    for (int i = 0; i < NV; ++i) {
+      float* p = s + (k0 + k) * Qp + (v0 + i) * 8;
+      _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), acc[i][k]));
+    }
+}
+
+// ot[d .. d + 3][v * 8 ..] += p[k] (8 keys' probability vectors) x value rows[k][d .. d + 3]
+template <int NV>
+TLB_AVX2 inline void lane_values(const float* p, int64_t Qp, const float* const* rows, int64_t d, float* ot,
+                                 int64_t v0) {
+  __m256 acc[NV][4];
+  for (int c = 0; c < 4; ++c)
+    for (int i = 0; i < NV; ++i) acc[i][c] = _mm256_loadu_ps(ot + (d + c) * Qp + (v0 + i) * 8);
+  for (int k = 0; k < kKeyBlock; ++k) {
+    __m256 pv[NV];
+    for (int i = 0; i < NV; ++i) pv[i] = _mm256_loadu_ps(p + k * Qp + (v0 + i) * 8);
+    const float* r = rows[k] + d;
+    const __m256 b0 = _mm256_broadcast_ss(r), b1 = _mm256_broadcast_ss(r + 1);
+    const __m256 b2 = _mm256_broadcast_ss(r + 2), b3 = _mm256_broadcast_ss(r + 3);
+    for (int i = 0; i < NV; ++i) {
+      acc[i][0] = _mm256_fmadd_ps(pv[i], b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(pv[i], b1, acc[i][1]);
+      acc[i][2] = _mm256_fmadd_ps(pv[i], b2, acc[i][2]);
+      acc[i][3] = _mm256_fmadd_ps(pv[i], b3, acc[i][3]);
+    }
+  }
+  for (int c = 0; c < 4; ++c)
+    for (int i = 0; i < NV; ++i) _mm256_storeu_ps(ot + (d + c) * Qp + (v0 + i) * 8, acc[i][c]);
+}
+
+// Query vectors v = 0 .. nv - 1 in register tiles of 3 (the last of 1 or 2).
+template <typename F3, typename F2, typename F1>
+TLB_AVX2 inline void over_query_tiles(int64_t nv, F3 f3, F2 f2, F1 f1) {
+  int64_t v = 0;
+  for (; v + 3 <= nv; v += 3) f3(v);
+  if (nv - v == 2) f2(v);
+  if (nv - v == 1) f1(v);
+}
+
+TLB_AVX2 void run_lane_task(const KvAttentionTask& t) {
+  const float neg_inf = -std::numeric_limits<float>::infinity(), lowest = std::numeric_limits<float>::lowest();
+  const int64_t Q = t.queries(), L = t.L, D = t.D;
+  const int64_t Qp = (Q + 7) / 8 * 8, nv = Qp / 8;
+  float* s = t.scores;         // [L][Qp]
+  float* qt = s + L * Qp;      // [D][Qp], the queries transposed and scaled
+  float* ot = qt + D * Qp;     // [D][Qp], the outputs transposed
+  float* tile = t.row;
+  float* zeros = t.row + kKeyBlock * D;
+  std::memset(zeros, 0, D * sizeof(float));
+  std::memset(qt, 0, 2 * D * Qp * sizeof(float));
+  const float* masks[kKvMaxQueries];
+  for (int64_t h = 0; h < Q; ++h) {
+    const float* q = t.query(h);
+    for (int64_t d = 0; d < D; ++d) qt[d * Qp + h] = q[d] * t.scale;
+    masks[h] = t.mask_row(h);
+  }
+  const int64_t step = t.mask_key_stride;
+  const float pad = t.mask ? neg_inf : 0.f;  // padding lanes: masked wherever the queries are
+  const __m256 lowest_v = _mm256_set1_ps(lowest);
+  __m256 mxv[kKvMaxQueries / 8];
+  for (int64_t v = 0; v < nv; ++v) mxv[v] = _mm256_set1_ps(neg_inf);
+  const float* rows[kKeyBlock];
+  bool used[kKeyBlock];
+  for (int64_t j0 = 0; j0 < L; j0 += kKeyBlock) {
+    const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, L - j0));
+    float* sb = s + j0 * Qp;
+    // the block's scores start as the mask values (8 x 8 transposes where 8 queries' rows are contiguous)
+    if (!t.mask) {
+      std::memset(sb, 0, n * Qp * sizeof(float));
+    } else {
+      int64_t h0 = 0;
+      if (n == kKeyBlock && step == 1)
+        for (; h0 + 8 <= Q; h0 += 8) {
+          __m256 r[8];
+          for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(masks[h0 + i] + j0);
+          transpose8(r);
+          for (int k = 0; k < 8; ++k) _mm256_storeu_ps(sb + k * Qp + h0, r[k]);
+        }
+      for (int k = 0; k < n; ++k) {
+        for (int64_t h = h0; h < Q; ++h) sb[k * Qp + h] = masks[h][(j0 + k) * step];
+        for (int64_t h = Q; h < Qp; ++h) sb[k * Qp + h] = pad;
+      }
+    }
+    int seen = 0;  // keys no query sees (mask at or below finfo.min) are never rebuilt, as above
+    for (int k = 0; k < n; ++k) {
+      __m256 any = _mm256_setzero_ps();
+      for (int64_t v = 0; v < nv; ++v) any = _mm256_or_ps(any, _mm256_cmp_ps(_mm256_loadu_ps(sb + k * Qp + v * 8), lowest_v, _CMP_GT_OQ));
+      seen |= (_mm256_movemask_ps(any) != 0) << k;
+    }
+    if (!seen) continue;
+    for (int k = 0; k < kKeyBlock; ++k) used[k] = (seen >> k) & 1;
+    block_rows(t, t.k_recent, t.k_codes, t.k_scale, t.k_min, j0, n, used, tile, zeros, rows);
+    for (int k0 = 0; k0 < n; k0 += 4)
+      over_query_tiles(nv, [&](int64_t v) { lane_scores<3>(qt, Qp, D, rows, k0, n, sb, v); },
+                       [&](int64_t v) { lane_scores<2>(qt, Qp, D, rows, k0, n, sb, v); },
+                       [&](int64_t v) { lane_scores<1>(qt, Qp, D, rows, k0, n, sb, v); });
+    for (int k = 0; k < n; ++k)
+      for (int64_t v = 0; v < nv; ++v) mxv[v] = _mm256_max_ps(mxv[v], _mm256_loadu_ps(sb + k * Qp + v * 8));
+  }
+  // softmax numerators over the query lanes; a lane whose every key is -inf gets no weight anywhere
+  // (its output comes out NaN, as softmax's)
+  __m256 total[kKvMaxQueries / 8];
+  __m256 dead[kKvMaxQueries / 8];
+  for (int64_t v = 0; v < nv; ++v) {
+    dead[v] = _mm256_cmp_ps(mxv[v], _mm256_set1_ps(neg_inf), _CMP_EQ_OQ);
+    mxv[v] = _mm256_andnot_ps(dead[v], mxv[v]);  // 0 there: exp(-inf - 0) stays 0, no NaN
+    total[v] = _mm256_setzero_ps();
+  }
+  for (int64_t j = 0; j < L; ++j)
+    for (int64_t v = 0; v < nv; ++v) {
+      float* p = s + j * Qp + v * 8;
+      const __m256 e = _mm256_andnot_ps(dead[v], exp256(_mm256_sub_ps(_mm256_loadu_ps(p), mxv[v])));
+      _mm256_storeu_ps(p, e);
+      total[v] = _mm256_add_ps(total[v], e);
+    }
+  for (int64_t j0 = 0; j0 < L; j0 += kKeyBlock) {
+    const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, L - j0));
+    const float* pb = s + j0 * Qp;
+    bool any = false;
+    for (int k = 0; k < kKeyBlock; ++k) {
+      used[k] = false;
+      for (int64_t v = 0; k < n && v < nv && !used[k]; ++v)
+        used[k] = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(pb + k * Qp + v * 8), _mm256_setzero_ps(), _CMP_NEQ_UQ)) != 0;
+      any |= used[k];
+    }
+    if (!any) continue;
+    block_rows(t, t.v_recent, t.v_codes, t.v_scale, t.v_min, j0, n, used, tile, zeros, rows);
+    alignas(32) float tail[kKeyBlock * kKvMaxQueries];  // a ragged last block: its missing keys weigh 0
+    if (n < kKeyBlock) {
+      std::memset(tail, 0, sizeof(tail));
+      std::memcpy(tail, pb, n * Qp * sizeof(float));
+      pb = tail;
+    }
+    for (int64_t d = 0; d < D; d += 4)
+      over_query_tiles(nv, [&](int64_t v) { lane_values<3>(pb, Qp, rows, d, ot, v); },
+                       [&](int64_t v) { lane_values<2>(pb, Qp, rows, d, ot, v); },
+                       [&](int64_t v) { lane_values<1>(pb, Qp, rows, d, ot, v); });
+  }
+  alignas(32) float inv[kKvMaxQueries];
+  for (int64_t v = 0; v < nv; ++v) {
+    const __m256 ok = _mm256_cmp_ps(total[v], _mm256_setzero_ps(), _CMP_GT_OQ);
+    const __m256 r = _mm256_div_ps(_mm256_set1_ps(1.f), total[v]);
+    _mm256_store_ps(inv + v * 8, _mm256_blendv_ps(_mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()), r, ok));
+  }
+  for (int64_t h = 0; h < Q; ++h) {
+    float* o = t.output(h);
+    for (int64_t d = 0; d < D; ++d) o[d] = ot[d * Qp + h] * inv[h];
+  }
+}
+
 }  // namespace
 
-void kv_attention_task_avx2(const KvAttentionTask& t) { run_blocked_task(t); }
+// Decode (few queries per task): per-query dot products; prefill blocks: queries in the lanes.
+void kv_attention_task_avx2(const KvAttentionTask& t) {
+  if (t.queries() >= kLaneQueries) run_lane_task(t);
+  else run_blocked_task(t);
+}
 #pragma GCC pop_options
 
 }  // namespace torch_lowbit
