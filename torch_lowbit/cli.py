@@ -261,7 +261,8 @@ def cmd_bench(args) -> None:
         from .bench.kv import KV_HEADERS, bench_kv
         for tokens in ((args.prompt_tokens or 4096,) if args.quick or args.prompt_tokens else (4096, 32768)):
             print(f"\ndecode attention, batch 1, one query row per head, {tokens} cached tokens, caches streamed "
-                  "from HBM (one layer shown; the Triton kv_attention kernel vs SDPA on an fp16 cache):")
+                  "from HBM (one layer shown; the Triton kv_attention kernel vs SDPA on an fp16 cache; µs eager, "
+                  "and replayed from a CUDA graph where the calls can be captured, the ratios from those):")
             print(_table(KV_HEADERS, bench_kv(tokens=tokens, device="cuda")))
     elif args.what == "e2e":
         from .bench.e2e import E2E_HEADERS, E2E_VARIANTS, bench_e2e
