@@ -258,7 +258,7 @@ TLB_AVX2 void run_blocked_task(const KvAttentionTask& t) {
 // the queries are transposed once (qt[d][h], pre-scaled), a score vector holds 8 queries' scores of one
 // key (scores key-major, s[j][h]) and the value pass accumulates ot[d][h]. Each step loads a few query
 // (or probability) vectors and broadcasts a few key (or value) elements into a register tile of
-// NV query vectors x 4 keys (4 channels): 3 x 4 FMAs for 7 loads, where the per-query dot products above
+// 2 query vectors x 4 keys (4 channels): 8 FMAs for 6 loads, where the per-query dot products above
 // take 9 loads for 8 FMAs plus a horizontal-add tree per block. The softmax runs over query lanes too.
 constexpr int64_t kLaneQueries = 16;
 
@@ -336,13 +336,14 @@ TLB_AVX2 inline void lane_values(const float* p, int64_t Qp, const float* const*
     for (int i = 0; i < NV; ++i) _mm256_storeu_ps(ot + (d + c) * Qp + (v0 + i) * 8, acc[i][c]);
 }
 
-// Query vectors v = 0 .. nv - 1 in register tiles of 3 (the last of 1 or 2).
-template <typename F3, typename F2, typename F1>
-TLB_AVX2 inline void over_query_tiles(int64_t nv, F3 f3, F2 f2, F1 f1) {
+// Query vectors v = 0 .. nv - 1 in register tiles of 2 (the last of 1 where nv is odd): 8 accumulators,
+// 2 query vectors and 4 broadcasts fit AVX2's 16 registers (a tile of 3 did not: GCC re-read the query
+// vectors from memory in every FMA, 16 loads per 12 FMAs, and spilled the value tile).
+template <typename F2, typename F1>
+TLB_AVX2 inline void over_query_tiles(int64_t nv, F2 f2, F1 f1) {
   int64_t v = 0;
-  for (; v + 3 <= nv; v += 3) f3(v);
-  if (nv - v == 2) f2(v);
-  if (nv - v == 1) f1(v);
+  for (; v + 2 <= nv; v += 2) f2(v);
+  if (v < nv) f1(v);
 }
 
 TLB_AVX2 void run_lane_task(const KvAttentionTask& t) {
@@ -399,8 +400,7 @@ TLB_AVX2 void run_lane_task(const KvAttentionTask& t) {
     for (int k = 0; k < kKeyBlock; ++k) used[k] = (seen >> k) & 1;
     block_rows(t, t.k_recent, t.k_codes, t.k_scale, t.k_min, j0, n, used, tile, zeros, rows);
     for (int k0 = 0; k0 < n; k0 += 4)
-      over_query_tiles(nv, [&](int64_t v) { lane_scores<3>(qt, Qp, D, rows, k0, n, sb, v); },
-                       [&](int64_t v) { lane_scores<2>(qt, Qp, D, rows, k0, n, sb, v); },
+      over_query_tiles(nv, [&](int64_t v) { lane_scores<2>(qt, Qp, D, rows, k0, n, sb, v); },
                        [&](int64_t v) { lane_scores<1>(qt, Qp, D, rows, k0, n, sb, v); });
     for (int k = 0; k < n; ++k)
       for (int64_t v = 0; v < nv; ++v) mxv[v] = _mm256_max_ps(mxv[v], _mm256_loadu_ps(sb + k * Qp + v * 8));
@@ -440,8 +440,7 @@ TLB_AVX2 void run_lane_task(const KvAttentionTask& t) {
       pb = tail;
     }
     for (int64_t d = 0; d < D; d += 4)
-      over_query_tiles(nv, [&](int64_t v) { lane_values<3>(pb, Qp, rows, d, ot, v); },
-                       [&](int64_t v) { lane_values<2>(pb, Qp, rows, d, ot, v); },
+      over_query_tiles(nv, [&](int64_t v) { lane_values<2>(pb, Qp, rows, d, ot, v); },
                        [&](int64_t v) { lane_values<1>(pb, Qp, rows, d, ot, v); });
   }
   alignas(32) float inv[kKvMaxQueries];
