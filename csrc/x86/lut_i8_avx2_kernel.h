@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "common/lut_i8.h"
@@ -68,6 +69,7 @@ TLB_KERNEL inline void decode_quads(const uint8_t* p, __m256i q[8]) {
 // unsigned ones; identity tables (u[c] = c) skip the lookup.
 struct TableBytes {
   alignas(32) int8_t bytes[128];  // the most a <= 4-bit lookup reads (gcb3: 16 codebooks x 8)
+  alignas(32) int32_t halves[32];  // gcb3: each codebook's entries 0-3 (words 0..15), then 4-7 (16..31)
   bool identity;
 };
 
@@ -79,14 +81,27 @@ TableBytes table_bytes(const LutI8Weights& w) {
     t.bytes[i] = static_cast<int8_t>(D == Dot::Signed ? w.utable[i] - w.offset : w.utable[i]);
     if (i < (1 << w.bits) && w.bits != 8) identity &= w.utable[i] == i;
   }
+  for (int cb = 0; cb < 16; ++cb) {
+    std::memcpy(&t.halves[cb], t.bytes + 8 * cb, 4);
+    std::memcpy(&t.halves[16 + cb], t.bytes + 8 * cb + 4, 4);
+  }
   t.identity = identity && D != Dot::Signed;
   return t;
 }
 
+// words[idx] per lane for idx in 0..15, the 16 words in two registers: vpermd reads idx's low 3 bits,
+// bit 3 picks the register (2 vpermd + a blend: cheaper than an 8-lane vpgatherdd, ~9 uops on AMD Zen).
+TLB_KERNEL inline __m256i pick_word16(const int32_t* words, __m256i idx) {
+  const __m256i lo = _mm256_permutevar8x32_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(words)), idx);
+  const __m256i hi = _mm256_permutevar8x32_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(words + 8)), idx);
+  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(lo), _mm256_castsi256_ps(hi),
+                                              _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28))));
+}
+
 // Table bytes of the 8 quads of one half tile from the <= 16-entry table at `base` (pairs: each
-// coordinate's table) or gcb's per-row codebooks (sub: that half's 8 sub-group bytes, or nullptr). Codebooks: a 32-bit gather per block fetches
-// each row's 4-entry codebook (gcb3: two, entries 0-3 and 4-7) into the row's own lane, so vpshufb
-// looks codes up within the lane (blend on bit 2 for gcb3).
+// coordinate's table) or gcb's per-row codebooks (sub: that half's 8 sub-group bytes, or nullptr). Codebooks:
+// each row's 4-entry codebook (gcb3: two words, entries 0-3 and 4-7) is picked into the row's own lane
+// (pick_word16), so vpshufb looks codes up within the lane (blend on bit 2 for gcb3).
 template <int B>
 TLB_KERNEL inline void lookup_quads(__m256i q[8], const TableBytes& tab, const uint8_t* sub, int base) {
   if (!sub) {
@@ -97,14 +112,13 @@ TLB_KERNEL inline void lookup_quads(__m256i q[8], const TableBytes& tab, const u
   }
   const __m256i cb = _mm256_srli_epi32(
       _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub))), 4);  // codebook per row
-  const int* words = reinterpret_cast<const int*>(tab.bytes);  // 4 entries per word
   const __m256i lane_base = _mm256_set_epi32(0x0C0C0C0C, 0x08080808, 0x04040404, 0, 0x0C0C0C0C, 0x08080808, 0x04040404, 0);
   if constexpr (B == 2) {
-    const __m256i rows = _mm256_i32gather_epi32(words, cb, 4);
+    const __m256i rows = pick_word16(reinterpret_cast<const int32_t*>(tab.bytes), cb);  // 4 entries per word
     for (int qd = 0; qd < 8; ++qd) q[qd] = _mm256_shuffle_epi8(rows, _mm256_or_si256(q[qd], lane_base));
   } else {
-    const __m256i lo = _mm256_i32gather_epi32(words, _mm256_slli_epi32(cb, 1), 4);
-    const __m256i hi = _mm256_i32gather_epi32(words + 1, _mm256_slli_epi32(cb, 1), 4);
+    const __m256i lo = pick_word16(tab.halves, cb);
+    const __m256i hi = pick_word16(tab.halves + 16, cb);
     for (int qd = 0; qd < 8; ++qd) {
       const __m256i idx = _mm256_or_si256(_mm256_and_si256(q[qd], _mm256_set1_epi8(3)), lane_base);
       q[qd] = _mm256_blendv_epi8(_mm256_shuffle_epi8(lo, idx), _mm256_shuffle_epi8(hi, idx), _mm256_slli_epi16(q[qd], 5));
