@@ -89,6 +89,9 @@ struct Kernels {
 };
 
 Kernels kernels_for(CpuPath p) {
+#if defined(__aarch64__)
+  if (p != CpuPath::Scalar) return {fwht_neon, block_mix_neon};  // neon, dotprod, i8mm
+#endif
   switch (kernel_isa(p)) {
 #if defined(TORCH_LOWBIT_X86)
     case CpuPath::Avx512: return {fwht_avx512, block_mix_avx512};

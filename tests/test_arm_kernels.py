@@ -2,8 +2,9 @@
 with csrc/common/{lut_i8,q4x}_scalar.cpp and csrc/arm/*.cpp) with g++-aarch64-linux-gnu and run it under
 qemu-aarch64 on three CPU models: `max` (dotprod and i8mm), `cortex-a76` (dotprod, no i8mm) and
 `cortex-a53` (plain NEON). The int8-tile kernels (lut_i8) and the interleaved q4_RxS kernels (q4x:
-sdot for S = 4, smmla for S = 8) are both checked, and the TCQ kernels (the computed 1mad code in NEON,
-the hybrid code through the scalar path). The vectors come from this package: weights packed by the Python layouts,
+sdot for S = 4, smmla for S = 8) are both checked, the TCQ kernels (the computed 1mad code in NEON,
+the hybrid code through the scalar path), and the Hadamard kernels (NEON equal to the portable scalar
+code bit for bit, and that within fp32 rounding of a float64 transform). The vectors come from this package: weights packed by the Python layouts,
 activations by the Python twin of the kernels' quantizer (which the NEON quantizers must reproduce byte
 for byte from the same floats), and the expected output is the x86 scalar kernel's, which every ARM path
 must equal bit for bit (the formats' math has one source)."""
@@ -49,6 +50,23 @@ Q4X_CASES = [("q4_4x4", "q4_0", 37, 96, 1, True, 0), ("q4_4x4", "iq4_nl", 23, 64
 # and 5 bits cover s = 3 (windows at every bit offset), 4 (two words per row), 7 and 10 (the widest rows)
 TCQ_CASES = [("tcq2_1mad", 48, 272, 1, True), ("tcq1.5_1mad", 32, 256, 3, False), ("tcq3.5_1mad", 16, 512, 6, True),
              ("tcq5_1mad", 32, 128, 5, False), ("tcq2", 16, 256, 2, True)]
+
+
+# (k, len): k blocks of len floats through the Walsh-Hadamard kernel, then mixed by a random +-1 k x k
+# matrix (k = 1: no mix; k % 4 != 0 and len < 4: the scalar fallback); 4096 and 8192 pass the 2048-float L1 chunk
+HADAMARD_CASES = [(1, 8), (1, 16), (1, 4096), (1, 8192), (12, 128), (28, 64), (4, 4), (20, 32), (3, 8), (40, 16)]
+
+
+def _hadamard_case_bytes(k, length, gen) -> bytes:
+    x = torch.randn(k * length, generator=gen)
+    mix = torch.randint(0, 2, (k, k), generator=gen).float() * 2 - 1
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < length:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)  # Sylvester: the butterflies' order
+    y = x.double().view(k, length) @ h
+    expected = mix.double() @ y if k > 1 else y
+    return b"".join([_i64(k, length), x.numpy().tobytes(), mix.numpy().tobytes(),
+                     expected.float().contiguous().numpy().tobytes()])
 
 
 def _i64(*values):
@@ -154,7 +172,7 @@ def driver(tmp_path_factory):
     sources = ["tests/arm/kernels_driver.cpp", "csrc/common/lut_i8_scalar.cpp", "csrc/arm/lut_i8_neon.cpp",
                "csrc/arm/lut_i8_dotprod.cpp", "csrc/common/q4x_scalar.cpp", "csrc/arm/q4x_dotprod.cpp",
                "csrc/arm/q4x_i8mm.cpp", "csrc/arm/act_q8_neon.cpp", "csrc/common/palette_scalar.cpp",
-               "csrc/arm/palette_neon.cpp"]
+               "csrc/arm/palette_neon.cpp", "csrc/common/hadamard_scalar.cpp", "csrc/arm/hadamard_neon.cpp"]
     torch_include = Path(torch.__file__).parent / "include"
     # -ffp-contract=off: as the extension's flags, no fused multiply-add the source does not spell out
     cmd = [CXX, "-O2", "-std=c++17", "-ffp-contract=off", "-static", f"-I{ROOT / 'csrc'}", f"-I{torch_include}",
@@ -171,7 +189,8 @@ def vectors(tmp_path_factory):
     path = tmp_path_factory.mktemp("arm") / "kernel_vectors.bin"
     path.write_bytes(_i64(len(CASES)) + b"".join(_case_bytes(*case[:5], gen, *case[5:]) for case in CASES)
                      + _i64(len(Q4X_CASES)) + b"".join(_q4x_case_bytes(*case, gen) for case in Q4X_CASES)
-                     + _i64(len(TCQ_CASES)) + b"".join(_tcq_case_bytes(*case, gen) for case in TCQ_CASES))
+                     + _i64(len(TCQ_CASES)) + b"".join(_tcq_case_bytes(*case, gen) for case in TCQ_CASES)
+                     + _i64(len(HADAMARD_CASES)) + b"".join(_hadamard_case_bytes(*case, gen) for case in HADAMARD_CASES))
     return path, seed
 
 
@@ -190,3 +209,5 @@ def test_arm_int8_tile_kernels_equal_the_x86_scalar_kernel_under_qemu(driver, ve
     assert q4x == {"scalar"} | ({"dotprod"} if dotprod else set()) | ({"i8mm"} if i8mm else set())
     tcq = [line for line in lines if line.startswith("tcq case ")]
     assert len(tcq) == 2 * len(TCQ_CASES) and all(line.endswith(": equal") for line in tcq)
+    hadamard = [line for line in lines if line.startswith("hadamard case ")]
+    assert len(hadamard) == len(HADAMARD_CASES) and all(line.endswith(": equal") for line in hadamard)

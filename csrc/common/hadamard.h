@@ -22,5 +22,9 @@ void block_mix_avx2(const float* mix, int64_t k, const float* in, float* out, in
 void fwht_avx512(float* data, int64_t blocks, int64_t len);
 void block_mix_avx512(const float* mix, int64_t k, const float* in, float* out, int64_t len);
 #endif
+#if defined(__aarch64__)
+void fwht_neon(float* data, int64_t blocks, int64_t len);
+void block_mix_neon(const float* mix, int64_t k, const float* in, float* out, int64_t len);
+#endif
 
 }  // namespace torch_lowbit

@@ -5,7 +5,8 @@
 // says so, dotprod), then the interleaved q4_RxS cases (q4x: scalar, dotprod for S = 4, i8mm for S = 8),
 // and requires each path to equal the x86 scalar output bit for bit; last the TCQ kernels (palette.h:
 // scalar and NEON decode bit for bit the x86 scalar decode; the NEON GEMV, which sums in another
-// order, within fp32 rounding of the x86 scalar GEMV).
+// order, within fp32 rounding of the x86 scalar GEMV); then the Hadamard kernels (NEON equal to the
+// portable scalar code bit for bit, which is within fp32 rounding of a float64 transform).
 //   usage: kernels_driver VECTORS.bin     prints one line per case and path; exit 0 iff all equal
 #include <sys/auxv.h>
 
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "common/act_q8.h"
+#include "common/hadamard.h"
 #include "common/lut_i8.h"
 #include "common/palette.h"
 #include "common/q4x.h"
@@ -216,6 +218,31 @@ int main(int argc, char** argv) {
                name, decode_ok && !bad ? "equal" : "MISMATCH");
         failures += !decode_ok || bad;
       }
+    }
+    const int64_t hadamard_cases = rd.i64();
+    for (int64_t c = 0; c < hadamard_cases; ++c) {
+      const int64_t k = rd.i64(), len = rd.i64();
+      auto x = rd.read<float>(k * len);
+      auto mix = rd.read<float>(k * k);
+      auto expected = rd.read<float>(k * len);
+      std::vector<float> scalar = x, neon = x, scalar_mixed(k * len, -1.f), neon_mixed(k * len, -2.f);
+      fwht_scalar(scalar.data(), k, len);
+      fwht_neon(neon.data(), k, len);
+      bool equal = std::memcmp(scalar.data(), neon.data(), 4 * k * len) == 0;
+      const float* result = scalar.data();
+      if (k > 1) {
+        block_mix_scalar(mix.data(), k, scalar.data(), scalar_mixed.data(), len);
+        block_mix_neon(mix.data(), k, neon.data(), neon_mixed.data(), len);
+        equal = equal && std::memcmp(scalar_mixed.data(), neon_mixed.data(), 4 * k * len) == 0;
+        result = scalar_mixed.data();
+      }
+      double bound = 0;  // fp32 sums of k * len terms of |x|: within 1e-6 * log2(k len) of the float64 transform
+      for (float v : x) bound += std::fabs(v);
+      bool close = true;
+      for (int64_t i = 0; i < k * len; ++i) close = close && std::fabs(result[i] - expected[i]) <= 1e-6 * bound + 1e-6;
+      printf("hadamard case %lld k=%lld len=%lld: %s\n", (long long)c, (long long)k, (long long)len,
+             equal && close ? "equal" : (equal ? "SCALAR FAR FROM FLOAT64" : "MISMATCH"));
+      failures += !(equal && close);
     }
   } catch (const std::string& e) {
     fprintf(stderr, "%s\n", e.c_str());
