@@ -919,6 +919,19 @@ def _one_hot_rows(k):
     return lin
 
 
+def test_integer_activation_kernel_splits_groups_to_fill_the_gpu():
+    """split_groups: decode's 64 tiles at N = 4096 get K slices (2 x the SMs, at most 8), prefill's
+    many tiles none, and no slice is ever empty (the tests above run 6 slices of one group at M = 1)."""
+    from torch_lowbit.triton_kernels.int_act import split_groups
+    assert split_groups(64, 448, 132) == (5, 90)  # q4_0 at 4096 x 14336, M = 1: 320 programs
+    assert split_groups(8 * 64, 448, 132) == (1, 448)
+    assert split_groups(1, 6, 132) == (6, 1) and split_groups(1, 1, 132) == (1, 1)
+    for tiles in (1, 3, 64, 100, 263, 264, 265, 4000):
+        for groups in (1, 2, 7, 32, 128, 449):
+            split, per = split_groups(tiles, groups, 132)
+            assert 1 <= split <= 8 and (split - 1) * per < groups <= split * per, (tiles, groups)
+
+
 @pytest.mark.parametrize("fmt", ["q4_0", "int4_g64", "int4_pc", "iq4_nl"])
 @pytest.mark.parametrize("bits", [8, 4])
 def test_integer_activation_kernel_matches_the_rounded_product(fmt, bits, monkeypatch):

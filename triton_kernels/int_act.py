@@ -3,7 +3,9 @@ activations rounded per token inside the kernel to int8 codes xq with one fp32 s
 (any of A8 / A4: the codes are int8 either way), weights decoded to their int8 table values (q4_0 /
 int4_pc: c - 8, int4_g*: c, iq4_nl: its integer table) and multiplied with an integer tl.dot
 (int8 x int8 -> int32, IMMA tensor cores on sm_80+). Two launches per call, no torch ops around them:
-_round_rows_kernel rounds x once (int8 codes, M K bytes), then the matmul kernel reads the codes.
+_round_rows_kernel rounds x once (int8 codes, M K bytes), then the matmul kernel reads the codes; where
+the M x N tiles are too few to fill the GPU (decode: 64 tiles at N = 4096) the groups are split over
+up to 8 K slices whose fp32 partials a third launch sums in a fixed order (split_groups).
 
 Rounding (formats/activations.py quantize_per_token, bit for bit): one program per token reads its
 row for max|x|, xd = max|x| * (clip / qmax) (1 for an all-zero row), then xq = clamp(rint(x / xd)) —
@@ -28,7 +30,7 @@ import triton.language as tl
 
 from torch_lowbit.act_codes import ACT_BITS, symmetric_min_code
 
-from .matmul import _affine_form, cdiv, check_device, derived
+from .matmul import _affine_form, _splitk_reduce_kernel, cdiv, check_device, derived
 
 BLOCK_N = 64
 DOT_M = 16  # the smallest M tile an int8 tl.dot takes on GPUs (the interpreter would take less)
@@ -78,16 +80,18 @@ def _round_rows_kernel(x_ptr, q_ptr, d_ptr, K, ACT_SCALE, QMIN: tl.constexpr, QM
 
 
 @triton.jit
-def _lut4_int_linear_kernel(q_ptr, d_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, M, N, K,
-                            GROUP: tl.constexpr, HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr,
-                            AFFINE: tl.constexpr, LUT_A: tl.constexpr, LUT_B: tl.constexpr,
+def _lut4_int_linear_kernel(q_ptr, d_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_ptr, M, N, K,
+                            GROUPS_PER_SPLIT, GROUP: tl.constexpr, HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr,
+                            AFFINE: tl.constexpr, LUT_A: tl.constexpr, LUT_B: tl.constexpr, SPLIT_K: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """AFFINE: t[c] = LUT_A c + LUT_B (q4_0, int4_pc: c - 8; int4_g*: c) in integer arithmetic; else a
     gather from the 16-entry int8 table (iq4_nl). q_ptr, d_ptr: the tokens' codes int8 [M, K] and
     scales fp32 [M] (_round_rows_kernel). qw_ptr: the weight codes as int32 words [N, K / 8];
-    BLOCK_K: one run (RUN)."""
+    BLOCK_K: one run (RUN). Program (m, n, s) sums groups [s G, (s + 1) G) of GROUPS_PER_SPLIT = G;
+    SPLIT_K > 1: its fp32 partial goes to ws [SPLIT_K, M, N] (matmul._splitk_reduce_kernel adds them
+    in a fixed order and the bias), else to y with the bias."""
     tl.static_assert(BLOCK_K == 32, "one K step is one 32-code run")
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -98,7 +102,8 @@ def _lut4_int_linear_kernel(q_ptr, d_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr,
     wl = tl.arange(0, 4)
     g_rows = offs_n.to(tl.int64) * (K // GROUP)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for g in range(0, K // GROUP):
+    g_end = tl.minimum((pid_k + 1) * GROUPS_PER_SPLIT, K // GROUP)
+    for g in range(pid_k * GROUPS_PER_SPLIT, g_end):
         isum = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
         qsum = tl.zeros((BLOCK_M,), dtype=tl.int32)
         for k0 in range(g * GROUP, (g + 1) * GROUP, BLOCK_K):
@@ -119,9 +124,22 @@ def _lut4_int_linear_kernel(q_ptr, d_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr,
             mn = tl.load(mn_ptr + g_rows + g, mask=n_ok, other=0.0).to(tl.float32)
             acc += qsum.to(tl.float32)[:, None] * mn[None, :]
     y = acc * xd[:, None]
-    if HAS_BIAS:
-        y += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :], y, mask=m_ok[:, None] & n_ok[None, :])
+    out = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+    if SPLIT_K > 1:
+        tl.store(ws_ptr + pid_k.to(tl.int64) * M * N + out, y, mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        if HAS_BIAS:
+            y += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + out, y, mask=m_ok[:, None] & n_ok[None, :])
+
+
+def split_groups(tiles: int, groups: int, sms: int) -> tuple[int, int]:
+    """(SPLIT_K, groups per split): enough K slices that tiles x SPLIT_K is about twice the GPU's SM
+    count (at decode the M x N tiles alone are 64 programs for N = 4096: half an H100 idle, 188 GB/s
+    there), at most 8, and no empty slice."""
+    want = max(1, min(8, groups, -(-2 * sms // max(tiles, 1))))
+    per = -(-groups // want)
+    return -(-groups // per), per
 
 
 def lut4_int_linear(x, qweight, scales, mins, lut, group_size, bias=None, act_bits=8, act_clip=1.0):
@@ -158,12 +176,20 @@ def lut4_int_linear(x, qweight, scales, mins, lut, group_size, bias=None, act_bi
     xd = torch.empty(m, dtype=torch.float32, device=x.device)
     _round_rows_kernel[(m,)](x.contiguous(), xq, xd, k, act_clip / qmax, QMIN=symmetric_min_code(act_bits),
                              QMAX=qmax, BLOCK_K=ROUND_BLOCK, num_warps=4)
-    grid = (cdiv(m, block_m), cdiv(n, BLOCK_N))
+    tiles = cdiv(m, block_m) * cdiv(n, BLOCK_N)
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.device.type == "cuda" else 132
+    split, per_split = split_groups(tiles, k // group_size, sms)
+    ws = torch.empty((split, m, n), device=x.device, dtype=torch.float32) if split > 1 else y
+    b = bias.float().contiguous() if bias is not None else y
+    grid = (cdiv(m, block_m), cdiv(n, BLOCK_N), split)
     _lut4_int_linear_kernel[grid](
         xq, xd, qweight.contiguous().view(torch.int32), scales.contiguous(),
-        (mins if mins is not None else scales).contiguous(), lut.contiguous(),
-        bias.float().contiguous() if bias is not None else y, y, m, n, k, GROUP=group_size,
-        HAS_MIN=mins is not None, HAS_BIAS=bias is not None, AFFINE=form is not None,
-        LUT_A=int(form[0]) if form else 1, LUT_B=int(form[1]) if form else 0, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=block_k,
-        num_warps=4)
+        (mins if mins is not None else scales).contiguous(), lut.contiguous(), b, y, ws, m, n, k, per_split,
+        GROUP=group_size, HAS_MIN=mins is not None, HAS_BIAS=bias is not None, AFFINE=form is not None,
+        LUT_A=int(form[0]) if form else 1, LUT_B=int(form[1]) if form else 0, SPLIT_K=split, BLOCK_M=block_m,
+        BLOCK_N=BLOCK_N, BLOCK_K=block_k, num_warps=4)
+    if split > 1:
+        block = 1024
+        _splitk_reduce_kernel[(cdiv(m * n, block),)](ws, b, y, m * n, n, HAS_BIAS=bias is not None, SPLIT_K=split,
+                                                     BLOCK=block)
     return y
