@@ -74,6 +74,9 @@ at::Tensor kv_attention_cpu(const at::Tensor& q, const at::Tensor& k_codes, cons
 #if defined(TORCH_LOWBIT_X86)
   if (kernel_isa(active_cpu_path()) != CpuPath::Scalar && group % 8 == 0) task_fn = kv_attention_task_avx2;
 #endif
+#if defined(__aarch64__)
+  if (active_cpu_path() != CpuPath::Scalar && group % 8 == 0) task_fn = kv_attention_task_neon;  // neon, dotprod, i8mm
+#endif
   const int64_t row_bytes = D * bits / 8, groups = D / group;
   const auto* kcp = kc.data_ptr<uint8_t>();
   const auto* vcp = vc.data_ptr<uint8_t>();

@@ -3,8 +3,9 @@ with csrc/common/{lut_i8,q4x}_scalar.cpp and csrc/arm/*.cpp) with g++-aarch64-li
 qemu-aarch64 on three CPU models: `max` (dotprod and i8mm), `cortex-a76` (dotprod, no i8mm) and
 `cortex-a53` (plain NEON). The int8-tile kernels (lut_i8) and the interleaved q4_RxS kernels (q4x:
 sdot for S = 4, smmla for S = 8) are both checked, the TCQ kernels (the computed 1mad code in NEON,
-the hybrid code through the scalar path), and the Hadamard kernels (NEON equal to the portable scalar
-code bit for bit, and that within fp32 rounding of a float64 transform). The vectors come from this package: weights packed by the Python layouts,
+the hybrid code through the scalar path), the Hadamard kernels (NEON equal to the portable scalar
+code bit for bit, and that within fp32 rounding of a float64 transform), and KV-cache attention
+(scalar and NEON tasks within fp32 rounding of a float64 softmax over the dequantized cache). The vectors come from this package: weights packed by the Python layouts,
 activations by the Python twin of the kernels' quantizer (which the NEON quantizers must reproduce byte
 for byte from the same floats), and the expected output is the x86 scalar kernel's, which every ARM path
 must equal bit for bit (the formats' math has one source)."""
@@ -67,6 +68,48 @@ def _hadamard_case_bytes(k, length, gen) -> bytes:
     expected = mix.double() @ y if k > 1 else y
     return b"".join([_i64(k, length), x.numpy().tobytes(), mix.numpy().tobytes(),
                      expected.float().contiguous().numpy().tobytes()])
+
+
+# (bits, head dim, group, G query heads, query rows, cached positions L, mask, exact ring length R): decode
+# (1 row) and prefill blocks; "causal" holes every row's future (-inf) and the first row entirely,
+# "finfo" masks with transformers' finfo.min; 8 rows x 8 heads is the most queries a task holds (64)
+KV_CASES = [(4, 64, 64, 3, 1, 37, None, 0), (4, 32, 16, 4, 5, 29, "causal", 0), (8, 48, 8, 2, 9, 45, "finfo", 5),
+            (4, 128, 32, 8, 8, 70, "causal", 0), (4, 24, 8, 5, 3, 9, None, 3), (8, 64, 64, 1, 17, 40, "causal", 4)]
+
+
+def _kv_case_bytes(bits, d, group, g, rows, length, mask_kind, ring, gen) -> bytes:
+    width = d * bits // 8
+    k_codes, v_codes = (torch.randint(0, 256, (length, width), generator=gen, dtype=torch.uint8) for _ in range(2))
+    k_scale, v_scale = (torch.rand(length, d // group, generator=gen).mul(0.1).add(0.02).half() for _ in range(2))
+    k_min, v_min = (torch.rand(length, d // group, generator=gen).sub(0.5).half() for _ in range(2))
+    q = torch.randn(rows, g, d, generator=gen)
+    recent_hi = length - 2 if ring else 0  # positions [hi - R, hi) come exact from the rings
+    k_ring, v_ring = torch.randn(max(ring, 1), d, generator=gen), torch.randn(max(ring, 1), d, generator=gen)
+
+    def values(codes, scale, mn, exact):
+        if bits == 4:
+            c = torch.stack([codes & 15, codes >> 4], -1).reshape(length, d)
+        else:
+            c = codes
+        v = c.double() * scale.double().repeat_interleave(group, 1) + mn.double().repeat_interleave(group, 1)
+        for j in range(max(recent_hi - ring, 0), recent_hi):
+            v[j] = exact[j % ring].double()
+        return v
+    keys, vals = values(k_codes, k_scale, k_min, k_ring), values(v_codes, v_scale, v_min, v_ring)
+    mask = torch.zeros(rows, length)
+    if mask_kind:
+        last = length - rows + torch.arange(rows)
+        hidden = torch.arange(length)[None, :] > last[:, None]
+        hidden[0] = True  # the first row sees no key: NaN (-inf) or a uniform average (finfo.min)
+        mask[hidden] = float("-inf") if mask_kind == "causal" else torch.finfo(torch.float32).min
+    scale = d ** -0.5
+    s = torch.einsum("rgd,ld->rgl", q.double(), keys) * scale + mask.double()[:, None, :]
+    expected = s.softmax(-1) @ vals  # [rows, g, d]; all -inf rows come out NaN
+    head = _i64(bits, d, group, g, rows, length, mask_kind is not None, ring, recent_hi)
+    parts = [head] + [t.contiguous().numpy().tobytes() for t in (k_codes, v_codes)]
+    parts += [t.view(torch.int16).contiguous().numpy().tobytes() for t in (k_scale, k_min, v_scale, v_min)]
+    parts += [t.float().contiguous().numpy().tobytes() for t in (q, mask, k_ring, v_ring, expected)]
+    return b"".join(parts)
 
 
 def _i64(*values):
@@ -172,7 +215,8 @@ def driver(tmp_path_factory):
     sources = ["tests/arm/kernels_driver.cpp", "csrc/common/lut_i8_scalar.cpp", "csrc/arm/lut_i8_neon.cpp",
                "csrc/arm/lut_i8_dotprod.cpp", "csrc/common/q4x_scalar.cpp", "csrc/arm/q4x_dotprod.cpp",
                "csrc/arm/q4x_i8mm.cpp", "csrc/arm/act_q8_neon.cpp", "csrc/common/palette_scalar.cpp",
-               "csrc/arm/palette_neon.cpp", "csrc/common/hadamard_scalar.cpp", "csrc/arm/hadamard_neon.cpp"]
+               "csrc/arm/palette_neon.cpp", "csrc/common/hadamard_scalar.cpp", "csrc/arm/hadamard_neon.cpp",
+               "csrc/common/kv_attention_scalar.cpp", "csrc/arm/kv_attention_neon.cpp"]
     torch_include = Path(torch.__file__).parent / "include"
     # -ffp-contract=off: as the extension's flags, no fused multiply-add the source does not spell out
     cmd = [CXX, "-O2", "-std=c++17", "-ffp-contract=off", "-static", f"-I{ROOT / 'csrc'}", f"-I{torch_include}",
@@ -190,7 +234,8 @@ def vectors(tmp_path_factory):
     path.write_bytes(_i64(len(CASES)) + b"".join(_case_bytes(*case[:5], gen, *case[5:]) for case in CASES)
                      + _i64(len(Q4X_CASES)) + b"".join(_q4x_case_bytes(*case, gen) for case in Q4X_CASES)
                      + _i64(len(TCQ_CASES)) + b"".join(_tcq_case_bytes(*case, gen) for case in TCQ_CASES)
-                     + _i64(len(HADAMARD_CASES)) + b"".join(_hadamard_case_bytes(*case, gen) for case in HADAMARD_CASES))
+                     + _i64(len(HADAMARD_CASES)) + b"".join(_hadamard_case_bytes(*case, gen) for case in HADAMARD_CASES)
+                     + _i64(len(KV_CASES)) + b"".join(_kv_case_bytes(*case, gen) for case in KV_CASES))
     return path, seed
 
 
@@ -211,3 +256,5 @@ def test_arm_int8_tile_kernels_equal_the_x86_scalar_kernel_under_qemu(driver, ve
     assert len(tcq) == 2 * len(TCQ_CASES) and all(line.endswith(": equal") for line in tcq)
     hadamard = [line for line in lines if line.startswith("hadamard case ")]
     assert len(hadamard) == len(HADAMARD_CASES) and all(line.endswith(": equal") for line in hadamard)
+    kv = [line for line in lines if line.startswith("kv case ")]
+    assert len(kv) == 2 * len(KV_CASES) and all(line.endswith(": close") for line in kv)

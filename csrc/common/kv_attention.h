@@ -65,5 +65,8 @@ void kv_attention_task_scalar(const KvAttentionTask& t);
 #if defined(TORCH_LOWBIT_X86)
 void kv_attention_task_avx2(const KvAttentionTask& t);  // needs group % 8 == 0 (so D % 8 == 0)
 #endif
+#if defined(__aarch64__)
+void kv_attention_task_neon(const KvAttentionTask& t);  // needs group % 8 == 0 (so D % 8 == 0)
+#endif
 
 }  // namespace torch_lowbit

@@ -6,7 +6,8 @@
 // and requires each path to equal the x86 scalar output bit for bit; last the TCQ kernels (palette.h:
 // scalar and NEON decode bit for bit the x86 scalar decode; the NEON GEMV, which sums in another
 // order, within fp32 rounding of the x86 scalar GEMV); then the Hadamard kernels (NEON equal to the
-// portable scalar code bit for bit, which is within fp32 rounding of a float64 transform).
+// portable scalar code bit for bit, which is within fp32 rounding of a float64 transform); last the
+// KV-cache attention tasks (scalar and NEON within fp32 rounding of a float64 softmax).
 //   usage: kernels_driver VECTORS.bin     prints one line per case and path; exit 0 iff all equal
 #include <sys/auxv.h>
 
@@ -20,6 +21,7 @@
 
 #include "common/act_q8.h"
 #include "common/hadamard.h"
+#include "common/kv_attention.h"
 #include "common/lut_i8.h"
 #include "common/palette.h"
 #include "common/q4x.h"
@@ -243,6 +245,72 @@ int main(int argc, char** argv) {
       printf("hadamard case %lld k=%lld len=%lld: %s\n", (long long)c, (long long)k, (long long)len,
              equal && close ? "equal" : (equal ? "SCALAR FAR FROM FLOAT64" : "MISMATCH"));
       failures += !(equal && close);
+    }
+    const int64_t kv_cases = rd.i64();
+    for (int64_t c = 0; c < kv_cases; ++c) {
+      const int64_t bits = rd.i64(), D = rd.i64(), group = rd.i64(), G = rd.i64(), rows = rd.i64(), L = rd.i64();
+      const int64_t has_mask = rd.i64(), R = rd.i64(), recent_hi = rd.i64();
+      const int64_t width = D * bits / 8, groups = D / group;
+      auto k_codes = rd.read<uint8_t>(L * width);
+      auto v_codes = rd.read<uint8_t>(L * width);
+      auto k_scale = rd.read<uint16_t>(L * groups);
+      auto k_min = rd.read<uint16_t>(L * groups);
+      auto v_scale = rd.read<uint16_t>(L * groups);
+      auto v_min = rd.read<uint16_t>(L * groups);
+      auto q = rd.read<float>(rows * G * D);
+      auto mask = rd.read<float>(rows * L);
+      auto k_ring = rd.read<float>(std::max<int64_t>(R, 1) * D);
+      auto v_ring = rd.read<float>(std::max<int64_t>(R, 1) * D);
+      auto expected = rd.read<float>(rows * G * D);
+      const std::pair<const char*, void (*)(const KvAttentionTask&)> paths[] = {{"scalar", kv_attention_task_scalar},
+                                                                                {"neon", kv_attention_task_neon}};
+      for (auto& [name, task_fn] : paths) {
+        std::vector<float> out(rows * G * D, -7.f), scratch(kv_attention_scratch_floats(rows * G, L, D));
+        KvAttentionTask t;  // one task: every row of the block x the G heads of one KV head
+        t.q = q.data();
+        t.q_stride = D;
+        t.rows = rows;
+        t.q_row_stride = G * D;
+        t.out_row_stride = G * D;
+        t.mask_row_stride = L;
+        t.k_codes = k_codes.data();
+        t.k_scale = k_scale.data();
+        t.k_min = k_min.data();
+        t.v_codes = v_codes.data();
+        t.v_scale = v_scale.data();
+        t.v_min = v_min.data();
+        t.mask = has_mask ? mask.data() : nullptr;
+        t.mask_head_stride = 0;
+        t.mask_key_stride = 1;
+        t.out = out.data();
+        t.out_stride = D;
+        t.G = G;
+        t.L = L;
+        t.D = D;
+        t.group = group;
+        t.bits = static_cast<int>(bits);
+        t.scale = 1.f / std::sqrt(static_cast<float>(D));
+        t.scores = scratch.data();
+        t.row = scratch.data() + scratch.size() - kKvScratchRows * D;
+        if (R) {
+          t.k_recent = k_ring.data();
+          t.v_recent = v_ring.data();
+          t.recent_len = R;
+          t.recent_hi = recent_hi;
+          t.recent_lo = std::max<int64_t>(recent_hi - R, 0);
+        }
+        task_fn(t);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < rows * G * D; ++i) {
+          const float got = out[i], want = expected[i];
+          const bool ok = std::isnan(want) ? std::isnan(got) : std::fabs(got - want) <= 2e-5f + 2e-5f * std::fabs(want);
+          if (!ok && bad++ == 0) printf("  first difference at %lld: %.9g vs %.9g\n", (long long)i, got, want);
+        }
+        printf("kv case %lld bits=%lld D=%lld group=%lld G=%lld rows=%lld L=%lld mask=%lld R=%lld %s: %s\n",
+               (long long)c, (long long)bits, (long long)D, (long long)group, (long long)G, (long long)rows,
+               (long long)L, (long long)has_mask, (long long)R, name, bad ? "MISMATCH" : "close");
+        failures += bad != 0;
+      }
     }
   } catch (const std::string& e) {
     fprintf(stderr, "%s\n", e.c_str());
