@@ -68,25 +68,6 @@ inline float32x4_t exp4(float32x4_t x) {
   return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(vmulq_f32(y, vreinterpretq_f32_s32(pow2n))), underflows));
 }
 
-// The rows of keys (or values) j0 .. j0 + 7: exact from the ring where it holds them, rebuilt into
-// `tile` where some query uses them (`used`), else the zero row.
-void block_rows(const KvAttentionTask& t, const float* ring, const uint8_t* codes, const uint16_t* scale,
-                const uint16_t* mn, int64_t j0, int n, const bool* used, float* tile, const float* zeros,
-                const float** rows) {
-  const int64_t row_bytes = t.D * t.bits / 8, groups = t.D / t.group;
-  for (int k = 0; k < kKeyBlock; ++k) {
-    rows[k] = zeros;
-    if (k >= n || !used[k]) continue;
-    if (const float* exact = kv_recent_row(ring, t, k + j0)) {
-      rows[k] = exact;
-    } else {
-      dequant_row(codes + (j0 + k) * row_bytes, scale + (j0 + k) * groups, mn + (j0 + k) * groups, t.D, t.group,
-                  t.bits, tile + k * t.D);
-      rows[k] = tile + k * t.D;
-    }
-  }
-}
-
 // s[k0 + k][v * 4 ..] += qt · key rows[k0 + k] for k < 4 (stored for k0 + k < n), query vectors v0 .. v0 + NV - 1
 template <int NV>
 inline void lane_scores(const float* qt, int64_t Qp, int64_t D, const float* const* rows, int k0, int n, float* s,
@@ -146,23 +127,16 @@ inline void over_query_tiles(int64_t nv, F f) {
 
 void run_lane_task(const KvAttentionTask& t) {
   const float neg_inf = -std::numeric_limits<float>::infinity(), lowest = std::numeric_limits<float>::lowest();
-  const int64_t Q = t.queries(), L = t.L, D = t.D;
-  const int64_t Qp = (Q + 3) / 4 * 4, nv = Qp / 4;
-  float* s = t.scores;      // [L][Qp]
-  float* qt = s + L * Qp;   // [D][Qp], the queries transposed and scaled
-  float* ot = qt + D * Qp;  // [D][Qp], the outputs transposed
+  const int64_t L = t.L, D = t.D;
+  const float* masks[kKvMaxQueries];
+  const KvLanes lanes = kv_lanes(t, 4, masks);
+  const int64_t Qp = lanes.Qp, nv = lanes.vectors;
+  float* s = lanes.scores;
+  float* qt = lanes.qt;
+  float* ot = lanes.ot;
   float* tile = t.row;
   float* zeros = t.row + kKeyBlock * D;
   std::memset(zeros, 0, D * sizeof(float));
-  std::memset(qt, 0, 2 * D * Qp * sizeof(float));
-  const float* masks[kKvMaxQueries];
-  for (int64_t h = 0; h < Q; ++h) {
-    const float* q = t.query(h);
-    for (int64_t d = 0; d < D; ++d) qt[d * Qp + h] = q[d] * t.scale;
-    masks[h] = t.mask_row(h);
-  }
-  const int64_t step = t.mask_key_stride;
-  const float pad = t.mask ? neg_inf : 0.f;  // padding lanes: masked wherever the queries are
   const float32x4_t lowest_v = vdupq_n_f32(lowest);
   float32x4_t mxv[kKvMaxQueries / 4];
   for (int64_t v = 0; v < nv; ++v) mxv[v] = vdupq_n_f32(neg_inf);
@@ -171,10 +145,7 @@ void run_lane_task(const KvAttentionTask& t) {
   for (int64_t j0 = 0; j0 < L; j0 += kKeyBlock) {
     const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, L - j0));
     float* sb = s + j0 * Qp;
-    for (int k = 0; k < n; ++k) {  // the block's scores start as the mask values
-      for (int64_t h = 0; h < Q; ++h) sb[k * Qp + h] = masks[h] ? masks[h][(j0 + k) * step] : 0.f;
-      for (int64_t h = Q; h < Qp; ++h) sb[k * Qp + h] = pad;
-    }
+    kv_lanes_mask(t, lanes, masks, j0, n, 0);  // the block's scores start as the mask values
     int seen = 0;
     for (int k = 0; k < n; ++k) {
       uint32x4_t any = vdupq_n_u32(0);
@@ -183,7 +154,7 @@ void run_lane_task(const KvAttentionTask& t) {
     }
     if (!seen) continue;
     for (int k = 0; k < kKeyBlock; ++k) used[k] = (seen >> k) & 1;
-    block_rows(t, t.k_recent, t.k_codes, t.k_scale, t.k_min, j0, n, used, tile, zeros, rows);
+    kv_block_rows(t, dequant_row, t.k_recent, t.k_codes, t.k_scale, t.k_min, j0, n, used, tile, zeros, rows);
     for (int k0 = 0; k0 < n; k0 += 4)
       over_query_tiles(nv, [&](int64_t v, auto nv_tile) { lane_scores<decltype(nv_tile)::value>(qt, Qp, D, rows, k0, n, sb, v); });
     for (int k = 0; k < n; ++k)
@@ -217,7 +188,7 @@ void run_lane_task(const KvAttentionTask& t) {
       any |= used[k];
     }
     if (!any) continue;
-    block_rows(t, t.v_recent, t.v_codes, t.v_scale, t.v_min, j0, n, used, tile, zeros, rows);
+    kv_block_rows(t, dequant_row, t.v_recent, t.v_codes, t.v_scale, t.v_min, j0, n, used, tile, zeros, rows);
     float tail[kKeyBlock * kKvMaxQueries];  // a ragged last block: its missing keys weigh 0
     if (n < kKeyBlock) {
       std::memset(tail, 0, sizeof(tail));
@@ -233,10 +204,7 @@ void run_lane_task(const KvAttentionTask& t) {
     const float32x4_t r = vdivq_f32(vdupq_n_f32(1.f), total[v]);
     vst1q_f32(inv + v * 4, vbslq_f32(ok, r, vdupq_n_f32(std::numeric_limits<float>::quiet_NaN())));
   }
-  for (int64_t h = 0; h < Q; ++h) {
-    float* o = t.output(h);
-    for (int64_t d = 0; d < D; ++d) o[d] = ot[d * Qp + h] * inv[h];
-  }
+  kv_lanes_output(t, lanes, inv);
 }
 
 }  // namespace

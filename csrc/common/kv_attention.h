@@ -6,6 +6,7 @@
 // rows * G times (one position at decode; a block of the prompt at prefill).
 #pragma once
 #include <cstdint>
+#include <limits>
 
 namespace torch_lowbit {
 
@@ -59,6 +60,72 @@ struct KvAttentionTask {
 // The fp32 row of position j: the exact one from the ring where it holds j, else nullptr.
 static inline const float* kv_recent_row(const float* ring, const KvAttentionTask& t, int64_t j) {
   return ring && j >= t.recent_lo && j < t.recent_hi ? ring + (j % t.recent_len) * t.D : nullptr;
+}
+
+// Rebuilds one cache row of D channels (code * d + m per group) into out.
+using KvDequantRowFn = void (*)(const uint8_t* codes, const uint16_t* scale, const uint16_t* mn, int64_t D,
+                                int64_t group, int bits, float* out);
+
+// The rows of keys (or values) j0 .. j0 + n - 1 of a block of kKvScratchRows - 1: exact from the ring
+// where it holds them, rebuilt into `tile` (row k at k * D) where some query uses them (`used`), else
+// the zero row; rows[k] for k >= n is the zero row too.
+inline void kv_block_rows(const KvAttentionTask& t, KvDequantRowFn dequant, const float* ring, const uint8_t* codes,
+                          const uint16_t* scale, const uint16_t* mn, int64_t j0, int n, const bool* used, float* tile,
+                          const float* zeros, const float** rows) {
+  const int64_t row_bytes = t.D * t.bits / 8, groups = t.D / t.group;
+  for (int k = 0; k < kKvScratchRows - 1; ++k) {
+    rows[k] = zeros;
+    if (k >= n || !used[k]) continue;
+    if (const float* exact = kv_recent_row(ring, t, j0 + k)) {
+      rows[k] = exact;
+    } else {
+      dequant(codes + (j0 + k) * row_bytes, scale + (j0 + k) * groups, mn + (j0 + k) * groups, t.D, t.group, t.bits,
+              tile + k * t.D);
+      rows[k] = tile + k * t.D;
+    }
+  }
+}
+
+// The query-lane layout of a task (the x86 prefill path, every ARM task): the scratch as scores
+// [L][Qp] (key-major), qt [D][Qp] (the queries transposed, pre-scaled) and ot [D][Qp] (the outputs
+// transposed, zeroed), Qp the queries padded to whole vectors of `lanes`; masks[h] each query's row.
+struct KvLanes {
+  int64_t Qp, vectors;
+  float* scores;
+  float* qt;
+  float* ot;
+};
+
+inline KvLanes kv_lanes(const KvAttentionTask& t, int64_t lanes, const float** masks) {
+  const int64_t Q = t.queries(), Qp = (Q + lanes - 1) / lanes * lanes;
+  KvLanes l{Qp, Qp / lanes, t.scores, t.scores + t.L * Qp, t.scores + (t.L + t.D) * Qp};
+  for (int64_t i = 0; i < 2 * t.D * Qp; ++i) l.qt[i] = 0.f;
+  for (int64_t h = 0; h < Q; ++h) {
+    const float* q = t.query(h);
+    for (int64_t d = 0; d < t.D; ++d) l.qt[d * Qp + h] = q[d] * t.scale;
+    masks[h] = t.mask_row(h);
+  }
+  return l;
+}
+
+// Scores of keys j0 .. j0 + n - 1 start as the mask values, queries h0 .. Q - 1 here (padding lanes:
+// -inf with a mask, so they never count as seeing a key; 0 without).
+inline void kv_lanes_mask(const KvAttentionTask& t, const KvLanes& l, const float* const* masks, int64_t j0, int n,
+                          int64_t h0) {
+  float* sb = l.scores + j0 * l.Qp;
+  const float pad = t.mask ? -std::numeric_limits<float>::infinity() : 0.f;
+  for (int k = 0; k < n; ++k) {
+    for (int64_t h = h0; h < t.queries(); ++h) sb[k * l.Qp + h] = masks[h] ? masks[h][(j0 + k) * t.mask_key_stride] : 0.f;
+    for (int64_t h = t.queries(); h < l.Qp; ++h) sb[k * l.Qp + h] = pad;
+  }
+}
+
+// out(h)[d] = ot[d][h] * inv[h]
+inline void kv_lanes_output(const KvAttentionTask& t, const KvLanes& l, const float* inv) {
+  for (int64_t h = 0; h < t.queries(); ++h) {
+    float* o = t.output(h);
+    for (int64_t d = 0; d < t.D; ++d) o[d] = l.ot[d * l.Qp + h] * inv[h];
+  }
 }
 
 void kv_attention_task_scalar(const KvAttentionTask& t);

@@ -99,25 +99,6 @@ TLB_AVX2 inline __m256 sums8(const __m256* a) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// The rows of keys (or values) j0 .. j0 + 7 for a block: exact from the ring where it holds them,
-// rebuilt into `tile` where some query uses them (`used`), else the zero row.
-TLB_AVX2 void block_rows(const KvAttentionTask& t, const float* ring, const uint8_t* codes, const uint16_t* scale,
-                         const uint16_t* mn, int64_t j0, int n, const bool* used, float* tile, const float* zeros,
-                         const float** rows) {
-  const int64_t row_bytes = t.D * t.bits / 8, groups = t.D / t.group;
-  for (int k = 0; k < kKeyBlock; ++k) {
-    const int64_t j = j0 + k;
-    rows[k] = zeros;
-    if (k >= n || !used[k]) continue;
-    if (const float* exact = kv_recent_row(ring, t, j)) {
-      rows[k] = exact;
-    } else {
-      avx2_dequant_row(codes + j * row_bytes, scale + j * groups, mn + j * groups, t.D, t.group, t.bits, tile + k * t.D);
-      rows[k] = tile + k * t.D;
-    }
-  }
-}
-
 // One task (common/kv_attention_scalar.cpp's passes) in blocks of 8 keys: per query and block, the 8
 // scores are 8 accumulators over D (a query vector and 8 key rows per step) summed into one vector,
 // and the value pass adds 8 weighted value rows per output load / store. Each rebuilt row of the block
@@ -168,7 +149,7 @@ TLB_AVX2 void run_blocked_task(const KvAttentionTask& t) {
     // future): masked by -inf, or by finfo.min as transformers does, where finfo.min + q·k rounds
     // to finfo.min for any |q·k| < 1e31, so the score is the mask value without the product
     if (!any) continue;
-    block_rows(t, t.k_recent, t.k_codes, t.k_scale, t.k_min, j0, n, used, tile, zeros, rows);
+    kv_block_rows(t, avx2_dequant_row, t.k_recent, t.k_codes, t.k_scale, t.k_min, j0, n, used, tile, zeros, rows);
     for (int64_t h = 0; h < Q; ++h) {
       const float* q = queries[h];
       __m256 acc[kKeyBlock];
@@ -216,7 +197,7 @@ TLB_AVX2 void run_blocked_task(const KvAttentionTask& t) {
       any |= used[k];
     }
     if (!any) continue;
-    block_rows(t, t.v_recent, t.v_codes, t.v_scale, t.v_min, j0, n, used, tile, zeros, rows);
+    kv_block_rows(t, avx2_dequant_row, t.v_recent, t.v_codes, t.v_scale, t.v_min, j0, n, used, tile, zeros, rows);
     for (int64_t h = 0; h < Q; ++h) {
       const float* e = t.scores + h * L + j0;
       __m256 ev[kKeyBlock];
@@ -349,22 +330,16 @@ TLB_AVX2 inline void over_query_tiles(int64_t nv, F2 f2, F1 f1) {
 TLB_AVX2 void run_lane_task(const KvAttentionTask& t) {
   const float neg_inf = -std::numeric_limits<float>::infinity(), lowest = std::numeric_limits<float>::lowest();
   const int64_t Q = t.queries(), L = t.L, D = t.D;
-  const int64_t Qp = (Q + 7) / 8 * 8, nv = Qp / 8;
-  float* s = t.scores;         // [L][Qp]
-  float* qt = s + L * Qp;      // [D][Qp], the queries transposed and scaled
-  float* ot = qt + D * Qp;     // [D][Qp], the outputs transposed
+  const float* masks[kKvMaxQueries];
+  const KvLanes lanes = kv_lanes(t, 8, masks);
+  const int64_t Qp = lanes.Qp, nv = lanes.vectors;
+  float* s = lanes.scores;
+  float* qt = lanes.qt;
+  float* ot = lanes.ot;
   float* tile = t.row;
   float* zeros = t.row + kKeyBlock * D;
   std::memset(zeros, 0, D * sizeof(float));
-  std::memset(qt, 0, 2 * D * Qp * sizeof(float));
-  const float* masks[kKvMaxQueries];
-  for (int64_t h = 0; h < Q; ++h) {
-    const float* q = t.query(h);
-    for (int64_t d = 0; d < D; ++d) qt[d * Qp + h] = q[d] * t.scale;
-    masks[h] = t.mask_row(h);
-  }
   const int64_t step = t.mask_key_stride;
-  const float pad = t.mask ? neg_inf : 0.f;  // padding lanes: masked wherever the queries are
   const __m256 lowest_v = _mm256_set1_ps(lowest);
   __m256 mxv[kKvMaxQueries / 8];
   for (int64_t v = 0; v < nv; ++v) mxv[v] = _mm256_set1_ps(neg_inf);
@@ -385,10 +360,7 @@ TLB_AVX2 void run_lane_task(const KvAttentionTask& t) {
           transpose8(r);
           for (int k = 0; k < 8; ++k) _mm256_storeu_ps(sb + k * Qp + h0, r[k]);
         }
-      for (int k = 0; k < n; ++k) {
-        for (int64_t h = h0; h < Q; ++h) sb[k * Qp + h] = masks[h][(j0 + k) * step];
-        for (int64_t h = Q; h < Qp; ++h) sb[k * Qp + h] = pad;
-      }
+      kv_lanes_mask(t, lanes, masks, j0, n, h0);
     }
     int seen = 0;  // keys no query sees (mask at or below finfo.min) are never rebuilt, as above
     for (int k = 0; k < n; ++k) {
@@ -398,7 +370,7 @@ TLB_AVX2 void run_lane_task(const KvAttentionTask& t) {
     }
     if (!seen) continue;
     for (int k = 0; k < kKeyBlock; ++k) used[k] = (seen >> k) & 1;
-    block_rows(t, t.k_recent, t.k_codes, t.k_scale, t.k_min, j0, n, used, tile, zeros, rows);
+    kv_block_rows(t, avx2_dequant_row, t.k_recent, t.k_codes, t.k_scale, t.k_min, j0, n, used, tile, zeros, rows);
     for (int k0 = 0; k0 < n; k0 += 4)
       over_query_tiles(nv, [&](int64_t v) { lane_scores<2>(qt, Qp, D, rows, k0, n, sb, v); },
                        [&](int64_t v) { lane_scores<1>(qt, Qp, D, rows, k0, n, sb, v); });
@@ -432,7 +404,7 @@ TLB_AVX2 void run_lane_task(const KvAttentionTask& t) {
       any |= used[k];
     }
     if (!any) continue;
-    block_rows(t, t.v_recent, t.v_codes, t.v_scale, t.v_min, j0, n, used, tile, zeros, rows);
+    kv_block_rows(t, avx2_dequant_row, t.v_recent, t.v_codes, t.v_scale, t.v_min, j0, n, used, tile, zeros, rows);
     alignas(32) float tail[kKeyBlock * kKvMaxQueries];  // a ragged last block: its missing keys weigh 0
     if (n < kKeyBlock) {
       std::memset(tail, 0, sizeof(tail));
@@ -449,10 +421,7 @@ TLB_AVX2 void run_lane_task(const KvAttentionTask& t) {
     const __m256 r = _mm256_div_ps(_mm256_set1_ps(1.f), total[v]);
     _mm256_store_ps(inv + v * 8, _mm256_blendv_ps(_mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()), r, ok));
   }
-  for (int64_t h = 0; h < Q; ++h) {
-    float* o = t.output(h);
-    for (int64_t d = 0; d < D; ++d) o[d] = ot[d * Qp + h] * inv[h];
-  }
+  kv_lanes_output(t, lanes, inv);
 }
 
 }  // namespace
