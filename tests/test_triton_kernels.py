@@ -923,6 +923,10 @@ def test_integer_activation_kernel_splits_groups_to_fill_the_gpu():
     """split_groups: decode's 64 tiles at N = 4096 get K slices (2 x the SMs, at most 8), prefill's
     many tiles none, and no slice is ever empty (the tests above run 6 slices of one group at M = 1)."""
     from torch_lowbit.triton_kernels.int_act import split_groups
+    from torch_lowbit.triton_kernels.matmul import sm_count
+    assert sm_count(torch.device("cpu")) == 132 and sm_count(torch.device("meta")) == 132  # sized as an H100
+    if torch.cuda.is_available():
+        assert sm_count(torch.device("cuda")) == torch.cuda.get_device_properties(0).multi_processor_count
     assert split_groups(64, 448, 132) == (5, 90)  # q4_0 at 4096 x 14336, M = 1: 320 programs
     assert split_groups(8 * 64, 448, 132) == (1, 448)
     assert split_groups(1, 6, 132) == (6, 1) and split_groups(1, 1, 132) == (1, 1)

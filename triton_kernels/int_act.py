@@ -30,7 +30,7 @@ import triton.language as tl
 
 from torch_lowbit.act_codes import ACT_BITS, symmetric_min_code
 
-from .matmul import _affine_form, _splitk_reduce_kernel, cdiv, check_device, derived
+from .matmul import _affine_form, _splitk_reduce_kernel, cdiv, check_device, derived, sm_count
 
 BLOCK_N = 64
 DOT_M = 16  # the smallest M tile an int8 tl.dot takes on GPUs (the interpreter would take less)
@@ -177,8 +177,7 @@ def lut4_int_linear(x, qweight, scales, mins, lut, group_size, bias=None, act_bi
     _round_rows_kernel[(m,)](x.contiguous(), xq, xd, k, act_clip / qmax, QMIN=symmetric_min_code(act_bits),
                              QMAX=qmax, BLOCK_K=ROUND_BLOCK, num_warps=4)
     tiles = cdiv(m, block_m) * cdiv(n, BLOCK_N)
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.device.type == "cuda" else 132
-    split, per_split = split_groups(tiles, k // group_size, sms)
+    split, per_split = split_groups(tiles, k // group_size, sm_count(x.device))
     ws = torch.empty((split, m, n), device=x.device, dtype=torch.float32) if split > 1 else y
     b = bias.float().contiguous() if bias is not None else y
     grid = (cdiv(m, block_m), cdiv(n, BLOCK_N), split)

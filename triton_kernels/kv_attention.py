@@ -173,5 +173,5 @@ def kv_attention(q: torch.Tensor, k_codes: torch.Tensor, k_scale: torch.Tensor, 
 
 def _default_splits(rows: int, length: int, device: torch.device) -> int:
     """Splits so that rows x splits is about twice the GPU's SM count, each split 256+ positions long."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-    return max(1, min(2 * sms // max(rows, 1), length // 256))
+    from .matmul import sm_count
+    return max(1, min(2 * sm_count(device) // max(rows, 1), length // 256))

@@ -369,6 +369,19 @@ def pair_table(table: torch.Tensor) -> torch.Tensor:
 
 
 # -- checks ----------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """The GPU's SM count (cached: the launch path is host-bound), or an H100's 132 off CUDA (the
+    interpreter and the meta-device compile check size their grids as for one)."""
+    if device.type != "cuda":
+        return 132
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def check_device(op, ref_name, ref, tensors):
     for name, t in tensors.items():
         if t is not None and t.device != ref.device:
