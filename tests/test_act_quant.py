@@ -33,18 +33,70 @@ def test_asymmetric_grid_covers_min_to_max(bits):
     assert (fake_quantize_per_token(x, bits) - x).abs().mean() > (y - x).abs().mean()
 
 
-@pytest.mark.parametrize("block", [16, 32])
-def test_block_scaled_activations_give_each_block_its_own_grid(block):
-    """block > 0: one scale per block of a token's features (MXINT4-style), else the per-token math."""
-    x = torch.randn(5, 96, generator=_gen()) * torch.rand(5, 96 // block, 1, generator=_gen()).add(0.05).repeat_interleave(
-        block, 1).reshape(5, 96)
-    y = fake_quantize_per_token(x, 4, block=block)
-    for b in range(96 // block):
-        cols = slice(b * block, (b + 1) * block)
+def _varied_blocks(m, k, block, gen):
+    """Activations whose blocks of `block` features have very different scales."""
+    return torch.randn(m, k, generator=gen) * torch.rand(m, k // block, 1, generator=gen).add(0.05).repeat_interleave(
+        block, 1).reshape(m, k)
+
+
+def test_blocks_of_32_give_each_block_its_own_grid():
+    """block 32: one scale per block of a token's features (MXINT4-style), else the per-token math."""
+    x = _varied_blocks(5, 96, 32, _gen())
+    y = fake_quantize_per_token(x, 4, block=32)
+    for b in range(3):
+        cols = slice(b * 32, (b + 1) * 32)
         torch.testing.assert_close(y[:, cols], fake_quantize_per_token(x[:, cols], 4))
     assert (y - x).square().sum() < (fake_quantize_per_token(x, 4) - x).square().sum()
+
+
+def _sub_block_reference(x, bits, clip, sub):
+    """quantize_sub_blocks written out element by element in numpy float32 (an independent twin)."""
+    import numpy as np
+    qmax = 2 ** (bits - 1) - 1
+    kmax, ratio = 127 // (qmax + 1), np.float32(clip / qmax)
+    rows = x.numpy().astype(np.float32)
+    codes, scales = np.zeros(rows.shape, np.int8), np.zeros((rows.shape[0], rows.shape[1] // 32), np.float32)
+    for m, row in enumerate(rows):
+        for b in range(rows.shape[1] // 32):
+            blk = row[b * 32:(b + 1) * 32]
+            s = [np.float32(np.abs(blk[j:j + sub]).max()) * ratio for j in range(0, 32, sub)]
+            smax = max(s)
+            d = smax / np.float32(kmax) if smax > 0 else np.float32(1)
+            for j, sj in enumerate(s):
+                k = min(max(np.round(sj / d), 1), kmax)  # np.round: half to even
+                c = np.clip(np.round(blk[j * sub:(j + 1) * sub] / (np.float32(k) * d)), -qmax - 1, qmax)
+                codes[m, b * 32 + j * sub:b * 32 + (j + 1) * sub] = c * k
+            scales[m, b] = d
+    return torch.from_numpy(codes), torch.from_numpy(scales)
+
+
+@pytest.mark.parametrize("bits,sub", [(4, 16), (3, 16), (4, 8), (2, 8)])
+def test_sub_blocks_share_a_32_block_scale_times_integer_multipliers(bits, sub):
+    """blocks of 16 / 8: the codes are k_j * c with one fp32 scale per 32 features (two-level scales, so
+    the per-32 int8 kernels take them exactly), equal to an element-wise twin; each sub-block's grid is
+    within 1/kmax of its own, so the error is near per-sub-block scales and below blocks of 32."""
+    from torch_lowbit.act_codes import quantize_sub_blocks, sub_block_multiplier_max
+    gen = _gen()
+    x = _varied_blocks(6, 160, sub, gen)
+    x[1, 32:64] = 0  # a zero block: scale 1, codes 0
+    x[2, 40:48] = 0  # a zero sub-block beside a live one
+    codes, d = quantize_sub_blocks(x, bits, 0.9, sub)
+    ref_codes, ref_d = _sub_block_reference(x, bits, 0.9, sub)
+    assert torch.equal(codes, ref_codes) and torch.equal(d, ref_d)
+    qmax, kmax = 2 ** (bits - 1) - 1, sub_block_multiplier_max(bits)
+    assert codes.abs().max() <= (qmax + 1) * kmax <= 127 and d[1, 1] == 1 and (codes[1, 32:64] == 0).all()
+    y = fake_quantize_per_token(x, bits, clip_ratio=0.9, block=sub)
+    torch.testing.assert_close(y, (codes.float().reshape(6, 5, 32) * d[..., None]).reshape(6, 160))
+    free = fake_quantize_per_token(x.reshape(6, -1, sub), bits, clip_ratio=0.9).reshape(6, 160)  # a scale per sub-block
+    err = lambda t: (t - x).square().sum()  # noqa: E731
+    assert err(y) < err(fake_quantize_per_token(x, bits, clip_ratio=0.9, block=32)) and err(y) < 1.5 * err(free)
+
+
+@pytest.mark.parametrize("block", [16, 32])
+def test_block_scaled_activations_wrap_a_layer(block):
+    x = _varied_blocks(5, 96, block, _gen())
     lin = tl.QuantLinear.from_linear(torch.nn.Linear(96, 24), "q4_0")
-    wrapped = tl.ActQuantLinear(lin, 4, clip_ratio=0.9, block=block)  # 16: rounded in torch; 32: in the kernel
+    wrapped = tl.ActQuantLinear(lin, 4, clip_ratio=0.9, block=block)  # rounded in the kernel
     with torch.no_grad():
         torch.testing.assert_close(wrapped(x), lin(fake_quantize_per_token(x, 4, True, 0.9, block)), rtol=0.02, atol=0.02)
         in_torch = tl.ActQuantLinear(tl.QuantLinear.from_linear(torch.nn.Linear(96, 24), "q4_0", layout="lut4_rowmajor"),
@@ -53,8 +105,10 @@ def test_block_scaled_activations_give_each_block_its_own_grid(block):
     assert f"per block of {block}" in repr(wrapped)
     with pytest.raises(ValueError, match="does not divide the layer's 96"):
         tl.ActQuantLinear(lin, 4, block=64)
-    with pytest.raises(ValueError, match="even number"):
-        fake_quantize_per_token(x, 4, block=5)
+    with pytest.raises(ValueError, match="16 or 8 .* or a multiple of 32"):
+        fake_quantize_per_token(x, 4, block=24)
+    with pytest.raises(ValueError, match="blocks of 16 need at most 4 bits"):
+        tl.ActQuantLinear(lin, 8, block=16)
 
 
 def test_clip_search_clips_heavy_tails_only():
@@ -119,10 +173,10 @@ def test_fused_projections_see_the_same_quantized_input_as_separate_ones():
 
 @pytest.mark.parametrize("path", ["scalar", "avx2", "avxvnni", "avx512"])
 @pytest.mark.parametrize("fmt", ["q4_0", "int4_g64", "q8_0"])
-@pytest.mark.parametrize("bits,block", [(8, 0), (4, 0), (4, 32), (3, 32)])
+@pytest.mark.parametrize("bits,block", [(8, 0), (4, 0), (4, 32), (3, 32), (4, 16), (2, 8)])
 def test_integer_activation_kernel_matches_the_rounded_product(path, fmt, bits, block):
     """ActQuantLinear on a CPU-kernel QuantLinear: the lut_i8 kernel rounds x per token (block 32: per
-    block of 32 features) and multiplies the integers (one rounding); the result is
+    block of 32 features; 16 / 8: two-level sub-block scales) and multiplies the integers (one rounding); the result is
     x_rounded @ W_dequantized.T within fp32 error, for odd shapes (N = 37, K = 192, 1..33 tokens,
     bias). The old route (round in torch, then the kernel's own per-32 int8 blocks) rounds twice and
     misses that bound at A4."""
@@ -177,12 +231,15 @@ def test_integer_activation_op_checks_the_block():
     q = tl.QuantLinear.from_linear(torch.nn.Linear(64, 16), "q4_0")
     args = (torch.randn(2, 64), q.qweight, q.scales, None, q.lut_i8, 4, 32, 16, q.bias, None)
     ops = torch.ops.torch_lowbit
-    torch.testing.assert_close(ops.lut_i8_linear(*args, 4, 1.0, 32), q(fake_quantize_per_token(args[0], 4, block=32)),
-                               rtol=0.05, atol=0.05)
-    with pytest.raises(RuntimeError, match="act_block must be 0 .* or 32"):
-        ops.lut_i8_linear(*args, 4, 1.0, 16)
-    with pytest.raises(RuntimeError, match="act_block must be 0 .* or 32"):
+    for block in (32, 16):
+        torch.testing.assert_close(ops.lut_i8_linear(*args, 4, 1.0, block),
+                                   q(fake_quantize_per_token(args[0], 4, block=block)), rtol=0.05, atol=0.05)
+    with pytest.raises(RuntimeError, match="act_block must be 0 .* 32 .* 16 / 8"):
+        ops.lut_i8_linear(*args, 4, 1.0, 64)
+    with pytest.raises(RuntimeError, match="act_block must be 0 .* 32 .* 16 / 8"):
         ops.lut_i8_linear(*args, 0, 1.0, 32)  # blocks need act_bits
+    with pytest.raises(RuntimeError, match="act_block 16 needs act_bits <= 4"):
+        ops.lut_i8_linear(*args, 8, 1.0, 16)
 
 
 def test_integer_activation_kernel_refuses_groups_its_int32_sums_cannot_hold():

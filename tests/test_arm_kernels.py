@@ -20,19 +20,22 @@ import torch
 
 import torch_lowbit as tl
 from conftest import random_linear
+from torch_lowbit.act_codes import quantize_sub_blocks
 from torch_lowbit.formats.activations import quantize_q8_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 CXX, QEMU = "aarch64-linux-gnu-g++", "qemu-aarch64"
 CPU_MODELS = {"max": (True, True), "cortex-a76": (True, False), "cortex-a53": (False, False)}  # dotprod, i8mm
 # (format, out N, in K, tokens M, bias[, per-token activation bits]): odd N (a ragged last tile), several
-# groups, M = 1..33; the last cases run QuaRot's per-token A8 / A4 (int32 group sums)
+# groups, M = 1..33; the cases with activation bits run QuaRot's per-token A8 / A4 (int32 group sums), the
+# last two its sub-block activations (two-level scales in blocks of 16 / 8)
 CASES = [("q4_0", 37, 96, 1, True), ("q4_0", 16, 64, 33, False), ("int4_g64", 50, 128, 5, True),
          ("iq4_nl", 23, 64, 2, False), ("q8_0", 29, 96, 3, True), ("int2_g64", 17, 64, 4, True),
          ("int3_g64", 9, 128, 1, False), ("int1_g32", 33, 64, 2, True), ("int2_sym_g32", 16, 96, 3, False),
          ("q4_0", 21, 96, 3, True, 8), ("int4_g64", 19, 128, 2, False, 4), ("iq4_nl", 40, 64, 5, True, 8),
          ("int4_pc", 18, 160, 1, True, 4), ("gcb2", 37, 256, 3, True), ("gcb3_sb64", 21, 128, 2, False),
-         ("vq2", 29, 192, 3, True), ("vq1.5", 16, 128, 1, False)]
+         ("vq2", 29, 192, 3, True), ("vq1.5", 16, 128, 1, False),
+         ("q4_0", 27, 96, 3, True, 4, 16), ("int4_g64", 19, 128, 2, False, 2, 8)]
 
 pytestmark = pytest.mark.skipif(shutil.which(CXX) is None or shutil.which(QEMU) is None,
                                 reason=f"needs {CXX} and {QEMU} (Debian: apt-get install g++-aarch64-linux-gnu "
@@ -125,7 +128,7 @@ def _per_token_codes(x, bits, clip):
     return xq, d.expand(-1, x.shape[1] // 32).contiguous()
 
 
-def _case_bytes(fmt, n, k, m, bias, gen, act_bits=0) -> bytes:
+def _case_bytes(fmt, n, k, m, bias, gen, act_bits=0, act_block=0) -> bytes:
     q = tl.QuantLinear.from_linear(random_linear(k, n, bias, gen), fmt)
     assert q.layout.name.endswith("_i8_n16"), q.layout.name
     bufs = dict(q.named_buffers())
@@ -142,7 +145,10 @@ def _case_bytes(fmt, n, k, m, bias, gen, act_bits=0) -> bytes:
     xk = x  # what the kernel rounds: vq's rotated input in pair-split order
     if pairs:
         xk = q.fmt.rotate_activations(x, bufs["signs"]).reshape(m, k // 64, 32, 2).transpose(-1, -2).reshape(m, k)
-    xq, xd = _per_token_codes(xk, act_bits, clip) if act_bits else quantize_q8_blocks(xk)
+    if act_block:
+        xq, xd = quantize_sub_blocks(xk, act_bits, clip, act_block)
+    else:
+        xq, xd = _per_token_codes(xk, act_bits, clip) if act_bits else quantize_q8_blocks(xk)
     xsum = xq.to(torch.int32).reshape(m, k // 32, 32).sum(-1).to(torch.int32)
     gdsum = torch.zeros(m, k // group)
     per = group // 32
@@ -152,10 +158,10 @@ def _case_bytes(fmt, n, k, m, bias, gen, act_bits=0) -> bytes:
             s = s + xd[:, b] * xsum[:, b].float()
         gdsum[:, g] = s
     with tl.use_backend("cpu", path="scalar"):
-        expected = tl.ActQuantLinear(q, act_bits, clip_ratio=clip)(x) if act_bits else q(x)
+        expected = tl.ActQuantLinear(q, act_bits, clip_ratio=clip, block=act_block)(x) if act_bits else q(x)
     mins = bufs.get("mins")
     parts = [_i64(q.fmt.bits if gcb else q.fmt.code_bits if pairs else q.layout.bits, n, k, group, m,
-                  mins is not None, bias, offset, act_bits, gcb, pairs), utable.numpy().tobytes(),
+                  mins is not None, bias, offset, act_bits, act_block, gcb, pairs), utable.numpy().tobytes(),
              bufs["qweight"].contiguous().numpy().tobytes(), scales.contiguous().view(torch.int16).numpy().tobytes()]
     if mins is not None:
         parts.append(mins.contiguous().view(torch.int16).numpy().tobytes())

@@ -102,9 +102,11 @@ def test_block_scaled_activations_recipe_saves_and_loads(tmp_path):
     assert all(m.block == 16 for m in loaded.modules() if isinstance(m, tl.ActQuantLinear))
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, q(ids).logits, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="block 48 does not divide"):
-        tl.quantize_(copy.deepcopy(model), tl.QuaRot(weights=None, acts=4, kv=None, act_block=48), calibration=[ids],
+    with pytest.raises(ValueError, match="block 128 does not divide"):
+        tl.quantize_(copy.deepcopy(model), tl.QuaRot(weights=None, acts=4, kv=None, act_block=128), calibration=[ids],
                      progress=False)
+    with pytest.raises(ValueError, match="blocks of 16 need at most 4 bits"):
+        tl.quantize_(copy.deepcopy(model), tl.QuaRot(weights=None, acts=8, kv=None, act_block=16), progress=False)
 
 
 def test_recipe_without_rotation_and_a16_leaves_those_parts_out():

@@ -1,6 +1,7 @@
-"""QuaRot's per-token symmetric activation codes: the one definition, at the bottom layer because the
-op's CPU reference (ops/library.py) and the Triton integer-activation kernel (triton_kernels/int_act.py)
-round with it too; formats/activations.py re-exports it beside ggml's Q8_0 blocks."""
+"""QuaRot's per-token symmetric activation codes and their block-scaled variants: the one definition,
+at the bottom layer because the op's CPU reference (ops/library.py) and the Triton integer-activation
+kernel (triton_kernels/int_act.py) round with it too; formats/activations.py re-exports it beside
+ggml's Q8_0 blocks."""
 from __future__ import annotations
 
 import torch
@@ -10,6 +11,9 @@ ACT_BITS = (2, 3, 4, 8)  # the per-token activation widths the kernels and wrapp
 # The one block of block-scaled activations the int8-weight CPU kernels round in-kernel (their per-32
 # activation blocks, csrc kActBlock); other blocks are rounded in torch.
 KERNEL_ACT_BLOCK = 32
+# Sub-blocks of that block with two-level scales (quantize_sub_blocks), also rounded in-kernel.
+SUB_BLOCKS = (8, 16)
+KERNEL_ACT_BLOCKS = SUB_BLOCKS + (KERNEL_ACT_BLOCK,)
 
 
 def symmetric_min_code(bits: int) -> int:
@@ -27,3 +31,29 @@ def quantize_per_token(x: Tensor, bits: int, clip_ratio: float = 1.0) -> tuple[T
     d = xf.abs().amax(-1, keepdim=True) * (clip_ratio / qmax)
     d = torch.where(d > 0, d, torch.ones_like(d))
     return torch.clamp(torch.round(xf / d), symmetric_min_code(bits), qmax).to(torch.int8), d
+
+
+def sub_block_multiplier_max(bits: int) -> int:
+    """kmax of quantize_sub_blocks: the largest multiplier whose product with a code fits int8 (15 at 4 bits)."""
+    return 127 // 2 ** (bits - 1)
+
+
+def quantize_sub_blocks(x: Tensor, bits: int, clip_ratio: float = 1.0, sub: int = 16) -> tuple[Tensor, Tensor]:
+    """Block-scaled activations with two-level scales, as the int8 kernels take them (csrc
+    quantize_sub_block32, bit for bit): x [..., K] (K % 32 == 0), sub 8 or 16, bits <= 4 ->
+    (int8 products [..., K], fp32 d [..., K/32]). Each 32-feature block has one scale d = max_j s_j / kmax
+    (s_j = max|x| over its sub-block j times clip / qmax) and each sub-block an integer multiplier
+    k_j = clamp(round(s_j / d), 1, kmax), kmax = sub_block_multiplier_max(bits); codes c =
+    clamp(round(x / (k_j d)), -2^(b-1), qmax) are stored as k_j * c, so x ~ d * (k_j c). The grid of each
+    sub-block is within 1/kmax of its own best one (NVFP4's per-16 scales, held as integer multiples of the
+    per-32 scale so the per-32 int8 kernels multiply them exactly)."""
+    if sub not in SUB_BLOCKS or bits > 4:
+        raise ValueError(f"quantize_sub_blocks: sub must be 8 or 16 and bits at most 4, got sub={sub}, bits={bits}")
+    qmax, kmax = 2 ** (bits - 1) - 1, sub_block_multiplier_max(bits)
+    xb = x.float().reshape(*x.shape[:-1], x.shape[-1] // 32, 32 // sub, sub)
+    s = xb.abs().amax(-1, keepdim=True) * (clip_ratio / qmax)  # the python scalar is cast to fp32, as in C++
+    smax = s.amax(-2, keepdim=True)
+    d = torch.where(smax > 0, smax / kmax, torch.ones_like(smax))
+    k = torch.clamp(torch.round(s / d), 1, kmax)
+    codes = torch.clamp(torch.round(xb / (k * d)), -qmax - 1, qmax)
+    return (codes * k).to(torch.int8).reshape(x.shape), d.reshape(*x.shape[:-1], x.shape[-1] // 32)

@@ -368,7 +368,8 @@ def main(argv=None) -> None:
         sp.add_argument("--smooth", type=float, metavar="ALPHA", help="with --quarot: smooth each down_proj input "
                         "by max|x|^ALPHA on the calibration before rotating (0.25 measured best)")
         sp.add_argument("--act-block", type=int, metavar="N", help="with --quarot: one activation scale per N "
-                        "features of a token (16 or 32, MXINT4-style) instead of per token; rounded in torch")
+                        "features of a token (32, MXINT4-style; 16 or 8: two-level scales inside blocks of 32, at most 4 bits) "
+                        "instead of per token; rounded in the CPU kernels")
         sp.add_argument("--kv-group", type=int, metavar="N", help="with --quarot ...KV4/KV8: features per KV-cache "
                         "scale (default 64; 32 measured better at KV4)")
         sp.add_argument("--target-bpw", type=float, help="with --mix: the bit budget, bits per weight over the "
@@ -540,8 +541,9 @@ def _check_before_work(p: argparse.ArgumentParser, args) -> None:
     if kv_group is not None and not getattr(args, "quarot", None):
         p.error(f"--kv-group {kv_group}: needs --quarot with a KV setting, e.g. --quarot W4A4KV4 --kv-group 32")
     act_block = getattr(args, "act_block", None)
-    if act_block is not None and (not getattr(args, "quarot", None) or act_block <= 0 or act_block % 2):
-        p.error(f"--act-block {act_block}: needs --quarot and an even number of features, e.g. --act-block 16")
+    if act_block is not None and (not getattr(args, "quarot", None) or act_block <= 0
+                                  or (act_block not in (8, 16) and act_block % 32)):
+        p.error(f"--act-block {act_block}: needs --quarot and 16, 8 or a multiple of 32 features, e.g. --act-block 16")
     for name in names:
         try:
             get_format(name)

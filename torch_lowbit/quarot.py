@@ -29,7 +29,8 @@ class QuaRot:
     weights ("gptq" needs calibration, "rtn"); seed of the rotation; rotate=False skips it; smooth=alpha
     smooths each down_proj input on the calibration first (rotations/smooth.py; 0.25 measured best);
     act_block=16 / 32 gives activations one scale per block of that many features instead of per token
-    (rounded in torch: W16A4 1.29x fp32 at 16 on SmolLM2 where per token gives 1.54x, docs/quarot.md)."""
+    (16: two-level scales inside blocks of 32; both rounded in the CPU kernels; W16A4 ~1.3x fp32 at 16 on
+    SmolLM2 where per token gives 1.54x, docs/quarot.md)."""
 
     weights: Optional[Union[str, object]] = DEFAULT_W4
     acts: Optional[int] = 4
@@ -41,7 +42,7 @@ class QuaRot:
     kv_group: int = 64
     kv_residual: int = 0  # QuaRot rounds every cached token; >0 keeps the last ones exact (KIVI)
     smooth: Optional[float] = None  # SmoothQuant exponent for the down_proj inputs before rotating (0.25)
-    act_block: int = 0  # 0: one activation scale per token (QuaRot); 16 / 32: per block of features (MXINT4-style)
+    act_block: int = 0  # 0: one activation scale per token (QuaRot); 16 / 32: per block of features (NVFP4 / MXINT4-style)
     is_recipe = True  # quantize_(model, QuaRot(...)) hands the model to apply()
 
     @classmethod
@@ -77,7 +78,7 @@ class QuaRot:
                              "or rounding='rtn'")
         if self.acts is not None:
             _check_bits(self.acts)
-            _check_block(self.act_block)
+            _check_block(self.act_block, bits=self.acts if self.act_symmetric else None)
         if self.kv is not None:
             cfg = model.config.get_text_config() if hasattr(model, "config") else None
             if cfg is None:

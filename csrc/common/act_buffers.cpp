@@ -7,9 +7,13 @@ ActBuffers quantize_activations(const char* op, const at::Tensor& x2, int64_t gr
   TORCH_CHECK(act_bits == 0 || act_bits == 8 || act_bits == 4 || act_bits == 3 || act_bits == 2, op,
               ": act_bits must be 0 (per-32 int8 blocks) or 8, 4, 3, 2 (per token), got ", act_bits);
   TORCH_CHECK(act_bits == 0 || (act_clip > 0 && act_clip <= 1), op, ": act_clip must be in (0, 1], got ", act_clip);
-  TORCH_CHECK(act_block == 0 || (act_block == kActBlock && act_bits != 0), op, ": act_block must be 0 (one scale "
-              "per token) or ", kActBlock, " (one per block of 32 features, with act_bits), got act_block=", act_block,
-              " with act_bits=", act_bits, "; round other blocks in torch before the call");
+  const bool sub_blocks = act_block == 8 || act_block == 16;
+  TORCH_CHECK(act_block == 0 || ((act_block == kActBlock || sub_blocks) && act_bits != 0), op,
+              ": act_block must be 0 (one scale per token), 32 (one per block of 32 features) or 16 / 8 (two-level "
+              "scales inside each block of 32), with act_bits; got act_block=", act_block, " with act_bits=", act_bits,
+              "; round other blocks in torch before the call");
+  TORCH_CHECK(!sub_blocks || act_bits <= 4, op, ": act_block ", act_block, " needs act_bits <= 4 (the sub-block "
+              "multipliers times the codes must fit int8); got act_bits=", act_bits, ": use act_block 32 or 0");
   const bool per_token = act_bits != 0 && act_block == 0 && per_token_sums;
   TORCH_CHECK(!per_token || group <= kI8MaxIntGroup, op, ": per-token activations sum a group in int32, which holds "
               "groups of at most ", kI8MaxIntGroup, " features; got ", group,
@@ -26,6 +30,9 @@ ActBuffers quantize_activations(const char* op, const at::Tensor& x2, int64_t gr
   if (M == 0) return out;
   if (act_bits == 0)
     quantize_acts_q8(x2.data_ptr<float>(), M, K, xq, xd, xs);
+  else if (sub_blocks)  // each block of 32: one scale, an integer multiplier per sub-block
+    quantize_acts_sub_blocks(x2.data_ptr<float>(), M, K, static_cast<int>(act_block), static_cast<int>(act_bits),
+                             act_clip, xq, xd, xs);
   else if (act_block)  // each block of 32 a "token" of its own: the per-32 layout with its own scales
     quantize_acts_per_token(x2.data_ptr<float>(), M * kb, kActBlock, static_cast<int>(act_bits), act_clip, xq, xd, xs);
   else  // the same blocks, one scale repeated over the token

@@ -1,6 +1,7 @@
 // The int8 activations of one call of an int8-weight op (lut_i8_linear, q4x_linear): per-32 blocks
 // (act_bits 0), QuaRot's per-token codes (act_bits 8, 4, 3, 2), or those codes with one scale per
-// block of 32 features (act_block 32: MXINT-style block-scaled activations), with the per-group sums
+// block of 32 features (act_block 32: MXINT-style block-scaled activations) or per 16 / 8 (two-level
+// scales, quantize_sub_block32; act_bits <= 4), with the per-group sums
 // the kernels read (group_dsum for formats with mins; group_qsum for per-token activations).
 #pragma once
 #include <ATen/ATen.h>
@@ -17,7 +18,8 @@ struct ActBuffers {
   Q8Acts acts;
 };
 
-// The block act_block may name besides 0 (one scale per token): the kernels' activation block.
+// The block act_block may name besides 0 (one scale per token) and the sub-blocks 16 / 8: the kernels'
+// activation block.
 constexpr int64_t kActBlock = 32;
 
 // x2: contiguous fp32 [M, K]. per_token_sums: let per-token activations use int32 group sums (false

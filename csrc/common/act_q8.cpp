@@ -28,6 +28,20 @@ void quantize_act_blocks_scalar(const float* x, int64_t b0, int64_t b1, int8_t* 
   }
 }
 
+void round_codes_scalar(const float* x, int64_t K, float d, int qmin, int qmax, int8_t* q) {
+  for (int64_t k = 0; k < K; ++k)  // x / d rounded half to even (the default mode), as torch.round
+    q[k] = static_cast<int8_t>(std::min<float>(std::max<float>(std::nearbyint(x[k] / d), qmin), qmax));
+}
+
+RoundCodesFn active_round_codes() {
+#if defined(TORCH_LOWBIT_X86)
+  if (kernel_isa(active_cpu_path()) != CpuPath::Scalar) return quantize_token_avx2;
+#elif defined(__aarch64__)
+  if (active_cpu_path() != CpuPath::Scalar) return quantize_token_neon;
+#endif
+  return round_codes_scalar;
+}
+
 }  // namespace
 
 void quantize_acts_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sum) {
@@ -50,11 +64,7 @@ void quantize_acts_per_token(const float* x, int64_t M, int64_t K, int bits, dou
   const int qmin = bits == 8 ? -qmax : -qmax - 1;  // -128 never: the kernels negate codes with vpsignb
   const float ratio = static_cast<float>(clip / qmax);  // as torch: fp32 amax times the scalar cast to fp32
   const int64_t kb = K / 32;
-#if defined(TORCH_LOWBIT_X86)
-  const bool simd = kernel_isa(active_cpu_path()) != CpuPath::Scalar;
-#elif defined(__aarch64__)
-  const bool simd = active_cpu_path() != CpuPath::Scalar;
-#endif
+  const RoundCodesFn round_codes = active_round_codes();
   parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
       const float* xr = x + m * K;
@@ -63,17 +73,7 @@ void quantize_acts_per_token(const float* x, int64_t M, int64_t K, int bits, dou
       float dt = amax * ratio;
       if (!(dt > 0.f)) dt = 1.f;
       int8_t* qr = q + m * K;
-#if defined(TORCH_LOWBIT_X86)
-      if (simd) {
-        quantize_token_avx2(xr, K, dt, qmin, qmax, qr);
-      } else
-#elif defined(__aarch64__)
-      if (simd) {
-        quantize_token_neon(xr, K, dt, qmin, qmax, qr);
-      } else
-#endif
-      for (int64_t k = 0; k < K; ++k)  // x / d rounded half to even (the default mode), as torch.round
-        qr[k] = static_cast<int8_t>(std::min<float>(std::max<float>(std::nearbyint(xr[k] / dt), qmin), qmax));
+      round_codes(xr, K, dt, qmin, qmax, qr);
       for (int64_t b = 0; b < kb; ++b) {
         int32_t s = 0;
         for (int64_t i = 0; i < 32; ++i) s += qr[b * 32 + i];
@@ -81,6 +81,15 @@ void quantize_acts_per_token(const float* x, int64_t M, int64_t K, int bits, dou
         sum[m * kb + b] = s;
       }
     }
+  });
+}
+
+void quantize_acts_sub_blocks(const float* x, int64_t M, int64_t K, int sub, int bits, double clip, int8_t* q,
+                              float* d, int32_t* sum) {
+  const float ratio = static_cast<float>(clip / ((1 << (bits - 1)) - 1));
+  const RoundCodesFn round_codes = active_round_codes();
+  parallel_for(0, M * (K / 32), 64, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) quantize_sub_block32(x + b * 32, sub, bits, ratio, round_codes, q + b * 32, d + b, sum + b);
   });
 }
 

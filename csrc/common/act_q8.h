@@ -3,6 +3,8 @@
 // twin that tests compare with is torch_lowbit/formats/activations.py.
 #pragma once
 #include <cstdint>
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace torch_lowbit {
@@ -43,11 +45,51 @@ inline int32_t load_act4(const int8_t* p) {
 // the active ISA path's block quantizer (all produce the same bytes).
 void quantize_acts_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sum);
 
+// Rounds x [K] to the nearest multiples of d clamped to [qmin, qmax] (half to even), K % 8 == 0: the
+// per-token codes' inner loop, one per ISA path (all give the same bytes).
+using RoundCodesFn = void (*)(const float* x, int64_t K, float d, int qmin, int qmax, int8_t* q);
+
+// Sub-block activations (block-scaled A4 with blocks of `sub` = 8 or 16 features, two-level scales):
+// each 32-feature block keeps one fp32 scale d = max_j s_j / kmax, where s_j = max|x| over sub-block j
+// times float(clip / qmax), and each sub-block j its integer multiplier k_j = clamp(round(s_j / d), 1,
+// kmax), kmax = 127 / 2^(bits-1) (15 at 4 bits); codes c = clamp(round(x / (k_j d)), -2^(bits-1),
+// qmax) are stored as the int8 products k_j c (|k_j c| <= 120), so the per-32 int8 tile kernels
+// multiply them unchanged: x ~ d * (k_j c), bit for bit act_codes.quantize_sub_blocks. One 32-block.
+inline void quantize_sub_block32(const float* x, int sub, int bits, float ratio, RoundCodesFn round_codes, int8_t* q,
+                                 float* d, int32_t* sum) {
+  const int qmax = (1 << (bits - 1)) - 1, qmin = -qmax - 1, kmax = 127 / (qmax + 1);
+  float s[4], smax = 0.f;  // sub >= 8: at most 4 sub-blocks
+  for (int j = 0; j < 32 / sub; ++j) {
+    float amax = 0.f;
+    for (int i = 0; i < sub; ++i) amax = std::max(amax, std::fabs(x[j * sub + i]));
+    s[j] = amax * ratio;
+    smax = std::max(smax, s[j]);
+  }
+  const float db = smax > 0.f ? smax / static_cast<float>(kmax) : 1.f;
+  int32_t total = 0;
+  for (int j = 0; j < 32 / sub; ++j) {
+    const int k = static_cast<int>(std::min<float>(std::max<float>(std::nearbyint(s[j] / db), 1.f), kmax));
+    int8_t* qj = q + j * sub;
+    round_codes(x + j * sub, sub, static_cast<float>(k) * db, qmin, qmax, qj);
+    for (int i = 0; i < sub; ++i) {
+      qj[i] = static_cast<int8_t>(k * qj[i]);
+      total += qj[i];
+    }
+  }
+  *d = db;
+  *sum = total;
+}
+
 // Per-token symmetric activations of `bits` bits (QuaRot's A8 / A4; fake_quantize_per_token in
 // torch_lowbit/nn/act_quant.py is the twin): d = max|x| * (clip / (2^(bits-1) - 1)) per token (1 if 0),
 // q = clamp(round_half_even(x / d), -2^(bits-1) (-127 at 8 bits), 2^(bits-1) - 1); every block of the
 // token gets d.
 void quantize_acts_per_token(const float* x, int64_t M, int64_t K, int bits, double clip, int8_t* q, float* d,
                              int32_t* sum);
+
+// Sub-block activations (quantize_sub_block32) of x [M, K] (K % 32 == 0), sub 8 or 16, bits 2..4,
+// threaded over blocks, with the active ISA path's rounding.
+void quantize_acts_sub_blocks(const float* x, int64_t M, int64_t K, int sub, int bits, double clip, int8_t* q,
+                              float* d, int32_t* sum);
 
 }  // namespace torch_lowbit

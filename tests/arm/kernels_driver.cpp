@@ -50,13 +50,19 @@ struct Reader {
 
 // The NEON activation quantizers on the case's floats give the Python twin's codes, scales and sums.
 bool quantizer_matches(const std::vector<float>& x, const std::vector<int8_t>& xq, const std::vector<float>& xd,
-                       const std::vector<int32_t>& xsum, int64_t M, int64_t K, int64_t act_bits, int64_t c) {
+                       const std::vector<int32_t>& xsum, int64_t M, int64_t K, int64_t act_bits, int64_t act_block,
+                       int64_t c) {
   const int64_t kb = K / 32;
   std::vector<int8_t> q(M * K);
   std::vector<float> d(M * kb);
   std::vector<int32_t> s(M * kb);
   if (act_bits == 0) {
     quantize_act_blocks_neon(x.data(), 0, M * kb, q.data(), d.data(), s.data());
+  } else if (act_block) {  // as quantize_acts_sub_blocks with clip 0.9, the NEON codes
+    const float ratio = static_cast<float>(0.9 / ((1 << (act_bits - 1)) - 1));
+    for (int64_t b = 0; b < M * kb; ++b)
+      quantize_sub_block32(x.data() + b * 32, static_cast<int>(act_block), static_cast<int>(act_bits), ratio,
+                           quantize_token_neon, q.data() + b * 32, d.data() + b, s.data() + b);
   } else {  // as quantize_acts_per_token with clip 0.9: amax * float(clip / qmax), then the NEON codes
     const int qmax = (1 << (act_bits - 1)) - 1, qmin = act_bits == 8 ? -qmax : -qmax - 1;
     for (int64_t m = 0; m < M; ++m) {
@@ -69,9 +75,9 @@ bool quantizer_matches(const std::vector<float>& x, const std::vector<int8_t>& x
     }
   }
   const bool ok = std::memcmp(q.data(), xq.data(), M * K) == 0 && std::memcmp(d.data(), xd.data(), 4 * M * kb) == 0 &&
-                  (act_bits != 0 || std::memcmp(s.data(), xsum.data(), 4 * M * kb) == 0);
-  printf("case %lld act_bits=%lld neon activation quantizer: %s\n", (long long)c, (long long)act_bits,
-         ok ? "equal" : "MISMATCH");
+                  ((act_bits != 0 && !act_block) || std::memcmp(s.data(), xsum.data(), 4 * M * kb) == 0);
+  printf("case %lld act_bits=%lld act_block=%lld neon activation quantizer: %s\n", (long long)c, (long long)act_bits,
+         (long long)act_block, ok ? "equal" : "MISMATCH");
   return ok;
 }
 
@@ -113,7 +119,8 @@ int main(int argc, char** argv) {
     for (int64_t c = 0; c < cases; ++c) {
       const int64_t bits = rd.i64(), N = rd.i64(), K = rd.i64(), group = rd.i64(), M = rd.i64();
       const int64_t has_mins = rd.i64(), has_bias = rd.i64(), offset = rd.i64(), act_bits = rd.i64();
-      const int64_t per_token = act_bits != 0;
+      const int64_t act_block = rd.i64();  // 16 / 8: sub-block codes in the per-32 layout (not per token)
+      const int64_t per_token = act_bits != 0 && act_block == 0;
       const int64_t has_sub = rd.i64();  // group codebooks (gcb): sub-group bytes [tiles, K/32, 16]
       const int64_t pairs = rd.i64();    // 2-D codebooks (vq): K/2 codes per row, x in pair-split order
       const int64_t tiles = (N + 15) / 16, kb = K / 32, groups = K / group;
@@ -127,7 +134,7 @@ int main(int argc, char** argv) {
       auto xq = rd.read<int8_t>(M * K);
       auto xd = rd.read<float>(M * kb);
       auto xsum = rd.read<int32_t>(M * kb);
-      failures += !quantizer_matches(x, xq, xd, xsum, M, K, act_bits, c);
+      failures += !quantizer_matches(x, xq, xd, xsum, M, K, act_bits, act_block, c);
       auto gdsum = rd.read<float>(M * groups);
       auto expected = rd.read<float>(M * N);
       LutI8Weights w{qweight.data(), scales.data(), has_mins ? mins.data() : nullptr, has_sub ? sub.data() : nullptr,

@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..act_codes import KERNEL_ACT_BLOCK
+from ..act_codes import KERNEL_ACT_BLOCKS
 from ..formats.activations import fake_quantize_q8_blocks
 from ..formats.gaussian import NUQ, VQ
 from ..formats.scalar import ScalarCodebookFormat
@@ -111,7 +111,7 @@ class LutI8Tiled(Layout):
     def linear_int_acts(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], x: Tensor,
                         bias: Optional[Tensor], backend: str, out_features: int, bits: int,
                         clip: float, block: int = 0) -> Optional[Tensor]:
-        if backend != "cpu" or x.device.type != "cpu" or block not in (0, KERNEL_ACT_BLOCK):
+        if backend != "cpu" or x.device.type != "cpu" or block not in (0,) + KERNEL_ACT_BLOCKS:
             return None
         return self._run(x, buffers, self.bits, fmt.group_size, bias, backend, out_features, (bits, clip, block))
 

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..act_codes import KERNEL_ACT_BLOCK
+from ..act_codes import KERNEL_ACT_BLOCKS
 from ..formats.activations import fake_quantize_q8_blocks
 from ..formats.scalar import ScalarCodebookFormat
 from ..packing import deinterleave_nibble_rows, interleave_nibble_rows, interleaved_rows_codes, pad_rows
@@ -106,7 +106,7 @@ class Q4xInterleaved(Layout):
     def linear_int_acts(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], x: Tensor,
                         bias: Optional[Tensor], backend: str, out_features: int, bits: int,
                         clip: float, block: int = 0) -> Optional[Tensor]:
-        if backend != "cpu" or x.device.type != "cpu" or block not in (0, KERNEL_ACT_BLOCK):
+        if backend != "cpu" or x.device.type != "cpu" or block not in (0,) + KERNEL_ACT_BLOCKS:
             return None
         return self._run(fmt, buffers, x, bias, backend, out_features, (bits, clip, block))
 

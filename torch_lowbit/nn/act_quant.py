@@ -6,8 +6,10 @@ per-token integer grid before the layer runs: symmetric q = clamp(round(x / d), 
 c <= 1 is the clipping ratio; with calibration batches it is searched per layer over a grid (the
 ratio minimizing the squared error of the layer's quantized input, as QuaRot picks its clip ratio).
 block > 0 gives each block of that many features of a token its own scale instead (block-scaled
-activations as MXINT4 / NVFP4 use them: 16 or 32); the int8-weight CPU kernels round blocks of 32
-themselves (act_codes.KERNEL_ACT_BLOCK), other blocks are rounded in torch before the layer runs.
+activations as MXINT4 / NVFP4 use them): 32 (one fp32 scale per 32 features) or 16 / 8 (symmetric, at
+most 4 bits: two-level scales, one per 32 features times an integer multiplier per sub-block,
+act_codes.quantize_sub_blocks) are rounded by the int8-weight CPU kernels themselves; multiples of 64
+(and asymmetric blocks) are rounded in torch before the layer runs.
 
 This is the reference for activation-quantized execution: the layer sees exactly the values an
 integer-activation kernel would multiply with. It composes with weight formats (wrap after
@@ -20,7 +22,7 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import Tensor, nn
 
-from ..act_codes import ACT_BITS
+from ..act_codes import ACT_BITS, KERNEL_ACT_BLOCK, SUB_BLOCKS, quantize_sub_blocks
 from ..formats.activations import quantize_per_token
 
 CLIP_GRID = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0, 0.95, ..., 0.5
@@ -31,13 +33,16 @@ def _check_bits(bits: int) -> None:
         raise ValueError(f"activation quantization: bits must be 2, 3, 4 or 8, got {bits!r}")
 
 
-def _check_block(block: int, features: Optional[int] = None) -> None:
-    if not isinstance(block, int) or block < 0 or (block and block % 2):
-        raise ValueError(f"activation quantization: block must be 0 (one scale per token) or an even number of "
-                         f"features, e.g. 16 or 32; got {block!r}")
-    if block and features is not None and features % block:
+def _check_block(block: int, features: Optional[int] = None, bits: Optional[int] = None) -> None:
+    if not isinstance(block, int) or block < 0 or (block and block not in SUB_BLOCKS and block % KERNEL_ACT_BLOCK):
+        raise ValueError(f"activation quantization: block must be 0 (one scale per token), 16 or 8 (two-level scales "
+                         f"inside blocks of 32) or a multiple of 32; got {block!r}")
+    if block in SUB_BLOCKS and bits is not None and bits > 4:
+        raise ValueError(f"activation quantization: blocks of {block} need at most 4 bits (the int8 kernels hold "
+                         f"their codes times an integer sub-block scale); got {bits} bits: use block 32 or 0")
+    if block and features is not None and features % max(block, KERNEL_ACT_BLOCK):
         raise ValueError(f"activation quantization: block {block} does not divide the layer's {features} input "
-                         "features; pick a block dividing it (16 or 32) or block=0 (per token)")
+                         "features into whole blocks of 32; pick a block dividing it (16 or 32) or block=0 (per token)")
 
 
 def fake_quantize_per_token(x: Tensor, bits: int, symmetric: bool = True, clip_ratio: float = 1.0,
@@ -48,7 +53,11 @@ def fake_quantize_per_token(x: Tensor, bits: int, symmetric: bool = True, clip_r
     if not 0 < clip_ratio <= 1:
         raise ValueError(f"activation quantization: clip_ratio must be in (0, 1], got {clip_ratio}")
     if block:
-        _check_block(block, x.shape[-1])
+        _check_block(block, x.shape[-1], bits if symmetric else None)
+        if block in SUB_BLOCKS and symmetric:
+            codes, d = quantize_sub_blocks(x, bits, clip_ratio, block)
+            xb = codes.float().reshape(*x.shape[:-1], x.shape[-1] // KERNEL_ACT_BLOCK, KERNEL_ACT_BLOCK)
+            return (xb * d.unsqueeze(-1)).reshape(x.shape).to(x.dtype)
         blocks = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
         return fake_quantize_per_token(blocks, bits, symmetric, clip_ratio).reshape(x.shape)
     xf = x.float()
@@ -76,7 +85,7 @@ class ActQuantLinear(nn.Module):
     def __init__(self, layer: nn.Module, bits: int, symmetric: bool = True, clip_ratio: float = 1.0, block: int = 0):
         super().__init__()
         _check_bits(bits)
-        _check_block(block, getattr(layer, "in_features", None))
+        _check_block(block, getattr(layer, "in_features", None), bits if symmetric else None)
         self.layer, self.bits, self.symmetric, self.clip_ratio = layer, bits, symmetric, float(clip_ratio)
         self.block = block
         if hasattr(layer, "split_sizes"):  # a fused qkv / gate_up module: its parent's hook splits our output
@@ -111,9 +120,9 @@ def quantize_activations_(model: nn.Module, bits: int, *, symmetric: bool = True
     With `calibration` (token-id batches) each layer's clipping ratio is searched over CLIP_GRID on
     its own inputs (up to max_calibration_tokens rows); otherwise every layer uses `clip_ratio`.
     The LM head keeps full-precision inputs unless include_lm_head (QuaRot keeps it so). block > 0:
-    one scale per block of that many features of a token (rounded in torch, not in the kernels)."""
+    one scale per block of that many features of a token (see the module docstring)."""
     _check_bits(bits)
-    _check_block(block)
+    _check_block(block, bits=bits if symmetric else None)
     if any(isinstance(m, ActQuantLinear) for m in model.modules()):
         raise ValueError("quantize_activations_: the model's activations are already quantized")
     head = getattr(model, "lm_head", None)
@@ -124,7 +133,7 @@ def quantize_activations_(model: nn.Module, bits: int, *, symmetric: bool = True
         raise ValueError("quantize_activations_: no nn.Linear / QuantLinear layers selected")
     for name, mod in targets:
         try:
-            _check_block(block, mod.in_features)
+            _check_block(block, mod.in_features, bits if symmetric else None)
         except ValueError as e:
             raise ValueError(f"quantize_activations_: layer {name}: {e}") from None
     ratios = {name: clip_ratio for name, _ in targets}

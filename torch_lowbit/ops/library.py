@@ -8,7 +8,7 @@ import functools
 
 import torch
 
-from ..act_codes import ACT_BITS, KERNEL_ACT_BLOCK, quantize_per_token
+from ..act_codes import ACT_BITS, KERNEL_ACT_BLOCKS, SUB_BLOCKS, quantize_per_token
 from ..tcq_codes import kernel_table_shape
 
 _FLOAT_ACTS = (torch.float32, torch.bfloat16, torch.float16)
@@ -87,8 +87,10 @@ def _codebook_check(codes, code_bits, table, row_scales, in_features):
 
 def _check_act_args(op, act_bits, act_block):
     _check(act_bits in (0, 8, 4, 3, 2), f"{op}: act_bits must be 0, 8, 4, 3 or 2, got {act_bits}")
-    _check(act_block == 0 or (act_block == KERNEL_ACT_BLOCK and act_bits != 0),
-           f"{op}: act_block must be 0 (one scale per token) or {KERNEL_ACT_BLOCK} (with act_bits), got {act_block}")
+    _check(act_block == 0 or (act_block in KERNEL_ACT_BLOCKS and act_bits != 0),
+           f"{op}: act_block must be 0 (one scale per token) or one of {KERNEL_ACT_BLOCKS} (with act_bits), got {act_block}")
+    _check(act_block not in SUB_BLOCKS or act_bits <= 4,
+           f"{op}: act_block {act_block} needs act_bits <= 4, got {act_bits}: use act_block 32 or 0")
 
 
 def _tcq_check(codes, table, table_bits, shift_bits, row_scales):
