@@ -203,8 +203,10 @@ def test_bench_kv_rows_compare_each_cache_with_fp32():
 
 def test_bench_cpu_times_per_token_activation_variants():
     from torch_lowbit.bench.cpu import bench_cpu, split_act_suffix
-    assert split_act_suffix("q4_0+a8") == ("q4_0", 8) and split_act_suffix("int4_g64") == ("int4_g64", 0)
-    rows, _ = bench_cpu(shapes=((48, 64),), ms=(3,), threads=(1,), formats=("q4_0", "q4_0+a4"), rotate_mib=1,
-                        progress=lambda msg: None)
+    assert split_act_suffix("q4_0+a8") == ("q4_0", 8, 0) and split_act_suffix("int4_g64") == ("int4_g64", 0, 0)
+    assert split_act_suffix("q4_0+a4b16") == ("q4_0", 4, 16)
+    rows, _ = bench_cpu(shapes=((48, 64),), ms=(3,), threads=(1,), formats=("q4_0", "q4_0+a4", "q4_0+a4b16"),
+                        rotate_mib=1, progress=lambda msg: None)
     names = [r.name for r in rows]
     assert any("q4_0+a4" in n and "int4 per-token act" in n for n in names) and all(r.us > 0 for r in rows)
+    assert any("q4_0+a4b16" in n and "int4 act, blocks of 16" in n for n in names)

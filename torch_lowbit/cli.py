@@ -421,7 +421,7 @@ def main(argv=None) -> None:
                     "4096x4096 (first shape only)")
     sp.add_argument("--m", type=int, nargs="+", default=[1, 8, 64, 512])
     sp.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    sp.add_argument("--formats", nargs="+", help=f"cpu default: {' '.join(CPU_BENCH_FORMATS)} (F+a8 / F+a4: with per-token int8 / int4 activations, QuaRot); e2e: fp32 bf16 gguf F F+E, "
+    sp.add_argument("--formats", nargs="+", help=f"cpu default: {' '.join(CPU_BENCH_FORMATS)} (F+a8 / F+a4: with per-token int8 / int4 activations, QuaRot; F+a4b16: one scale per 16 features); e2e: fp32 bf16 gguf F F+E, "
                     "each with @kv4 / @kv8 to generate on a quantized KV cache; gpu default: "
                     "q4_0 int4_g128 iq4_nl nuq3 vq2 tcq2 int2_g64 gcb2 (each in its CUDA layout; palette formats: rotation timed too); distortion default: every palette format")
     sp.add_argument("--layouts", nargs="+", help="CPU layouts to run where they hold the format (default: each "

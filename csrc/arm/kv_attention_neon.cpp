@@ -20,8 +20,6 @@
 namespace torch_lowbit {
 namespace {
 
-constexpr int kKeyBlock = 8;
-
 inline float half_to_float(uint16_t h) {
   __fp16 v;
   std::memcpy(&v, &h, 2);
@@ -97,7 +95,7 @@ inline void lane_values(const float* p, int64_t Qp, const float* const* rows, in
   float32x4_t acc[NV][4];
   for (int c = 0; c < 4; ++c)
     for (int i = 0; i < NV; ++i) acc[i][c] = vld1q_f32(ot + (d + c) * Qp + (v0 + i) * 4);
-  for (int k = 0; k < kKeyBlock; ++k) {
+  for (int k = 0; k < kKvKeyBlock; ++k) {
     float32x4_t pv[NV];
     for (int i = 0; i < NV; ++i) pv[i] = vld1q_f32(p + k * Qp + (v0 + i) * 4);
     const float32x4_t r = vld1q_f32(rows[k] + d);  // channels d .. d + 3: one load, a lane per FMA
@@ -135,15 +133,15 @@ void run_lane_task(const KvAttentionTask& t) {
   float* qt = lanes.qt;
   float* ot = lanes.ot;
   float* tile = t.row;
-  float* zeros = t.row + kKeyBlock * D;
+  float* zeros = t.row + kKvKeyBlock * D;
   std::memset(zeros, 0, D * sizeof(float));
   const float32x4_t lowest_v = vdupq_n_f32(lowest);
   float32x4_t mxv[kKvMaxQueries / 4];
   for (int64_t v = 0; v < nv; ++v) mxv[v] = vdupq_n_f32(neg_inf);
-  const float* rows[kKeyBlock];
-  bool used[kKeyBlock];
-  for (int64_t j0 = 0; j0 < L; j0 += kKeyBlock) {
-    const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, L - j0));
+  const float* rows[kKvKeyBlock];
+  bool used[kKvKeyBlock];
+  for (int64_t j0 = 0; j0 < L; j0 += kKvKeyBlock) {
+    const int n = static_cast<int>(std::min<int64_t>(kKvKeyBlock, L - j0));
     float* sb = s + j0 * Qp;
     kv_lanes_mask(t, lanes, masks, j0, n, 0);  // the block's scores start as the mask values
     int seen = 0;
@@ -153,7 +151,7 @@ void run_lane_task(const KvAttentionTask& t) {
       seen |= (vmaxvq_u32(any) != 0) << k;
     }
     if (!seen) continue;
-    for (int k = 0; k < kKeyBlock; ++k) used[k] = (seen >> k) & 1;
+    for (int k = 0; k < kKvKeyBlock; ++k) used[k] = (seen >> k) & 1;
     kv_block_rows(t, dequant_row, t.k_recent, t.k_codes, t.k_scale, t.k_min, j0, n, used, tile, zeros, rows);
     for (int k0 = 0; k0 < n; k0 += 4)
       over_query_tiles(nv, [&](int64_t v, auto nv_tile) { lane_scores<decltype(nv_tile)::value>(qt, Qp, D, rows, k0, n, sb, v); });
@@ -177,11 +175,11 @@ void run_lane_task(const KvAttentionTask& t) {
       vst1q_f32(p, e);
       total[v] = vaddq_f32(total[v], e);
     }
-  for (int64_t j0 = 0; j0 < L; j0 += kKeyBlock) {
-    const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, L - j0));
+  for (int64_t j0 = 0; j0 < L; j0 += kKvKeyBlock) {
+    const int n = static_cast<int>(std::min<int64_t>(kKvKeyBlock, L - j0));
     const float* pb = s + j0 * Qp;
     bool any = false;
-    for (int k = 0; k < kKeyBlock; ++k) {
+    for (int k = 0; k < kKvKeyBlock; ++k) {
       used[k] = false;
       for (int64_t v = 0; k < n && v < nv && !used[k]; ++v)
         used[k] = vmaxvq_u32(vmvnq_u32(vceqq_f32(vld1q_f32(pb + k * Qp + v * 4), vdupq_n_f32(0.f)))) != 0;
@@ -189,8 +187,8 @@ void run_lane_task(const KvAttentionTask& t) {
     }
     if (!any) continue;
     kv_block_rows(t, dequant_row, t.v_recent, t.v_codes, t.v_scale, t.v_min, j0, n, used, tile, zeros, rows);
-    float tail[kKeyBlock * kKvMaxQueries];  // a ragged last block: its missing keys weigh 0
-    if (n < kKeyBlock) {
+    float tail[kKvKeyBlock * kKvMaxQueries];  // a ragged last block: its missing keys weigh 0
+    if (n < kKvKeyBlock) {
       std::memset(tail, 0, sizeof(tail));
       std::memcpy(tail, pb, n * Qp * sizeof(float));
       pb = tail;

@@ -68,7 +68,8 @@ inline void quantize_sub_block32(const float* x, int sub, int bits, float ratio,
   const float db = smax > 0.f ? smax / static_cast<float>(kmax) : 1.f;
   int32_t total = 0;
   for (int j = 0; j < 32 / sub; ++j) {
-    const int k = static_cast<int>(std::min<float>(std::max<float>(std::nearbyint(s[j] / db), 1.f), kmax));
+    const float kf = std::nearbyint(s[j] / db);
+    const int k = kf >= 1.f ? static_cast<int>(std::min<float>(kf, kmax)) : 1;  // (NaN from inf inputs: 1)
     int8_t* qj = q + j * sub;
     round_codes(x + j * sub, sub, static_cast<float>(k) * db, qmin, qmax, qj);
     for (int i = 0; i < sub; ++i) {

@@ -11,7 +11,8 @@
 namespace torch_lowbit {
 
 constexpr int64_t kKvMaxQueries = 64;  // rows * G per task (the softmax state lives on the stack)
-constexpr int64_t kKvScratchRows = 9;  // rebuilt rows per task: the AVX2 path's block of 8 and a zero row
+constexpr int kKvKeyBlock = 8;  // keys per block of the lane kernels (AVX2, NEON): one score vector per query
+constexpr int64_t kKvScratchRows = kKvKeyBlock + 1;  // rebuilt rows per task: a key block and a zero row
 
 // Scratch floats of a task of `queries` queries (rows * G) over L positions: the scores (by query, or
 // key-major with the queries padded to 8 lanes), the prefill path's transposed queries and outputs,
@@ -66,14 +67,14 @@ static inline const float* kv_recent_row(const float* ring, const KvAttentionTas
 using KvDequantRowFn = void (*)(const uint8_t* codes, const uint16_t* scale, const uint16_t* mn, int64_t D,
                                 int64_t group, int bits, float* out);
 
-// The rows of keys (or values) j0 .. j0 + n - 1 of a block of kKvScratchRows - 1: exact from the ring
+// The rows of keys (or values) j0 .. j0 + n - 1 of a block of kKvKeyBlock: exact from the ring
 // where it holds them, rebuilt into `tile` (row k at k * D) where some query uses them (`used`), else
 // the zero row; rows[k] for k >= n is the zero row too.
 inline void kv_block_rows(const KvAttentionTask& t, KvDequantRowFn dequant, const float* ring, const uint8_t* codes,
                           const uint16_t* scale, const uint16_t* mn, int64_t j0, int n, const bool* used, float* tile,
                           const float* zeros, const float** rows) {
   const int64_t row_bytes = t.D * t.bits / 8, groups = t.D / t.group;
-  for (int k = 0; k < kKvScratchRows - 1; ++k) {
+  for (int k = 0; k < kKvKeyBlock; ++k) {
     rows[k] = zeros;
     if (k >= n || !used[k]) continue;
     if (const float* exact = kv_recent_row(ring, t, j0 + k)) {

@@ -22,8 +22,6 @@
 namespace torch_lowbit {
 namespace {
 
-constexpr int kKeyBlock = 8;  // keys per block: one score vector per query
-
 TLB_AVX2 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -108,10 +106,10 @@ TLB_AVX2 void run_blocked_task(const KvAttentionTask& t) {
   const int64_t Q = t.queries(), L = t.L, D = t.D;
   float mx[kKvMaxQueries], total[kKvMaxQueries];
   float* tile = t.row;  // kKvScratchRows * D: 8 rebuilt rows, then a zero row
-  float* zeros = t.row + kKeyBlock * D;
+  float* zeros = t.row + kKvKeyBlock * D;
   std::memset(zeros, 0, D * sizeof(float));
-  const float* rows[kKeyBlock];
-  bool used[kKeyBlock];
+  const float* rows[kKvKeyBlock];
+  bool used[kKvKeyBlock];
   const __m256 scale = _mm256_set1_ps(t.scale);
   const float* queries[kKvMaxQueries];
   const float* masks[kKvMaxQueries];
@@ -125,10 +123,10 @@ TLB_AVX2 void run_blocked_task(const KvAttentionTask& t) {
     masks[h] = t.mask_row(h);
   }
   const int64_t mask_step = t.mask_key_stride;
-  for (int64_t j0 = 0; j0 < L; j0 += kKeyBlock) {
-    const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, L - j0));
+  for (int64_t j0 = 0; j0 < L; j0 += kKvKeyBlock) {
+    const int n = static_cast<int>(std::min<int64_t>(kKvKeyBlock, L - j0));
     int seen = 0;  // bit k: some query sees key j0 + k
-    if (n == kKeyBlock && mask_step == 1) {  // 8 contiguous mask values per query
+    if (n == kKvKeyBlock && mask_step == 1) {  // 8 contiguous mask values per query
       for (int64_t h = 0; h < Q; ++h) {
         const __m256 m = masks[h] ? _mm256_loadu_ps(masks[h] + j0) : _mm256_setzero_ps();
         _mm256_storeu_ps(t.scores + h * L + j0, m);
@@ -143,7 +141,7 @@ TLB_AVX2 void run_blocked_task(const KvAttentionTask& t) {
         }
       }
     }
-    for (int k = 0; k < kKeyBlock; ++k) used[k] = (seen >> k) & 1;
+    for (int k = 0; k < kKvKeyBlock; ++k) used[k] = (seen >> k) & 1;
     const bool any = seen != 0;
     // keys no query sees are never rebuilt (a static cache's unfilled positions, a prompt block's
     // future): masked by -inf, or by finfo.min as transformers does, where finfo.min + q·k rounds
@@ -152,20 +150,20 @@ TLB_AVX2 void run_blocked_task(const KvAttentionTask& t) {
     kv_block_rows(t, avx2_dequant_row, t.k_recent, t.k_codes, t.k_scale, t.k_min, j0, n, used, tile, zeros, rows);
     for (int64_t h = 0; h < Q; ++h) {
       const float* q = queries[h];
-      __m256 acc[kKeyBlock];
-      for (int k = 0; k < kKeyBlock; ++k) acc[k] = _mm256_setzero_ps();
+      __m256 acc[kKvKeyBlock];
+      for (int k = 0; k < kKvKeyBlock; ++k) acc[k] = _mm256_setzero_ps();
       for (int64_t d = 0; d < D; d += 8) {
         const __m256 qv = _mm256_loadu_ps(q + d);
-        for (int k = 0; k < kKeyBlock; ++k) acc[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[k] + d), acc[k]);
+        for (int k = 0; k < kKvKeyBlock; ++k) acc[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows[k] + d), acc[k]);
       }
       const __m256 dots = _mm256_mul_ps(sums8(acc), scale);
       float* s = t.scores + h * L + j0;
-      if (n == kKeyBlock) {  // masked keys keep their mask value: -inf or finfo.min + a finite dot
+      if (n == kKvKeyBlock) {  // masked keys keep their mask value: -inf or finfo.min + a finite dot
         const __m256 sv = _mm256_add_ps(_mm256_loadu_ps(s), dots);
         _mm256_storeu_ps(s, sv);
         mxv[h] = _mm256_max_ps(mxv[h], sv);
       } else {
-        alignas(32) float d8[kKeyBlock];
+        alignas(32) float d8[kKvKeyBlock];
         _mm256_store_ps(d8, dots);
         float m = mx[h];
         for (int k = 0; k < n; ++k) {
@@ -177,7 +175,7 @@ TLB_AVX2 void run_blocked_task(const KvAttentionTask& t) {
     }
   }
   for (int64_t h = 0; h < Q; ++h) {
-    alignas(32) float lanes[kKeyBlock];
+    alignas(32) float lanes[kKvKeyBlock];
     _mm256_store_ps(lanes, mxv[h]);
     for (float v : lanes) mx[h] = v > mx[h] ? v : mx[h];
     std::memset(outputs[h], 0, D * sizeof(float));
@@ -188,8 +186,8 @@ TLB_AVX2 void run_blocked_task(const KvAttentionTask& t) {
       total[h] = avx2_numerators(t.scores + h * L, L, mx[h]);
     }
   }
-  for (int64_t j0 = 0; j0 < L; j0 += kKeyBlock) {
-    const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, L - j0));
+  for (int64_t j0 = 0; j0 < L; j0 += kKvKeyBlock) {
+    const int n = static_cast<int>(std::min<int64_t>(kKvKeyBlock, L - j0));
     bool any = false;
     for (int k = 0; k < n; ++k) {
       used[k] = false;
@@ -200,9 +198,9 @@ TLB_AVX2 void run_blocked_task(const KvAttentionTask& t) {
     kv_block_rows(t, avx2_dequant_row, t.v_recent, t.v_codes, t.v_scale, t.v_min, j0, n, used, tile, zeros, rows);
     for (int64_t h = 0; h < Q; ++h) {
       const float* e = t.scores + h * L + j0;
-      __m256 ev[kKeyBlock];
+      __m256 ev[kKvKeyBlock];
       bool nonzero = false;
-      for (int k = 0; k < kKeyBlock; ++k) {
+      for (int k = 0; k < kKvKeyBlock; ++k) {
         const float ek = k < n ? e[k] : 0.f;
         nonzero |= ek != 0.f;
         ev[k] = _mm256_set1_ps(ek);
@@ -213,13 +211,13 @@ TLB_AVX2 void run_blocked_task(const KvAttentionTask& t) {
       for (; d + 32 <= D; d += 32) {  // four independent FMA chains (one chain would wait on FMA latency)
         __m256 acc[4];
         for (int c = 0; c < 4; ++c) acc[c] = _mm256_loadu_ps(o + d + 8 * c);
-        for (int k = 0; k < kKeyBlock; ++k)
+        for (int k = 0; k < kKvKeyBlock; ++k)
           for (int c = 0; c < 4; ++c) acc[c] = _mm256_fmadd_ps(ev[k], _mm256_loadu_ps(rows[k] + d + 8 * c), acc[c]);
         for (int c = 0; c < 4; ++c) _mm256_storeu_ps(o + d + 8 * c, acc[c]);
       }
       for (; d < D; d += 8) {
         __m256 acc0 = _mm256_loadu_ps(o + d), acc1 = _mm256_setzero_ps();
-        for (int k = 0; k < kKeyBlock; k += 2) {
+        for (int k = 0; k < kKvKeyBlock; k += 2) {
           acc0 = _mm256_fmadd_ps(ev[k], _mm256_loadu_ps(rows[k] + d), acc0);
           acc1 = _mm256_fmadd_ps(ev[k + 1], _mm256_loadu_ps(rows[k + 1] + d), acc1);
         }
@@ -300,7 +298,7 @@ TLB_AVX2 inline void lane_values(const float* p, int64_t Qp, const float* const*
   __m256 acc[NV][4];
   for (int c = 0; c < 4; ++c)
     for (int i = 0; i < NV; ++i) acc[i][c] = _mm256_loadu_ps(ot + (d + c) * Qp + (v0 + i) * 8);
-  for (int k = 0; k < kKeyBlock; ++k) {
+  for (int k = 0; k < kKvKeyBlock; ++k) {
     __m256 pv[NV];
     for (int i = 0; i < NV; ++i) pv[i] = _mm256_loadu_ps(p + k * Qp + (v0 + i) * 8);
     const float* r = rows[k] + d;
@@ -337,23 +335,23 @@ TLB_AVX2 void run_lane_task(const KvAttentionTask& t) {
   float* qt = lanes.qt;
   float* ot = lanes.ot;
   float* tile = t.row;
-  float* zeros = t.row + kKeyBlock * D;
+  float* zeros = t.row + kKvKeyBlock * D;
   std::memset(zeros, 0, D * sizeof(float));
   const int64_t step = t.mask_key_stride;
   const __m256 lowest_v = _mm256_set1_ps(lowest);
   __m256 mxv[kKvMaxQueries / 8];
   for (int64_t v = 0; v < nv; ++v) mxv[v] = _mm256_set1_ps(neg_inf);
-  const float* rows[kKeyBlock];
-  bool used[kKeyBlock];
-  for (int64_t j0 = 0; j0 < L; j0 += kKeyBlock) {
-    const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, L - j0));
+  const float* rows[kKvKeyBlock];
+  bool used[kKvKeyBlock];
+  for (int64_t j0 = 0; j0 < L; j0 += kKvKeyBlock) {
+    const int n = static_cast<int>(std::min<int64_t>(kKvKeyBlock, L - j0));
     float* sb = s + j0 * Qp;
     // the block's scores start as the mask values (8 x 8 transposes where 8 queries' rows are contiguous)
     if (!t.mask) {
       std::memset(sb, 0, n * Qp * sizeof(float));
     } else {
       int64_t h0 = 0;
-      if (n == kKeyBlock && step == 1)
+      if (n == kKvKeyBlock && step == 1)
         for (; h0 + 8 <= Q; h0 += 8) {
           __m256 r[8];
           for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(masks[h0 + i] + j0);
@@ -369,7 +367,7 @@ TLB_AVX2 void run_lane_task(const KvAttentionTask& t) {
       seen |= (_mm256_movemask_ps(any) != 0) << k;
     }
     if (!seen) continue;
-    for (int k = 0; k < kKeyBlock; ++k) used[k] = (seen >> k) & 1;
+    for (int k = 0; k < kKvKeyBlock; ++k) used[k] = (seen >> k) & 1;
     kv_block_rows(t, avx2_dequant_row, t.k_recent, t.k_codes, t.k_scale, t.k_min, j0, n, used, tile, zeros, rows);
     for (int k0 = 0; k0 < n; k0 += 4)
       over_query_tiles(nv, [&](int64_t v) { lane_scores<2>(qt, Qp, D, rows, k0, n, sb, v); },
@@ -393,11 +391,11 @@ TLB_AVX2 void run_lane_task(const KvAttentionTask& t) {
       _mm256_storeu_ps(p, e);
       total[v] = _mm256_add_ps(total[v], e);
     }
-  for (int64_t j0 = 0; j0 < L; j0 += kKeyBlock) {
-    const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, L - j0));
+  for (int64_t j0 = 0; j0 < L; j0 += kKvKeyBlock) {
+    const int n = static_cast<int>(std::min<int64_t>(kKvKeyBlock, L - j0));
     const float* pb = s + j0 * Qp;
     bool any = false;
-    for (int k = 0; k < kKeyBlock; ++k) {
+    for (int k = 0; k < kKvKeyBlock; ++k) {
       used[k] = false;
       for (int64_t v = 0; k < n && v < nv && !used[k]; ++v)
         used[k] = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(pb + k * Qp + v * 8), _mm256_setzero_ps(), _CMP_NEQ_UQ)) != 0;
@@ -405,8 +403,8 @@ TLB_AVX2 void run_lane_task(const KvAttentionTask& t) {
     }
     if (!any) continue;
     kv_block_rows(t, avx2_dequant_row, t.v_recent, t.v_codes, t.v_scale, t.v_min, j0, n, used, tile, zeros, rows);
-    alignas(32) float tail[kKeyBlock * kKvMaxQueries];  // a ragged last block: its missing keys weigh 0
-    if (n < kKeyBlock) {
+    alignas(32) float tail[kKvKeyBlock * kKvMaxQueries];  // a ragged last block: its missing keys weigh 0
+    if (n < kKvKeyBlock) {
       std::memset(tail, 0, sizeof(tail));
       std::memcpy(tail, pb, n * Qp * sizeof(float));
       pb = tail;

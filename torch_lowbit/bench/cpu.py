@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 import statistics
 import sys
 import time
@@ -107,28 +108,34 @@ def _contenders(n: int, k: int, formats: list[str], rotate_mib: int, layouts: li
     with torch.no_grad():
         lin.weight.copy_(w)
     for spec in formats:
-        fmt, act_bits = split_act_suffix(spec)
+        fmt, act_bits, act_block = split_act_suffix(spec)
         for layout in layouts or [default_layout(get_format(fmt), "cpu").name]:
             if not get_layout(layout).supports(get_format(fmt)) or "cpu" not in get_layout(layout).backends:
                 continue
             ql = QuantLinear.from_linear(lin, fmt, layout=layout)
             nbytes = ql.weight_nbytes()
             act = "int8 act" if "_i8_" in layout else "fp32 act"
-            if act_bits:  # per-token integer activations, rounded in the kernel where the layout can
-                ql = ActQuantLinear(ql, act_bits, clip_ratio=0.9)
-                act = f"int{act_bits} per-token act"
+            if act_bits:  # per-token (per-block) integer activations, rounded in the kernel where the layout can
+                ql = ActQuantLinear(ql, act_bits, clip_ratio=0.9, block=act_block)
+                act = act_label(act_bits, act_block)
             mods = [ql] + [copy.deepcopy(ql) for _ in range(_copies(nbytes, rotate_mib) - 1)]
             out[f"torch_lowbit {spec} [{layout}, {act}]"] = (lambda i, mods=mods: mods[i], nbytes, torch.float32,
                                                               len(mods), spec, layout)
     return out
 
 
-def split_act_suffix(spec: str) -> tuple[str, int]:
-    """'q4_0+a8' -> ('q4_0', 8): a weight format with QuaRot-style per-token activations; 'q4_0' -> ('q4_0', 0)."""
+def split_act_suffix(spec: str) -> tuple[str, int, int]:
+    """'q4_0+a8' -> ('q4_0', 8, 0): a weight format with QuaRot-style per-token activations; 'q4_0+a4b16'
+    -> ('q4_0', 4, 16): with one activation scale per block of 16 features; 'q4_0' -> ('q4_0', 0, 0)."""
     fmt, sep, act = spec.rpartition("+a")
-    if sep and act.isdigit():
-        return fmt, int(act)
-    return spec, 0
+    m = re.fullmatch(r"(\d+)(?:b(\d+))?", act) if sep else None
+    if m:
+        return fmt, int(m.group(1)), int(m.group(2) or 0)
+    return spec, 0, 0
+
+
+def act_label(bits: int, block: int) -> str:
+    return f"int{bits} act, blocks of {block}" if block else f"int{bits} per-token act"
 
 
 def _forcing(paths: list[str]):

@@ -36,7 +36,7 @@ from ..formats.gaussian import TCQ, HalfTCQ
 from ..layouts import default_layout
 from ..nn import QuantLinear
 from ..nn.act_quant import ActQuantLinear
-from .cpu import split_act_suffix
+from .cpu import act_label, split_act_suffix
 
 GPU_BENCH_SHAPES = ((4096, 4096), (4096, 14336))  # (N out, K in)
 GPU_BENCH_FORMATS = ("q4_0", "int4_g128", "iq4_nl", "nuq3", "vq2", "tcq2", "int2_g64", "gcb2")
@@ -143,7 +143,7 @@ def _contenders(n: int, k: int, formats, rotate_mib: int, device: str):
         lin.weight.copy_(w)
     lin = lin.to(device)  # quantize where it runs: the formats' searches are fast on a GPU
     for spec in formats:
-        fmt, act_bits = split_act_suffix(spec)
+        fmt, act_bits, act_block = split_act_suffix(spec)
         f = get_format(fmt)
         layout = default_layout(f, "cuda")
         q = _random_tcq(f, n, k, layout, device) if isinstance(f, (TCQ, HalfTCQ)) else \
@@ -151,8 +151,8 @@ def _contenders(n: int, k: int, formats, rotate_mib: int, device: str):
         qbytes = q.weight_nbytes()
         label = f"torch_lowbit {spec} [{layout.name}]"
         if act_bits:  # QuaRot-style per-token integer activations: the integer tl.dot kernel where it applies
-            q = ActQuantLinear(q, act_bits, clip_ratio=0.9)
-            label = f"torch_lowbit {spec} [{layout.name}, int{act_bits} per-token act]"
+            q = ActQuantLinear(q, act_bits, clip_ratio=0.9, block=act_block)
+            label = f"torch_lowbit {spec} [{layout.name}, {act_label(act_bits, act_block)}]"
         mods = [q] + [copy.deepcopy(q) for _ in range(_copies(qbytes, rotate_mib) - 1)]
         out[label] = (lambda i, mods=mods: mods[i], qbytes, len(mods))
     return out
