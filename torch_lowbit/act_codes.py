@@ -41,19 +41,31 @@ def sub_block_multiplier_max(bits: int) -> int:
 def quantize_sub_blocks(x: Tensor, bits: int, clip_ratio: float = 1.0, sub: int = 16) -> tuple[Tensor, Tensor]:
     """Block-scaled activations with two-level scales, as the int8 kernels take them (csrc
     quantize_sub_block32, bit for bit): x [..., K] (K % 32 == 0), sub 8 or 16, bits <= 4 ->
-    (int8 products [..., K], fp32 d [..., K/32]). Each 32-feature block has one scale d = max_j s_j / kmax
-    (s_j = max|x| over its sub-block j times clip / qmax) and each sub-block an integer multiplier
-    k_j = clamp(round(s_j / d), 1, kmax), kmax = sub_block_multiplier_max(bits); codes c =
-    clamp(round(x / (k_j d)), -2^(b-1), qmax) are stored as k_j * c, so x ~ d * (k_j c). The grid of each
-    sub-block is within 1/kmax of its own best one (NVFP4's per-16 scales, held as integer multiples of the
-    per-32 scale so the per-32 int8 kernels multiply them exactly)."""
+    (int8 products [..., K], fp32 d [..., K/32]). Each 32-feature block has one scale d and each sub-block
+    j an integer multiplier k_j in [1, kmax] (kmax = sub_block_multiplier_max(bits)) with k_j d close to
+    s_j = max|x| over the sub-block times clip / qmax (its own best scale): d = max_j s_j / kb, where kb in
+    (kmax / 2, kmax] (the first from kmax down) least mismatches the worst sub-block, |k_j d - s_j| / s_j,
+    k_j = clamp(round(s_j / d), 1, kmax) — the sub-scale ratios are the best fractions of denominator up to
+    kmax. Codes c = clamp(round(x / (k_j d)), -2^(b-1), qmax) are stored as k_j * c, so x ~ d * (k_j c)
+    (NVFP4's per-16 scales, held as integer multiples of a per-32 scale so the per-32 int8 kernels
+    multiply them exactly)."""
     if sub not in SUB_BLOCKS or bits > 4:
         raise ValueError(f"quantize_sub_blocks: sub must be 8 or 16 and bits at most 4, got sub={sub}, bits={bits}")
     qmax, kmax = 2 ** (bits - 1) - 1, sub_block_multiplier_max(bits)
     xb = x.float().reshape(*x.shape[:-1], x.shape[-1] // 32, 32 // sub, sub)
     s = xb.abs().amax(-1, keepdim=True) * (clip_ratio / qmax)  # the python scalar is cast to fp32, as in C++
     smax = s.amax(-2, keepdim=True)
-    d = torch.where(smax > 0, smax / kmax, torch.ones_like(smax))
-    k = torch.clamp(torch.round(s / d), 1, kmax)
+    live = smax > 0
+    best = d = k = None
+    for kb in range(kmax, kmax // 2, -1):
+        dc = torch.where(live, smax / kb, torch.ones_like(smax))
+        kc = torch.clamp(torch.round(s / dc), 1, kmax)
+        worst = torch.where(s > 0, (kc * dc - s).abs() / s, torch.zeros_like(s)).amax(-2, keepdim=True)
+        if best is None:
+            best, d, k = worst, dc, kc
+        else:
+            better = worst < best  # ties keep the larger kb, as the C++ loop
+            best, d, k = torch.where(better, worst, best), torch.where(better, dc, d), torch.where(better, kc, k)
+    k = torch.where(live, k, torch.ones_like(k))
     codes = torch.clamp(torch.round(xb / (k * d)), -qmax - 1, qmax)
     return (codes * k).to(torch.int8).reshape(x.shape), d.reshape(*x.shape[:-1], x.shape[-1] // 32)

@@ -2,9 +2,9 @@
 // math): d = max|x| / 127, q = round_half_even(x / d) computed as x * (1 / d). The pure-torch
 // twin that tests compare with is torch_lowbit/formats/activations.py.
 #pragma once
-#include <cstdint>
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 namespace torch_lowbit {
@@ -50,30 +50,50 @@ void quantize_acts_q8(const float* x, int64_t M, int64_t K, int8_t* q, float* d,
 using RoundCodesFn = void (*)(const float* x, int64_t K, float d, int qmin, int qmax, int8_t* q);
 
 // Sub-block activations (block-scaled A4 with blocks of `sub` = 8 or 16 features, two-level scales):
-// each 32-feature block keeps one fp32 scale d = max_j s_j / kmax, where s_j = max|x| over sub-block j
-// times float(clip / qmax), and each sub-block j its integer multiplier k_j = clamp(round(s_j / d), 1,
-// kmax), kmax = 127 / 2^(bits-1) (15 at 4 bits); codes c = clamp(round(x / (k_j d)), -2^(bits-1),
+// each 32-feature block keeps one fp32 scale d and each sub-block j an integer multiplier k_j in
+// [1, kmax], kmax = 127 / 2^(bits-1) (15 at 4 bits), so that k_j d approximates s_j = max|x| over the
+// sub-block times float(clip / qmax), its own best scale: the largest s gets k = kb exactly (d = smax / kb)
+// and kb in (kmax / 2, kmax] is the one whose worst relative mismatch |k_j d - s_j| / s_j is least
+// (the first such from kmax down; k_j = clamp(round(s_j / d), 1, kmax)): the sub-scale ratios are then
+// the best fractions with denominators up to kmax. Codes c = clamp(round(x / (k_j d)), -2^(bits-1),
 // qmax) are stored as the int8 products k_j c (|k_j c| <= 120), so the per-32 int8 tile kernels
 // multiply them unchanged: x ~ d * (k_j c), bit for bit act_codes.quantize_sub_blocks. One 32-block.
 inline void quantize_sub_block32(const float* x, int sub, int bits, float ratio, RoundCodesFn round_codes, int8_t* q,
                                  float* d, int32_t* sum) {
-  const int qmax = (1 << (bits - 1)) - 1, qmin = -qmax - 1, kmax = 127 / (qmax + 1);
+  const int qmax = (1 << (bits - 1)) - 1, qmin = -qmax - 1, kmax = 127 / (qmax + 1), n = 32 / sub;
   float s[4], smax = 0.f;  // sub >= 8: at most 4 sub-blocks
-  for (int j = 0; j < 32 / sub; ++j) {
+  for (int j = 0; j < n; ++j) {
     float amax = 0.f;
     for (int i = 0; i < sub; ++i) amax = std::max(amax, std::fabs(x[j * sub + i]));
     s[j] = amax * ratio;
     smax = std::max(smax, s[j]);
   }
-  const float db = smax > 0.f ? smax / static_cast<float>(kmax) : 1.f;
+  int k[4] = {1, 1, 1, 1};
+  float db = 1.f;
+  if (smax > 0.f) {
+    float best = INFINITY;
+    for (int kb = kmax; kb > kmax / 2; --kb) {
+      const float dc = smax / static_cast<float>(kb);
+      int kc[4];
+      float worst = 0.f;
+      for (int j = 0; j < n; ++j) {
+        const float kf = std::nearbyint(s[j] / dc);
+        kc[j] = kf >= 1.f ? static_cast<int>(std::min<float>(kf, kmax)) : 1;  // (NaN from inf inputs: 1)
+        if (s[j] > 0.f) worst = std::max(worst, std::fabs(static_cast<float>(kc[j]) * dc - s[j]) / s[j]);
+      }
+      if (worst < best) {
+        best = worst;
+        db = dc;
+        std::copy(kc, kc + n, k);
+      }
+    }
+  }
   int32_t total = 0;
-  for (int j = 0; j < 32 / sub; ++j) {
-    const float kf = std::nearbyint(s[j] / db);
-    const int k = kf >= 1.f ? static_cast<int>(std::min<float>(kf, kmax)) : 1;  // (NaN from inf inputs: 1)
+  for (int j = 0; j < n; ++j) {
     int8_t* qj = q + j * sub;
-    round_codes(x + j * sub, sub, static_cast<float>(k) * db, qmin, qmax, qj);
+    round_codes(x + j * sub, sub, static_cast<float>(k[j]) * db, qmin, qmax, qj);
     for (int i = 0; i < sub; ++i) {
-      qj[i] = static_cast<int8_t>(k * qj[i]);
+      qj[i] = static_cast<int8_t>(k[j] * qj[i]);
       total += qj[i];
     }
   }
