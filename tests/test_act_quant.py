@@ -107,6 +107,8 @@ def test_block_scaled_activations_wrap_a_layer(block):
         in_torch = tl.ActQuantLinear(tl.QuantLinear.from_linear(torch.nn.Linear(96, 24), "q4_0", layout="lut4_rowmajor"),
                                      4, clip_ratio=0.9, block=block)  # a layout without integer activations
         assert in_torch.layer.forward_int_acts(x, 4, 0.9, block) is None
+        for layer in (wrapped, in_torch):  # the kernel route and the torch rounding compile whole
+            torch.testing.assert_close(torch.compile(layer, fullgraph=True)(x), layer(x), rtol=1e-5, atol=1e-5)
     assert f"per block of {block}" in repr(wrapped)
     with pytest.raises(ValueError, match="does not divide the layer's 96"):
         tl.ActQuantLinear(lin, 4, block=64)
