@@ -212,21 +212,26 @@ def test_integer_activation_kernel_matches_the_rounded_product(path, fmt, bits, 
 
 
 @pytest.mark.parametrize("fmt", ["q4_0", "int4_pc", "int4_g64", "int4_g128", "iq4_nl", "int2_g64", "int3_g64", "q8_0"])
-@pytest.mark.parametrize("bits", [8, 4])
-def test_integer_activation_paths_agree_bit_for_bit(fmt, bits):
+@pytest.mark.parametrize("bits,block", [(8, 0), (4, 0), (4, 16), (2, 8)])
+def test_integer_activation_paths_agree_bit_for_bit(fmt, bits, block):
     """Per-token activations: every SIMD path sums a group's integer products in int32 and converts once
     per group, as the scalar path does, so their outputs are identical bytes (odd N, ragged token
     counts below and above the register blocks, bias; tables of every dot kind: identity, unsigned,
-    signed)."""
+    signed). Sub-block activations: the vectorized quantizer gives the scalar one's bytes, and the
+    per-32 epilogues are the scalar path's, so again identical bytes."""
     from conftest import random_linear
     from torch_lowbit.ops.library import cpu_extension
     paths = [p for p in cpu_extension().available_cpu_paths() if p != "scalar"]
     if not paths:
         pytest.skip("this CPU runs only the scalar path")
     gen = _gen()
-    layer = tl.ActQuantLinear(tl.QuantLinear.from_linear(random_linear(256, 53, True, gen), fmt), bits, clip_ratio=0.95)
+    layer = tl.ActQuantLinear(tl.QuantLinear.from_linear(random_linear(256, 53, True, gen), fmt), bits, clip_ratio=0.95,
+                              block=block)
     for m in (1, 3, 6, 17):
         x = torch.randn(m, 256, generator=gen) * torch.rand(m, 1, generator=gen).add(0.1)
+        if block:  # sub-blocks of very different scales, some all zero
+            x = x * torch.rand(m, 256 // block, 1, generator=gen).add(0.02).repeat_interleave(block, 1).reshape(m, 256)
+            x[:, 8 * block:9 * block] = 0
         with tl.use_backend("cpu", path="scalar"):
             ref = layer(x)
         for path in paths:

@@ -88,6 +88,14 @@ void quantize_acts_sub_blocks(const float* x, int64_t M, int64_t K, int sub, int
                               float* d, int32_t* sum) {
   const float ratio = static_cast<float>(clip / ((1 << (bits - 1)) - 1));
   const RoundCodesFn round_codes = active_round_codes();
+#if defined(TORCH_LOWBIT_X86)
+  if (kernel_isa(active_cpu_path()) != CpuPath::Scalar) {
+    parallel_for(0, M * (K / 32), 64, [&](int64_t b0, int64_t b1) {
+      quantize_sub_blocks_avx2(x, b0, b1, sub, bits, ratio, q, d, sum);
+    });
+    return;
+  }
+#endif
   parallel_for(0, M * (K / 32), 64, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) quantize_sub_block32(x + b * 32, sub, bits, ratio, round_codes, q + b * 32, d + b, sum + b);
   });

@@ -25,6 +25,9 @@ struct Q8Acts {
 void quantize_act_blocks_avx512(const float* x, int64_t b0, int64_t b1, int8_t* q, float* d, int32_t* sum);
 void quantize_act_blocks_avx2(const float* x, int64_t b0, int64_t b1, int8_t* q, float* d, int32_t* sum);
 void quantize_token_avx2(const float* x, int64_t K, float d, int qmin, int qmax, int8_t* q);  // K % 8 == 0
+// quantize_sub_block32 over blocks [b0, b1) of x, vectorized (the same bytes)
+void quantize_sub_blocks_avx2(const float* x, int64_t b0, int64_t b1, int sub, int bits, float ratio, int8_t* q,
+                              float* d, int32_t* sum);
 #endif
 #if defined(__aarch64__)
 void quantize_act_blocks_neon(const float* x, int64_t b0, int64_t b1, int8_t* q, float* d, int32_t* sum);

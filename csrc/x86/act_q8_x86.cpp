@@ -9,6 +9,8 @@
 
 namespace torch_lowbit {
 
+#define TLB_HMAX_TARGET __attribute__((target("avx2,fma")))
+
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_act_blocks_avx512(const float* x, int64_t b0,
                                                                                        int64_t b1, int8_t* q,
                                                                                        float* d, int32_t* sum) {
@@ -63,6 +65,103 @@ __attribute__((target("avx2,fma"))) void quantize_token_avx2(const float* x, int
     const __m256i v = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
     const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(q + k), _mm_packs_epi16(w, w));
+  }
+}
+
+namespace {
+
+TLB_HMAX_TARGET inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+
+TLB_HMAX_TARGET inline float hmin8(__m256 v) {
+  __m128 m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_min_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_min_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+
+}  // namespace
+
+// Sub-block activations (quantize_sub_block32, the same operations lane by lane, so the same bytes):
+// the amaxes by vector max, the kb search with 8 candidates per vector (lane i: kb = kmax - i; the
+// first least worst mismatch in that order is the scalar loop's strict-less scan), the codes times
+// k_j in float (exact small integers) packed to int8.
+__attribute__((target("avx2,fma"))) void quantize_sub_blocks_avx2(const float* x, int64_t b0, int64_t b1, int sub,
+                                                                    int bits, float ratio, int8_t* q, float* d,
+                                                                    int32_t* sum) {
+  const int qmax = (1 << (bits - 1)) - 1, kmax = 127 / (qmax + 1), n = 32 / sub;
+  const int candidates = kmax - kmax / 2, vectors = (candidates + 7) / 8;  // 8, 16 or 32 kb values
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), one = _mm256_set1_ps(1.f),
+               kmaxv = _mm256_set1_ps(static_cast<float>(kmax)), lo = _mm256_set1_ps(static_cast<float>(-qmax - 1)),
+               hi = _mm256_set1_ps(static_cast<float>(qmax)), inf = _mm256_set1_ps(INFINITY);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t b = b0; b < b1; ++b) {
+    const float* xb = x + b * 32;
+    __m256 v[4];
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xb + 8 * i);
+    float s[4], smax = 0.f;
+    for (int j = 0; j < n; ++j) {
+      const int per = sub / 8;  // vectors per sub-block
+      __m256 m = _mm256_and_ps(v[j * per], absmask);
+      if (per == 2) m = _mm256_max_ps(m, _mm256_and_ps(v[j * per + 1], absmask));
+      s[j] = hmax8(m) * ratio;
+      smax = std::max(smax, s[j]);
+    }
+    int k[4] = {1, 1, 1, 1};
+    float db = 1.f;
+    if (smax > 0.f) {
+      __m256 worst[4];
+      __m256 least = inf;
+      for (int c = 0; c < vectors; ++c) {
+        const __m256i kb = _mm256_sub_epi32(_mm256_set1_epi32(kmax - 8 * c), lane);
+        const __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(kb, _mm256_set1_epi32(kmax / 2)));
+        const __m256 dc = _mm256_div_ps(_mm256_set1_ps(smax), _mm256_cvtepi32_ps(kb));
+        __m256 w = _mm256_setzero_ps();
+        for (int j = 0; j < n; ++j) {
+          if (!(s[j] > 0.f)) continue;
+          const __m256 sj = _mm256_set1_ps(s[j]);
+          const __m256 kf = _mm256_round_ps(_mm256_div_ps(sj, dc), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          const __m256 kc = _mm256_blendv_ps(one, _mm256_min_ps(kf, kmaxv), _mm256_cmp_ps(kf, one, _CMP_GE_OQ));
+          __m256 p = _mm256_mul_ps(kc, dc);
+          __asm__("" : "+x"(p));  // no fused multiply-subtract: the scalar code rounds the product first
+          const __m256 e = _mm256_div_ps(_mm256_and_ps(_mm256_sub_ps(p, sj), absmask), sj);
+          w = _mm256_max_ps(w, e);
+        }
+        worst[c] = _mm256_blendv_ps(inf, w, valid);
+        least = _mm256_min_ps(least, worst[c]);
+      }
+      const __m256 best = _mm256_set1_ps(hmin8(least));
+      int kb = kmax;
+      for (int c = 0; c < vectors; ++c) {
+        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(worst[c], best, _CMP_EQ_OQ));
+        if (hit) {
+          kb = kmax - 8 * c - __builtin_ctz(hit);
+          break;
+        }
+      }
+      db = smax / static_cast<float>(kb);
+      for (int j = 0; j < n; ++j) {
+        const float kf = std::nearbyint(s[j] / db);
+        k[j] = kf >= 1.f ? static_cast<int>(std::min<float>(kf, kmax)) : 1;
+      }
+    }
+    __m256i total = _mm256_setzero_si256();
+    for (int i = 0; i < 4; ++i) {
+      const int j = i * 8 / sub;
+      const __m256 kv = _mm256_set1_ps(static_cast<float>(k[j]));
+      const __m256 r = _mm256_round_ps(_mm256_div_ps(v[i], _mm256_mul_ps(kv, _mm256_set1_ps(db))),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_min_ps(_mm256_max_ps(r, lo), hi), kv));
+      total = _mm256_add_epi32(total, c);
+      const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(q + b * 32 + 8 * i), _mm_packs_epi16(w, w));
+    }
+    alignas(32) int32_t tl[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(tl), total);
+    sum[b] = tl[0] + tl[1] + tl[2] + tl[3] + tl[4] + tl[5] + tl[6] + tl[7];
+    d[b] = db;
   }
 }
 
