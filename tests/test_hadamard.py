@@ -193,6 +193,18 @@ def test_op_matches_reference_every_cpu_path(n, dtype):
             assert rel < _bound(n, dtype), f"path {path} signs {signs is not None} inverse {inverse}: {rel}"
 
 
+@pytest.mark.parametrize("n", [8, 16, 64, 96, 576, 1536, 2048, 4096, 8192, 11008, 14336])
+def test_simd_paths_equal_scalar_bit_for_bit(n):
+    """The SIMD passes (csrc/common/hadamard_simd.h) add in the scalar code's order and multiply by exact
+    +-1 entries, so every path gives the scalar path's bytes (in-register stages, radix-4 / radix-2
+    passes, the L1 chunks, base-matrix mixes of 12 / 20 / 28 / 40 blocks)."""
+    x = _data(3, n)
+    with tl.use_backend("cpu", path="scalar"):
+        ref = hadamard_transform(x)
+    for path in _paths():
+        assert torch.equal(hadamard_transform(x), ref), f"path {path} differs from scalar at n = {n}"
+
+
 @pytest.mark.parametrize("n", [2 ** 13, 2 ** 14])
 def test_op_matches_reference_wide(n):
     x = _data(2, n)

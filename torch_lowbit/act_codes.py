@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 ACT_BITS = (2, 3, 4, 8)  # the per-token activation widths the kernels and wrappers take
-# The one block of block-scaled activations the int8-weight CPU kernels round in-kernel (their per-32
-# activation blocks, csrc kActBlock); other blocks are rounded in torch.
+# The block of block-scaled activations the int8-weight CPU kernels read (their per-32 activation
+# blocks, csrc kActBlock); wider blocks are rounded in torch.
 KERNEL_ACT_BLOCK = 32
 # Sub-blocks of that block with two-level scales (quantize_sub_blocks), also rounded in-kernel.
 SUB_BLOCKS = (8, 16)
