@@ -57,10 +57,11 @@ TORCH_LIBRARY(torch_lowbit, m) {
   m.def("q4x_linear(Tensor x, Tensor qweight, Tensor scales, Tensor lut, int rows, int chunk, int group_size, "
         "int out_features, Tensor? bias, int act_bits=0, float act_clip=1.0, int act_block=0) -> Tensor");
   m.def("lut4_dequantize(Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int group_size) -> Tensor");
-  // per-token integer activations (xq int8 [M, K], xd fp32 [M]) x lut4_rowmajor weights (int8 table): fp32
-  // [M, N]; CUDA: Triton's integer tl.dot (triton_kernels/int_act.py), CPU: the reference in Python
+  // integer activations (x rounded per token, act_block 0, or per 32 features, act_block 32 / 16 / 8:
+  // act_codes.quantize_act_codes) x lut4_rowmajor weights (int8 table): fp32 [M, N]; CUDA: Triton's integer
+  // tl.dot (triton_kernels/int_act.py), CPU: the reference in Python
   m.def("lut4_int_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int group_size, "
-        "Tensor? bias, int act_bits, float act_clip) -> Tensor");
+        "Tensor? bias, int act_bits, float act_clip, int act_block=0) -> Tensor");
   m.def("codebook_linear(Tensor x, Tensor codes, int code_bits, Tensor table, Tensor row_scales, Tensor? bias) -> Tensor");
   m.def("codebook_dequantize(Tensor codes, int code_bits, Tensor table, Tensor row_scales, int in_features) -> Tensor");
   m.def("tcq_linear(Tensor x, Tensor codes, Tensor table, int table_bits, int shift_bits, Tensor row_scales, "

@@ -971,3 +971,61 @@ def test_integer_activation_kernel_matches_the_rounded_product(fmt, bits, monkey
         y_eye = lut4_int_linear(x, eye.qweight, eye.scales, eye.mins, eye.lut_i8, 64, None, bits, 0.9)
         # one flipped code would be off by ~1e-2
         torch.testing.assert_close(y_eye, (xq.float() * xd) @ eye.dequantize().T, rtol=1e-5, atol=1e-5)
+
+
+def _block_varied(m, k, gen):
+    """Activations whose 8-feature pieces differ in scale by up to 1000x, a zero 32-block, a zero
+    16-feature half and an outlier: every branch of the two-level scale search."""
+    x = torch.randn(m, k, generator=gen) * torch.pow(10.0, torch.rand(m, k // 8, 1, generator=gen) * 3 - 2) \
+        .expand(m, k // 8, 8).reshape(m, k)
+    x[:, 32:64] = 0
+    x[:, 64:80] = 0
+    x[:, 5] *= 40
+    return x
+
+
+@pytest.mark.parametrize("bits,block", [(4, 16), (4, 8), (3, 16), (2, 8), (4, 32), (8, 32)])
+def test_integer_activation_kernel_rounds_blocks_bit_for_bit(bits, block):
+    """The Triton rounding of block-scaled activations (per 32 features; 16 / 8: two-level scales)
+    gives quantize_act_codes' codes and scales exactly (K = 1088: two programs per token, ragged)."""
+    from torch_lowbit.act_codes import quantize_act_codes
+    from torch_lowbit.triton_kernels.int_act import round_activations
+    gen = _gen()
+    for m, k in ((1, 96), (5, 1088)):
+        x = _block_varied(m, k, gen)
+        for dtype in (torch.float32, torch.float16):
+            xq, xd = round_activations(x.to(dtype), bits, 0.9, block)
+            want_q, want_d = quantize_act_codes(x.to(dtype), bits, 0.9, block)
+            assert torch.equal(xq, want_q) and torch.equal(xd, want_d), (m, k, dtype)
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "int4_g64", "iq4_nl"])
+@pytest.mark.parametrize("bits,block", [(4, 16), (2, 8), (8, 32)])
+def test_integer_activation_kernel_takes_activation_blocks(fmt, bits, block, monkeypatch):
+    """Block-scaled activations (QuaRot(act_block=...)) on the triton backend reach the integer tl.dot
+    kernel, which scales each 32-feature run's int32 product by its block's scale: x_rounded @ W.T
+    within fp32 error (ragged M, odd N, bias, mins), equal to the op's CPU reference."""
+    from torch_lowbit.nn.act_quant import fake_quantize_per_token
+    from torch_lowbit.triton_kernels import int_act
+    lut4_int_linear, calls = int_act.lut4_int_linear, []
+    monkeypatch.setattr(int_act, "lut4_int_linear", lambda *a: calls.append(a[-1]) or lut4_int_linear(*a))
+    gen = _gen()
+    q, _ = _quantized(fmt, 192, 37, True, gen)
+    layer = tl.ActQuantLinear(q, bits, clip_ratio=0.9, block=block)
+    w = q.dequantize()
+    for m in (1, 5, 33):
+        x = _block_varied(m, 192, gen)
+        with tl.use_backend("triton"):
+            y = layer(x)
+        assert calls == [block], "the layer did not reach the integer-activation kernel with its blocks"
+        calls.clear()
+        assert_matches_product(y, fake_quantize_per_token(x, bits, clip_ratio=0.9, block=block), w, q.bias,
+                               roundings=8, msg=f"{fmt} A{bits} block {block} M={m}")
+        args = (x, q.qweight, q.scales, getattr(q, "mins", None), q.lut_i8, q.fmt.group_size, q.bias, bits, 0.9, block)
+        torch.testing.assert_close(lut4_int_linear(*args), torch.ops.torch_lowbit.lut4_int_linear(*args),
+                                   rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="act_block must be 0"):
+        lut4_int_linear(x, q.qweight, q.scales, getattr(q, "mins", None), q.lut_i8, q.fmt.group_size, None, 8, 0.9, 16)
+    with pytest.raises(RuntimeError, match="act_block"):
+        torch.ops.torch_lowbit.lut4_int_linear(x, q.qweight, q.scales, getattr(q, "mins", None), q.lut_i8,
+                                               q.fmt.group_size, None, 4, 0.9, 64)

@@ -69,3 +69,26 @@ def quantize_sub_blocks(x: Tensor, bits: int, clip_ratio: float = 1.0, sub: int 
     k = torch.where(live, k, torch.ones_like(k))
     codes = torch.clamp(torch.round(xb / (k * d)), -qmax - 1, qmax)
     return (codes * k).to(torch.int8).reshape(x.shape), d.reshape(*x.shape[:-1], x.shape[-1] // 32)
+
+
+def quantize_act_codes(x: Tensor, bits: int, clip_ratio: float = 1.0, block: int = 0) -> tuple[Tensor, Tensor]:
+    """The integer activations the kernels multiply, for each activation block the kernels take: x [..., K]
+    -> (codes int8 [..., K], fp32 d) with x ~ codes * d per token (block 0: d [..., 1],
+    quantize_per_token) or per 32 features (block 32: one scale per 32; 16 / 8: quantize_sub_blocks'
+    two-level scales; d [..., K / 32])."""
+    if block == 0:
+        return quantize_per_token(x, bits, clip_ratio)
+    if block in SUB_BLOCKS:
+        return quantize_sub_blocks(x, bits, clip_ratio, block)
+    if block != KERNEL_ACT_BLOCK:
+        raise ValueError(f"quantize_act_codes: block must be 0, 8, 16 or 32, got {block}")
+    codes, d = quantize_per_token(x.reshape(*x.shape[:-1], x.shape[-1] // block, block), bits, clip_ratio)
+    return codes.reshape(x.shape), d.squeeze(-1)
+
+
+def dequantize_act_codes(codes: Tensor, d: Tensor) -> Tensor:
+    """fp32 values codes * d of quantize_act_codes' output (d per token [..., 1] or per 32 features)."""
+    if d.shape[-1] == 1:
+        return codes.float() * d
+    blocks = codes.float().reshape(*codes.shape[:-1], d.shape[-1], codes.shape[-1] // d.shape[-1])
+    return (blocks * d.unsqueeze(-1)).reshape(codes.shape)

@@ -28,7 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from torch_lowbit.act_codes import ACT_BITS, symmetric_min_code
+from torch_lowbit.act_codes import (ACT_BITS, KERNEL_ACT_BLOCK, KERNEL_ACT_BLOCKS, SUB_BLOCKS, sub_block_multiplier_max,
+                                    symmetric_min_code)
 
 from .matmul import _affine_form, _splitk_reduce_kernel, cdiv, check_device, derived, sm_count
 
@@ -80,13 +81,58 @@ def _round_rows_kernel(x_ptr, q_ptr, d_ptr, K, ACT_SCALE, QMIN: tl.constexpr, QM
 
 
 @triton.jit
+def _round_blocks_kernel(x_ptr, q_ptr, d_ptr, K, ACT_SCALE, QMIN: tl.constexpr, QMAX: tl.constexpr,
+                         SUB: tl.constexpr, KMAX: tl.constexpr, BLOCKS: tl.constexpr):
+    """Token m's codes q int8 and scales d fp32 [K / 32] for 32-feature blocks [p BLOCKS, (p + 1) BLOCKS)
+    (act_codes.quantize_act_codes, bit for bit): SUB = 32, one scale per block; SUB = 16 / 8, the
+    two-level scales of quantize_sub_blocks (d per block, an integer multiplier k_j <= KMAX per
+    sub-block picked by the same search, codes stored as k_j c). Launched with enable_fp_fusion=False:
+    the search's k d - s must be rounded as torch rounds it (a fused multiply-subtract is not)."""
+    NSUB: tl.constexpr = 32 // SUB
+    blk = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
+    ok = blk < K // 32
+    offs = blk[:, None, None] * 32 + tl.arange(0, NSUB)[None, :, None] * SUB + tl.arange(0, SUB)[None, None, :]
+    row = tl.program_id(0).to(tl.int64) * K
+    x = tl.load(x_ptr + row + offs, mask=ok[:, None, None], other=0.0).to(tl.float32)  # [BLOCKS, NSUB, SUB]
+    s = tl.max(tl.abs(x), axis=2) * ACT_SCALE  # each sub-block's own scale [BLOCKS, NSUB]
+    if NSUB == 1:
+        d = tl.where(s > 0, s, 1.0)
+        k = tl.full(s.shape, 1.0, tl.float32)
+    else:
+        smax = tl.max(s, axis=1)
+        live = smax > 0
+        best = tl.full(smax.shape, float("inf"), tl.float32)
+        d = tl.full(smax.shape, 1.0, tl.float32)
+        k = tl.full(s.shape, 1.0, tl.float32)
+        for kb in tl.static_range(KMAX, KMAX // 2, -1):  # ties keep the larger kb (the earlier)
+            dc = tl.where(live, tl.math.div_rn(smax, kb * 1.0), 1.0)
+            kc = (tl.math.div_rn(s, dc[:, None]) + 12582912.0) - 12582912.0
+            kc = tl.minimum(tl.maximum(kc, 1.0), KMAX * 1.0)
+            miss = tl.where(s > 0, tl.math.div_rn(tl.abs(kc * dc[:, None] - s), tl.where(s > 0, s, 1.0)), 0.0)
+            worst = tl.max(miss, axis=1)
+            better = worst < best
+            best = tl.where(better, worst, best)
+            d = tl.where(better, dc, d)
+            k = tl.where(better[:, None], kc, k)
+        k = tl.where(live[:, None], k, 1.0)
+        d = d[:, None]
+    step = k * d  # [BLOCKS, NSUB]
+    c = (tl.math.div_rn(x, step[:, :, None]) + 12582912.0) - 12582912.0
+    c = tl.minimum(tl.maximum(c, QMIN), QMAX) * k[:, :, None]
+    tl.store(q_ptr + row + offs, c.to(tl.int8), mask=ok[:, None, None])
+    tl.store(d_ptr + tl.program_id(0).to(tl.int64) * (K // 32) + blk, tl.max(d, axis=1), mask=ok)
+
+
+@triton.jit
 def _lut4_int_linear_kernel(q_ptr, d_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_ptr, M, N, K,
                             GROUPS_PER_SPLIT, GROUP: tl.constexpr, HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr,
                             AFFINE: tl.constexpr, LUT_A: tl.constexpr, LUT_B: tl.constexpr, SPLIT_K: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                            ACT_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr):
     """AFFINE: t[c] = LUT_A c + LUT_B (q4_0, int4_pc: c - 8; int4_g*: c) in integer arithmetic; else a
     gather from the 16-entry int8 table (iq4_nl). q_ptr, d_ptr: the tokens' codes int8 [M, K] and
-    scales fp32 [M] (_round_rows_kernel). qw_ptr: the weight codes as int32 words [N, K / 8];
+    scales fp32 [M] (_round_rows_kernel), or with ACT_BLOCKS one scale per 32 features [M, K / 32]
+    (_round_blocks_kernel): then each run's int32 product is scaled by its block's scale. qw_ptr: the weight codes as int32 words [N, K / 8];
     BLOCK_K: one run (RUN). Program (m, n, s) sums groups [s G, (s + 1) G) of GROUPS_PER_SPLIT = G;
     SPLIT_K > 1: its fp32 partial goes to ws [SPLIT_K, M, N] (matmul._splitk_reduce_kernel adds them
     in a fixed order and the bias), else to y with the bias."""
@@ -97,13 +143,18 @@ def _lut4_int_linear_kernel(q_ptr, d_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr,
     offs_k = tl.arange(0, BLOCK_K)
     m_ok, n_ok = offs_m < M, offs_n < N
     x_rows = offs_m[:, None].to(tl.int64) * K
-    xd = tl.load(d_ptr + offs_m, mask=m_ok, other=1.0)
+    if not ACT_BLOCKS:
+        xd = tl.load(d_ptr + offs_m, mask=m_ok, other=1.0)
+    d_rows = offs_m.to(tl.int64) * (K // BLOCK_K)
     word_rows = offs_n[:, None].to(tl.int64) * (K // 8)
     wl = tl.arange(0, 4)
     g_rows = offs_n.to(tl.int64) * (K // GROUP)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     g_end = tl.minimum((pid_k + 1) * GROUPS_PER_SPLIT, K // GROUP)
     for g in range(pid_k * GROUPS_PER_SPLIT, g_end):
+        scale = tl.load(s_ptr + g_rows + g, mask=n_ok, other=0.0).to(tl.float32)
+        if HAS_MIN:
+            mn = tl.load(mn_ptr + g_rows + g, mask=n_ok, other=0.0).to(tl.float32)
         isum = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
         qsum = tl.zeros((BLOCK_M,), dtype=tl.int32)
         for k0 in range(g * GROUP, (g + 1) * GROUP, BLOCK_K):
@@ -115,15 +166,24 @@ def _lut4_int_linear_kernel(q_ptr, d_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr,
                 w = (codes * LUT_A + LUT_B).to(tl.int8)
             else:
                 w = tl.load(lut_ptr + codes)
-            isum = tl.dot(xq, w, acc=isum, out_dtype=tl.int32)
+            if ACT_BLOCKS:  # this run's own activation scale: scale its int32 product now
+                xdb = tl.load(d_ptr + d_rows + k0 // BLOCK_K, mask=m_ok, other=0.0)
+                part = tl.dot(xq, w, out_dtype=tl.int32).to(tl.float32)
+                acc += part * xdb[:, None] * scale[None, :]
+                if HAS_MIN:
+                    acc += (tl.sum(xq.to(tl.int32), axis=1).to(tl.float32) * xdb)[:, None] * mn[None, :]
+            else:
+                isum = tl.dot(xq, w, acc=isum, out_dtype=tl.int32)
+                if HAS_MIN:
+                    qsum += tl.sum(xq.to(tl.int32), axis=1)
+        if not ACT_BLOCKS:
+            acc += isum.to(tl.float32) * scale[None, :]
             if HAS_MIN:
-                qsum += tl.sum(xq.to(tl.int32), axis=1)
-        scale = tl.load(s_ptr + g_rows + g, mask=n_ok, other=0.0).to(tl.float32)
-        acc += isum.to(tl.float32) * scale[None, :]
-        if HAS_MIN:
-            mn = tl.load(mn_ptr + g_rows + g, mask=n_ok, other=0.0).to(tl.float32)
-            acc += qsum.to(tl.float32)[:, None] * mn[None, :]
-    y = acc * xd[:, None]
+                acc += qsum.to(tl.float32)[:, None] * mn[None, :]
+    if ACT_BLOCKS:
+        y = acc
+    else:
+        y = acc * xd[:, None]
     out = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
     if SPLIT_K > 1:
         tl.store(ws_ptr + pid_k.to(tl.int64) * M * N + out, y, mask=m_ok[:, None] & n_ok[None, :])
@@ -142,9 +202,33 @@ def split_groups(tiles: int, groups: int, sms: int) -> tuple[int, int]:
     return -(-groups // per), per
 
 
-def lut4_int_linear(x, qweight, scales, mins, lut, group_size, bias=None, act_bits=8, act_clip=1.0):
-    """fp32 y [M, N] = (x rounded per token to act_bits, clip act_clip) @ W.T + bias: x float [M, K],
-    W the lut4_rowmajor weight with lut the int8 [16] code values (the op torch_lowbit::lut4_int_linear)."""
+def round_activations(x, act_bits, act_clip=1.0, act_block=0):
+    """(codes int8 [M, K], scales fp32 [M] or [M, K / 32]) of x float [M, K], bit for bit
+    act_codes.quantize_act_codes: one small kernel, one program per token (and per 1024 features with
+    blocks)."""
+    m, k = x.shape
+    qmax = 2 ** (act_bits - 1) - 1
+    xq = torch.empty(m, k, dtype=torch.int8, device=x.device)
+    if act_block:
+        xd = torch.empty(m, k // KERNEL_ACT_BLOCK, dtype=torch.float32, device=x.device)
+        blocks = ROUND_BLOCK // KERNEL_ACT_BLOCK
+        if m:
+            _round_blocks_kernel[(m, cdiv(k // KERNEL_ACT_BLOCK, blocks))](
+                x.contiguous(), xq, xd, k, act_clip / qmax, QMIN=symmetric_min_code(act_bits), QMAX=qmax,
+                SUB=act_block, KMAX=sub_block_multiplier_max(act_bits) if act_block in SUB_BLOCKS else 1,
+                BLOCKS=blocks, num_warps=4, enable_fp_fusion=False)
+        return xq, xd
+    xd = torch.empty(m, dtype=torch.float32, device=x.device)
+    if m:
+        _round_rows_kernel[(m,)](x.contiguous(), xq, xd, k, act_clip / qmax, QMIN=symmetric_min_code(act_bits),
+                                 QMAX=qmax, BLOCK_K=ROUND_BLOCK, num_warps=4)
+    return xq, xd
+
+
+def lut4_int_linear(x, qweight, scales, mins, lut, group_size, bias=None, act_bits=8, act_clip=1.0, act_block=0):
+    """fp32 y [M, N] = (x rounded per token to act_bits, clip act_clip; act_block 32 / 16 / 8: per 32
+    features, act_codes.quantize_act_codes) @ W.T + bias: x float [M, K], W the lut4_rowmajor weight with
+    lut the int8 [16] code values (the op torch_lowbit::lut4_int_linear)."""
     op = "lut4_int_linear"
     check_device(op, "x", x, {"qweight": qweight, "scales": scales, "mins": mins, "lut": lut, "bias": bias})
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) or x.dim() != 2:
@@ -165,17 +249,16 @@ def lut4_int_linear(x, qweight, scales, mins, lut, group_size, bias=None, act_bi
     if act_bits not in ACT_BITS or not 0 < act_clip <= 1:
         raise ValueError(f"{op} (triton): act_bits must be 2, 3, 4 or 8 and act_clip in (0, 1], got "
                          f"{act_bits}, {act_clip}")
+    if act_block not in (0,) + KERNEL_ACT_BLOCKS or (act_block in SUB_BLOCKS and act_bits > 4):
+        raise ValueError(f"{op} (triton): act_block must be 0 (per token), 32, or 16 / 8 with at most 4 bits; "
+                         f"got {act_block} at {act_bits} bits")
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
     if m == 0:
         return y
-    qmax = 2 ** (act_bits - 1) - 1
     block_m = DOT_M if m <= DOT_M else 64
     block_k = RUN  # one run: its per-group int32 sums; 64 spilled at BLOCK_M = 64 (sm_90 compile check)
     form = derived(lut, "affine_form", _affine_form)  # one device sync per table, then remembered
-    xq = torch.empty(m, k, dtype=torch.int8, device=x.device)
-    xd = torch.empty(m, dtype=torch.float32, device=x.device)
-    _round_rows_kernel[(m,)](x.contiguous(), xq, xd, k, act_clip / qmax, QMIN=symmetric_min_code(act_bits),
-                             QMAX=qmax, BLOCK_K=ROUND_BLOCK, num_warps=4)
+    xq, xd = round_activations(x, act_bits, act_clip, act_block)
     tiles = cdiv(m, block_m) * cdiv(n, BLOCK_N)
     split, per_split = split_groups(tiles, k // group_size, sm_count(x.device))
     ws = torch.empty((split, m, n), device=x.device, dtype=torch.float32) if split > 1 else y
@@ -185,8 +268,8 @@ def lut4_int_linear(x, qweight, scales, mins, lut, group_size, bias=None, act_bi
         xq, xd, qweight.contiguous().view(torch.int32), scales.contiguous(),
         (mins if mins is not None else scales).contiguous(), lut.contiguous(), b, y, ws, m, n, k, per_split,
         GROUP=group_size, HAS_MIN=mins is not None, HAS_BIAS=bias is not None, AFFINE=form is not None,
-        LUT_A=int(form[0]) if form else 1, LUT_B=int(form[1]) if form else 0, SPLIT_K=split, BLOCK_M=block_m,
-        BLOCK_N=BLOCK_N, BLOCK_K=block_k, num_warps=4)
+        LUT_A=int(form[0]) if form else 1, LUT_B=int(form[1]) if form else 0, SPLIT_K=split,
+        ACT_BLOCKS=bool(act_block), BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=block_k, num_warps=4)
     if split > 1:
         block = 1024
         _splitk_reduce_kernel[(cdiv(m * n, block),)](ws, b, y, m * n, n, HAS_BIAS=bias is not None, SPLIT_K=split,

@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..act_codes import KERNEL_ACT_BLOCKS
 from ..formats.scalar import ScalarCodebookFormat
 from ..packing import pack_nibbles, unpack_nibbles
 from .base import register_layout, run_op
@@ -46,13 +47,15 @@ class Lut4RowMajor(ScalarRowMajor):
     def linear_int_acts(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], x: Tensor,
                         bias: Optional[Tensor], backend: str, out_features: int, bits: int,
                         clip: float, block: int = 0) -> Optional[Tensor]:
-        """Triton / CUDA: one kernel rounds x per token and multiplies int8 x int8 with tl.dot
-        (triton_kernels/int_act.py). The CPU backend keeps the float lut4 kernel on the rounded x (the
-        int8 tiles are lut{b}_i8_n16). Block-scaled activations are rounded in torch."""
-        if block or "lut_i8" not in buffers or (backend != "triton" and x.device.type != "cuda"):
+        """Triton / CUDA: a first kernel rounds x per token (or per 32 features, blocks 32 / 16 / 8) and
+        the matmul multiplies int8 x int8 with tl.dot (triton_kernels/int_act.py). The CPU backend keeps
+        the float lut4 kernel on the rounded x (the int8 tiles are lut{b}_i8_n16); wider activation
+        blocks are rounded in torch."""
+        if (block and block not in KERNEL_ACT_BLOCKS) or "lut_i8" not in buffers or \
+                (backend != "triton" and x.device.type != "cuda"):
             return None
         args = (x.reshape(-1, x.shape[-1]), buffers[self.codes_key], buffers["scales"], buffers.get("mins"),
-                buffers["lut_i8"], fmt.group_size, bias, bits, float(clip))
+                buffers["lut_i8"], fmt.group_size, bias, bits, float(clip), block)
         y = run_op("lut4_int_linear", "int_act", args, backend, x)
         return y.to(x.dtype).reshape(*x.shape[:-1], out_features)
 

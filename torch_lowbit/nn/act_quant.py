@@ -8,8 +8,8 @@ ratio minimizing the squared error of the layer's quantized input, as QuaRot pic
 block > 0 gives each block of that many features of a token its own scale instead (block-scaled
 activations as MXINT4 / NVFP4 use them): 32 (one fp32 scale per 32 features) or 16 / 8 (symmetric, at
 most 4 bits: two-level scales, one per 32 features times an integer multiplier per sub-block,
-act_codes.quantize_sub_blocks) are rounded by the int8-weight CPU kernels themselves; multiples of 64
-(and asymmetric blocks) are rounded in torch before the layer runs.
+act_codes.quantize_sub_blocks) are rounded by the int8-weight CPU kernels and the Triton integer-activation
+kernel themselves; multiples of 64 (and asymmetric blocks) are rounded in torch before the layer runs.
 
 This is the reference for activation-quantized execution: the layer sees exactly the values an
 integer-activation kernel would multiply with. It composes with weight formats (wrap after
@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import Tensor, nn
 
-from ..act_codes import ACT_BITS, KERNEL_ACT_BLOCK, SUB_BLOCKS, quantize_sub_blocks
+from ..act_codes import ACT_BITS, KERNEL_ACT_BLOCK, SUB_BLOCKS, dequantize_act_codes, quantize_sub_blocks
 from ..formats.activations import quantize_per_token
 
 CLIP_GRID = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0, 0.95, ..., 0.5
@@ -55,9 +55,7 @@ def fake_quantize_per_token(x: Tensor, bits: int, symmetric: bool = True, clip_r
     if block:
         _check_block(block, x.shape[-1], bits if symmetric else None)
         if block in SUB_BLOCKS and symmetric:
-            codes, d = quantize_sub_blocks(x, bits, clip_ratio, block)
-            xb = codes.float().reshape(*x.shape[:-1], x.shape[-1] // KERNEL_ACT_BLOCK, KERNEL_ACT_BLOCK)
-            return (xb * d.unsqueeze(-1)).reshape(x.shape).to(x.dtype)
+            return dequantize_act_codes(*quantize_sub_blocks(x, bits, clip_ratio, block)).to(x.dtype)
         blocks = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
         return fake_quantize_per_token(blocks, bits, symmetric, clip_ratio).reshape(x.shape)
     xf = x.float()

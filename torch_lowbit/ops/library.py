@@ -8,7 +8,7 @@ import functools
 
 import torch
 
-from ..act_codes import ACT_BITS, KERNEL_ACT_BLOCKS, SUB_BLOCKS, quantize_per_token
+from ..act_codes import ACT_BITS, KERNEL_ACT_BLOCKS, SUB_BLOCKS, dequantize_act_codes, quantize_act_codes
 from ..tcq_codes import kernel_table_shape
 
 _FLOAT_ACTS = (torch.float32, torch.bfloat16, torch.float16)
@@ -283,29 +283,30 @@ def _register() -> None:
         return y + torch.ops.torch_lowbit.tcq_linear(x[..., k_lo:], codes_hi, table_hi, table_bits_hi,
                                                      shift_bits_hi, row_scales, bias)
 
-    def _lut4_int_check(x, qweight, scales, mins, lut, group_size, bias, act_bits, act_clip):
+    def _lut4_int_check(x, qweight, scales, mins, lut, group_size, bias, act_bits, act_clip, act_block):
         n, k = _lut4_check(qweight, scales, mins, lut.float(), group_size)
         _check(lut.dtype == torch.int8, "lut4_int_linear: lut must be the 16 int8 code values")
         _check(x.dtype in (torch.float32, torch.float16, torch.bfloat16) and x.dim() == 2 and x.shape[1] == k,
                f"lut4_int_linear: x must be float [M, {k}]")
         _check(act_bits in ACT_BITS and 0 < act_clip <= 1,
                "lut4_int_linear: act_bits must be 2, 3, 4 or 8 and act_clip in (0, 1]")
+        _check_act_args("lut4_int_linear", act_bits, act_block)
         if bias is not None:
             _check(bias.dim() == 1 and bias.shape[0] == n, f"lut4_int_linear: bias must have {n} elements")
         return n, k
 
     @torch.library.register_fake("torch_lowbit::lut4_int_linear")
-    def _lut4_int_linear_fake(x, qweight, scales, mins, lut, group_size, bias, act_bits, act_clip):
-        n, _ = _lut4_int_check(x, qweight, scales, mins, lut, group_size, bias, act_bits, act_clip)
+    def _lut4_int_linear_fake(x, qweight, scales, mins, lut, group_size, bias, act_bits, act_clip, act_block=0):
+        n, _ = _lut4_int_check(x, qweight, scales, mins, lut, group_size, bias, act_bits, act_clip, act_block)
         return x.new_empty((x.shape[0], n), dtype=torch.float32)
 
     @torch.library.impl("torch_lowbit::lut4_int_linear", "CPU")
-    def _lut4_int_linear_cpu(x, qweight, scales, mins, lut, group_size, bias, act_bits, act_clip):
-        """The reference: x rounded per token (quantize_per_token) times the dequantized weight in fp32."""
-        _lut4_int_check(x, qweight, scales, mins, lut, group_size, bias, act_bits, act_clip)
+    def _lut4_int_linear_cpu(x, qweight, scales, mins, lut, group_size, bias, act_bits, act_clip, act_block=0):
+        """The reference: x rounded per token or block (quantize_act_codes) times the dequantized weight in fp32."""
+        _lut4_int_check(x, qweight, scales, mins, lut, group_size, bias, act_bits, act_clip, act_block)
         w = torch.ops.torch_lowbit.lut4_dequantize(qweight, scales, mins, lut.float(), group_size)
-        xq, xd = quantize_per_token(x, act_bits, act_clip)
-        return torch.nn.functional.linear(xq.float() * xd, w, bias.float() if bias is not None else None)
+        x_hat = dequantize_act_codes(*quantize_act_codes(x, act_bits, act_clip, act_block))
+        return torch.nn.functional.linear(x_hat, w, bias.float() if bias is not None else None)
 
     torch.library.impl("torch_lowbit::lut4_int_linear", "CUDA")(_triton_cuda("int_act", "lut4_int_linear"))
 

@@ -217,16 +217,21 @@ def run(arch: int = 90, formats=FORMATS, ms=(1, 16, 512), dtypes=(torch.float16,
         kv_attention(torch.empty(1, 4 * hkv, 1, d, dtype=torch.float16, **meta), codes, groups, groups, codes, groups,
                      groups, torch.empty(1, 1, 1, 4096, dtype=torch.bool, **meta), d ** -0.5, bits, *rings)
     from ..triton_kernels.int_act import lut4_int_linear
-    # q4_0, int4_g128, int4_pc, iq4_nl (a gathered table); the meta tables' affine forms seeded
-    for m, group, mins, form in ((1, 32, False, (1.0, -8.0)), (512, 32, False, (1.0, -8.0)), (16, 128, True, (1.0, 0.0)),
-                                 (512, 4096, False, (1.0, -8.0)), (16, 32, False, None), (512, 32, False, None)):
+    # q4_0, int4_g128, int4_pc, iq4_nl (a gathered table); the meta tables' affine forms seeded; per token
+    # (A8 at small M, A4 at 512), then activation blocks of 16 / 8 (two-level) and 32
+    q4 = (1.0, -8.0)
+    for m, group, mins, form, bits, block in (
+            (1, 32, False, q4, 8, 0), (512, 32, False, q4, 4, 0), (16, 128, True, (1.0, 0.0), 8, 0),
+            (512, 4096, False, q4, 4, 0), (16, 32, False, None, 8, 0), (512, 32, False, None, 4, 0),
+            (1, 32, False, q4, 4, 16), (512, 32, False, q4, 4, 16), (512, 32, False, None, 4, 8),
+            (16, 128, True, (1.0, 0.0), 8, 32)):
         meta = dict(device="meta")
         scales = torch.empty(4096, 4096 // group, dtype=torch.float16, **meta)
         lut = torch.empty(16, dtype=torch.int8, **meta)
         matmul.derived(lut, "affine_form", lambda _lut, form=form: form)
         lut4_int_linear(torch.empty(m, 4096, dtype=torch.float16, **meta),
                         torch.empty(4096, 2048, dtype=torch.uint8, **meta), scales, scales if mins else None, lut,
-                        group, None, 4 if m == 512 else 8, 0.9)
+                        group, None, bits, 0.9, block)
     too_big = {key: r.shared for key, r in checker.done.items() if r.shared > checker.limit}
     if too_big:
         raise RuntimeError(f"kernels over sm_{arch}'s {checker.limit} B of shared memory per block: {too_big}")
