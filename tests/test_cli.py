@@ -155,7 +155,8 @@ def test_cli_checks_names_and_paths_before_any_work(tmp_path):
              (["eval", "--quarot", "A4"], "expected W<bits>A<bits>[KV<bits>]"),
              (["eval", "--act-block", "16"], "--act-block 16: needs --quarot"),
              (["eval", "--quarot", "W16A4", "--act-block", "7"], "16, 8 or a multiple of 32"),
-             (["eval", "--kv-group", "32"], "--kv-group 32: needs --quarot")]
+             (["eval", "--kv-group", "32"], "--kv-group 32: needs --quarot"),
+             (["eval", "--sequential"], "--sequential calibrates layer by layer")]
     for argv, message in cases:
         r = subprocess.run([sys.executable, "-m", "torch_lowbit", *argv], capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (argv, r.stderr[-500:])

@@ -314,14 +314,13 @@ def test_quantize_streaming_rtn_equals_quantize_(tmp_path):
 
 
 def test_quantize_streaming_gptq_is_sequential_gptq(float_dir, tmp_path):
-    # reference: quantize_ one block at a time in memory, so block i's statistics come from a model whose
-    # blocks before i are already quantized (GPTQ's sequential mode)
+    # reference: quantize_(sequential=True) in memory, each stage's statistics from a model whose layers
+    # and stages before it are already quantized (GPTQ's sequential mode; tests/test_sequential_calibration.py
+    # checks that against full forwards)
     from torch_lowbit.hf import quantize_streaming
     calibration = [torch.randint(0, 256, (2, 16)) for _ in range(3)]
-    ref = _float(float_dir)
-    for i in range(ref.config.num_hidden_layers):
-        tl.quantize_(ref, "int4_g32", calibration=calibration, rounding="gptq", progress=False,
-                     filter_fn=lambda m, f: isinstance(m, torch.nn.Linear) and f.startswith(f"model.layers.{i}."))
+    ref = tl.quantize_(_float(float_dir), "int4_g32", calibration=calibration, rounding="gptq", sequential=True,
+                       progress=False)
     quantize_streaming(float_dir, "int4_g32", tmp_path / "q", rounding="gptq", calibration=calibration,
                        progress=False)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "q")

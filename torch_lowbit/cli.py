@@ -52,6 +52,7 @@ def _quantize(model, tok, args):
         fmt = QuaRot.parse(quarot, rounding=args.rounding,  # the spec was checked before any work
                            rotate=not getattr(args, "no_rotation", False), smooth=getattr(args, "smooth", None),
                            act_block=getattr(args, "act_block", None) or 0,
+                           sequential=getattr(args, "sequential", False),
                            **({"kv_group": args.kv_group} if getattr(args, "kv_group", None) else {}))
         if fmt.weights is not None:
             fmt = dataclasses.replace(fmt, weights=args.format)
@@ -63,7 +64,8 @@ def _quantize(model, tok, args):
     what = f"QuaRot {fmt.label()}" if quarot else _format_label(args)
     print(f"quantizing to {what} ({how}); with calibration this takes minutes on a 2-core CPU...", flush=True)
     quantize_(model, fmt, calibration=calib, rounding=None if quarot else args.rounding,
-              skip_incompatible=args.skip_incompatible, include_lm_head=args.include_lm_head)
+              skip_incompatible=args.skip_incompatible, include_lm_head=args.include_lm_head,
+              **({} if quarot else {"sequential": getattr(args, "sequential", False)}))
     if args.mix:
         how = (args.sensitivity or "fisher") if calib else "data-free weight error"
         print(f"per-layer formats ({' / '.join(args.mix)}, target {args.target_bpw} bits per weight, "
@@ -353,6 +355,8 @@ def main(argv=None) -> None:
         sp.add_argument("--format", default="q4_0", help="format name (see `formats`)")
         sp.add_argument("--rounding", default=default_rounding, choices=["rtn", "imatrix", "gptq", "mixed"])
         sp.add_argument("--calib", type=int, default=32, help="calibration windows (of --ctx tokens)")
+        sp.add_argument("--sequential", action="store_true", help="calibrate layer by layer on the outputs of the "
+                        "already quantized layers (GPTQ's protocol) instead of the float model's, in one pass")
         sp.add_argument("--skip-incompatible", action="store_true",
                         help="keep layers the group size does not divide in float")
         sp.add_argument("--ctx", type=int, default=512)
@@ -544,6 +548,8 @@ def _check_before_work(p: argparse.ArgumentParser, args) -> None:
     if act_block is not None and (not getattr(args, "quarot", None) or act_block <= 0
                                   or (act_block not in (8, 16) and act_block % 32)):
         p.error(f"--act-block {act_block}: needs --quarot and 16, 8 or a multiple of 32 features, e.g. --act-block 16")
+    if getattr(args, "sequential", False) and (args.rounding == "rtn" or args.mix):
+        p.error("--sequential calibrates layer by layer: it needs --rounding gptq, imatrix or mixed, and no --mix")
     for name in names:
         try:
             get_format(name)

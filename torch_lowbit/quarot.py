@@ -43,6 +43,7 @@ class QuaRot:
     kv_residual: int = 0  # QuaRot rounds every cached token; >0 keeps the last ones exact (KIVI)
     smooth: Optional[float] = None  # SmoothQuant exponent for the down_proj inputs before rotating (0.25)
     act_block: int = 0  # 0: one activation scale per token (QuaRot); 16 / 32: per block of features (NVFP4 / MXINT4-style)
+    sequential: bool = False  # calibrate the weights layer by layer on the quantized layers' outputs (GPTQ's protocol)
     is_recipe = True  # quantize_(model, QuaRot(...)) hands the model to apply()
 
     @classmethod
@@ -93,7 +94,7 @@ class QuaRot:
             rotate_(model, seed=self.seed)
         if self.weights is not None:
             quantize_(model, self.weights, calibration=calibration, rounding=self.rounding, progress=progress,
-                      **quantize_kwargs)
+                      sequential=self.sequential and self.rounding != "rtn", **quantize_kwargs)
         if self.acts is not None:
             quantize_activations_(model, self.acts, symmetric=self.act_symmetric, block=self.act_block,
                                   calibration=calibration[:2] if calibration else None)

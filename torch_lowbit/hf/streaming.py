@@ -4,9 +4,10 @@ The model is built on the meta device; only the tensors outside the decoder bloc
 final norm, head) and one block at a time are read from the safetensors shards. Each block is
 quantized with the same code as quantize_ (plan_jobs / quantize_job) and keeps only its packed
 buffers (and small float tensors such as norms). With calibration the block's inputs are carried
-from block to block as GPTQ's sequential mode does: the batches' hidden states at the first block
-are captured once, each block's statistics E[x xᵀ] / E[x²] are collected on its inputs, and the
-*quantized* block's outputs become the next block's inputs. Peak memory: the quantized model + one
+from block to block as GPTQ's sequential mode does (calibrate/sequential.py, as quantize_(...,
+sequential=True)): the batches' hidden states at the first block are captured once, each block's
+layers are calibrated stage by stage on its inputs, and the *quantized* block's outputs become the
+next block's inputs. Peak memory: the quantized model + one
 float block + the calibration activations. The result is the HF folder save_pretrained writes.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from safetensors import safe_open
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..calibrate import HessianCollector
+from ..calibrate.sequential import calibrate_layer, capture_layer_inputs, first_hidden, layer_outputs
 from ..formats import Format
 from ..io import CheckpointError
 from ..nn import MixedBits
@@ -92,53 +93,6 @@ def _materialize(model: nn.Module, shards: _Shards, keys: list[str], source: str
             model._init_weights(module)
 
 
-class _Stop(Exception):
-    pass
-
-
-class _Catch(nn.Module):
-    """Stands in for the first block: records its inputs and stops the forward."""
-
-    def __init__(self, block: nn.Module):
-        super().__init__()
-        self.block = block
-        self.seen: list[tuple[Tensor, dict]] = []
-
-    def __getattr__(self, name):  # models read block attributes (e.g. attention_type) in their forward
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self._modules["block"], name)
-
-    def forward(self, hidden_states, *args, **kwargs):
-        if args:
-            raise RuntimeError("quantize_streaming: the decoder block was called with positional arguments "
-                               "besides the hidden states; this architecture is not supported")
-        self.seen.append((hidden_states, kwargs))
-        raise _Stop
-
-
-@torch.no_grad()
-def _first_block_inputs(model: nn.Module, blocks: nn.ModuleList, calibration: Iterable[Tensor]) -> list:
-    catch = _Catch(blocks[0])
-    blocks[0] = catch
-    try:
-        for ids in calibration:
-            try:
-                model(ids, use_cache=False)
-            except _Stop:
-                pass
-    finally:
-        blocks[0] = catch.block
-    if not catch.seen:
-        raise ValueError("quantize_streaming: the calibration batches are empty")
-    return catch.seen
-
-
-def _hidden(out) -> Tensor:
-    return out[0] if isinstance(out, (tuple, list)) else out
-
-
 @torch.no_grad()
 def quantize_streaming(src_dir: Union[str, os.PathLike], fmt: Union[str, Format, Mapping[str, Union[str, Format]]],
                        out_dir: Union[str, os.PathLike], *, rounding: Optional[str] = None,
@@ -151,9 +105,9 @@ def quantize_streaming(src_dir: Union[str, os.PathLike], fmt: Union[str, Format,
 
     fmt, fuse, layout, include_lm_head, rounding, calibration: as in torch_lowbit.quantize_, except
     that statistics are collected block by block on the inputs the already quantized blocks produce
-    (GPTQ's sequential mode), and a calibrated rounding does not reach layers outside the decoder
-    blocks (include_lm_head needs rounding="rtn"). modules_to_not_convert: module names / prefixes
-    kept in float. rtn equals quantize_ of the float model exactly."""
+    (GPTQ's sequential mode, as quantize_(..., sequential=True)), and a calibrated rounding does not
+    reach layers outside the decoder blocks (include_lm_head needs rounding="rtn").
+    modules_to_not_convert: module names / prefixes kept in float. rtn equals quantize_ of the float model exactly."""
     from transformers import AutoConfig, AutoModelForCausalLM
     src_dir, out_dir = os.fspath(src_dir), os.fspath(out_dir)
     rounding = rounding or ("imatrix" if calibration is not None else "rtn")
@@ -185,35 +139,30 @@ def quantize_streaming(src_dir: Union[str, os.PathLike], fmt: Union[str, Format,
     _materialize(model, shards, head, src_dir, region=lambda f: not f.startswith(f"{blocks_fqn}.") and f != blocks_fqn)
     if tied:
         model.tie_weights()
-    inputs = _first_block_inputs(model, blocks, calibration) if rounding != "rtn" else []
+    calls = capture_layer_inputs(model, blocks[0], calibration) if rounding != "rtn" else []
+    hidden = [first_hidden(c) for c in calls]
+    diagonal_only = not any(rounding_for(rounding, f) == "gptq" for f in plan)
 
     for i in tqdm(range(len(blocks)), desc=f"quantize {label} block by block", disable=None if progress else True):
         block = blocks[i]
         _materialize(model, shards, [k for k in names if k.startswith(f"{blocks_fqn}.{i}.")], src_dir,
                      region=lambda f: f == f"{blocks_fqn}.{i}" or f.startswith(f"{blocks_fqn}.{i}."))
-        block_jobs = [j for j in jobs if in_block(job_members(j)[0], i)]
-        stats: dict[str, Tensor] = {}
-        if rounding != "rtn" and block_jobs:
-            targets = {f: model.get_submodule(f) for j in block_jobs for f in job_members(j)}
-            collector = HessianCollector(targets, diagonal_only=not any(rounding_for(rounding, f) == "gptq"
-                                                                        for f in targets))
-            try:
-                for hidden, kwargs in inputs:
-                    collector.new_batch()
-                    block(hidden, **kwargs)
-            finally:
-                collector.close()
-            stats = collector.result()
-        for job in block_jobs:
-            first = job_members(job)[0]
-            linears = [model.get_submodule(f) for f in job_members(job)]
-            consumed = [t for m in linears for t in (m.weight, m.bias) if t is not None]
-            quantize_job(model, job, plan[first], layout=layout, **rounding_args(rounding, first, stats))
-            for t in consumed:  # mmap'ed views of the checkpoint: unmap their pages (see _release_pages)
-                if t.is_contiguous():
-                    _release_pages(t)
-        if inputs and i + 1 < len(blocks):  # sequential: the next block sees what the quantized one produces
-            inputs = [(_hidden(block(hidden, **kwargs)), kwargs) for hidden, kwargs in inputs]
+        block_jobs = {job_members(j)[0]: j for j in jobs if in_block(job_members(j)[0], i)}
+        fqns = [f for j in block_jobs.values() for f in job_members(j)]
+        # stage by stage, each calibrated on the block with the stages before it quantized (q/k/v, o, gate/up, down)
+        stages = calibrate_layer(block, fqns, model, calls, hidden, diagonal_only=diagonal_only) \
+            if calls and fqns else [(fqns, {})]
+        for stage, stats in stages:
+            for job in [block_jobs.pop(f) for f in stage if f in block_jobs]:
+                first = job_members(job)[0]
+                linears = [model.get_submodule(f) for f in job_members(job)]
+                consumed = [t for m in linears for t in (m.weight, m.bias) if t is not None]
+                quantize_job(model, job, plan[first], layout=layout, **rounding_args(rounding, first, stats))
+                for t in consumed:  # mmap'ed views of the checkpoint: unmap their pages (see _release_pages)
+                    if t.is_contiguous():
+                        _release_pages(t)
+        if calls and i + 1 < len(blocks):  # sequential: the next block sees what the quantized one produces
+            hidden = layer_outputs(block, calls, hidden)
         if progress:
             log.info("block %d/%d quantized", i + 1, len(blocks))
     for job in outside:

@@ -24,7 +24,8 @@ def _set_child(model: nn.Module, fqn: str, new: nn.Module) -> None:
 def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec], MixedBits], *,
               filter_fn: Optional[FilterFn] = None, fuse: bool = True, skip_incompatible: bool = False,
               calibration: Optional[Iterable[Tensor]] = None, rounding: Optional[str] = None,
-              layout=None, include_lm_head: bool = False, progress: bool = True) -> nn.Module:
+              layout=None, include_lm_head: bool = False, progress: bool = True,
+              sequential: bool = False) -> nn.Module:
     """Replaces the model's nn.Linear layers by QuantLinear, in place.
 
     fmt: one format (name or config) for every selected layer; or a per-layer plan {fqn: format}
@@ -47,6 +48,9 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
     with act-order against E[x xᵀ]) or "mixed" (GPTQ for MLP projections, imatrix for attention).
     include_lm_head: quantize the LM head too (a tied embedding stays float: the head gets its own
     quantized copy). It is the largest matrix of small models and dominates their decode step.
+    sequential: calibrate layer by layer on the outputs of the already quantized layers (GPTQ's
+    protocol; Llama: q/k/v, o_proj, gate/up, down_proj in turn, calibration/sequential.py) instead
+    of on the float model's activations in one pass. Needs the layers in a stack of decoder layers.
     layout: a layout name for every module (default: the best for each weight's device: on CPU
     the int8-activation lut4_i8_n16 where the format allows, lut4_rowmajor for Triton/CUDA).
     Returns the model.
@@ -70,16 +74,23 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
     plan, jobs, label = plan_jobs(model, fmt, filter_fn=filter_fn, fuse=fuse, skip_incompatible=skip_incompatible,
                                   include_lm_head=include_lm_head)
     targets: dict[str, nn.Linear] = {fqn: model.get_submodule(fqn) for fqn in plan}
-    if rounding != "rtn" and not stats:
-        stats = collect_stats(model, calibration, targets, rounding, progress)
-
+    if sequential and rounding == "rtn":
+        raise ValueError("sequential=True calibrates layer by layer; it needs a data-aware rounding "
+                         "(gptq, imatrix, mixed) and calibration batches")
+    if sequential and stats:
+        raise ValueError("sequential=True cannot be combined with MixedBits (its allocation needs the "
+                         "statistics of the float model up front)")
     step = max(1, len(jobs) // 10)  # progress lines for logs, where tqdm's bar is off (no terminal)
-    bar = tqdm(jobs, desc=f"quantize {label}", disable=None if progress else True, leave=False)
-    for done, job in enumerate(bar, 1):
+    bar = tqdm(total=len(jobs), desc=f"quantize {label}", disable=None if progress else True, leave=False)
+    done = 0
+    for job, job_stats in _jobs_with_stats(model, jobs, targets, calibration, rounding, stats, sequential, progress):
         first = job_members(job)[0]  # fused members share one input, so one statistic and one format
-        quantize_job(model, job, plan[first], layout=layout, **rounding_args(rounding, first, stats))
+        quantize_job(model, job, plan[first], layout=layout, **rounding_args(rounding, first, job_stats))
+        done += 1
+        bar.update(1)
         if progress and (done % step == 0 or done == len(jobs)):
             log.info("quantized %d/%d layer groups to %s", done, len(jobs), label)
+    bar.close()
     chosen: dict[tuple[str, str], int] = {}
     for m in model.modules():
         if isinstance(m, QuantLinear):
@@ -87,6 +98,30 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
     for (fmt_name, layout_name), count in sorted(chosen.items()):
         log.info("%d module(s) in %s, layout %s", count, fmt_name, layout_name)
     return model
+
+
+def _jobs_with_stats(model: nn.Module, jobs: list[Job], targets: dict[str, nn.Linear], calibration,
+                     rounding: str, stats: dict[str, Tensor], sequential: bool, progress: bool):
+    """(job, statistics) in the order to quantize: all from one float pass (or the given stats),
+    or stage by stage from sequential calibration, each stage's jobs quantized before the next
+    stage's statistics are collected."""
+    if rounding == "rtn":
+        yield from ((job, {}) for job in jobs)
+        return
+    if not sequential:
+        stats = stats or collect_stats(model, calibration, targets, rounding, progress)
+        yield from ((job, stats) for job in jobs)
+        return
+    from ..calibrate.sequential import sequential_stats
+    by_first = {job_members(job)[0]: job for job in jobs}
+    diagonal_only = not any(rounding_for(rounding, f) == "gptq" for f in targets)
+    for stage, stage_stats in sequential_stats(model, calibration, targets, diagonal_only=diagonal_only,
+                                               progress=progress):
+        for fqn in stage:
+            if fqn in by_first:
+                yield by_first.pop(fqn), stage_stats
+    if by_first:  # cannot happen when every job's members share one input (fused groups do)
+        raise RuntimeError(f"sequential calibration missed {list(by_first)[:3]}")
 
 
 def plan_jobs(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec]], *,
