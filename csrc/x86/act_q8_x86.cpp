@@ -11,6 +11,16 @@ namespace torch_lowbit {
 
 #define TLB_HMAX_TARGET __attribute__((target("avx2,fma")))
 
+namespace {
+
+TLB_HMAX_TARGET inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+
+}  // namespace
+
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void quantize_act_blocks_avx512(const float* x, int64_t b0,
                                                                                        int64_t b1, int8_t* q,
                                                                                        float* d, int32_t* sum) {
@@ -33,20 +43,14 @@ __attribute__((target("avx2,fma"))) void quantize_act_blocks_avx2(const float* x
   for (int64_t b = b0; b < b1; ++b) {
     __m256 v[4], m = _mm256_setzero_ps();
     for (int i = 0; i < 4; ++i) m = _mm256_max_ps(m, _mm256_and_ps(v[i] = _mm256_loadu_ps(x + b * 32 + 8 * i), sign));
-    float lanes[8];
-    _mm256_storeu_ps(lanes, m);
-    float amax = 0.f;
-    for (float l : lanes) amax = std::fmax(amax, l);
-    const float db = amax / 127.f;
+    const float db = hmax8(m) / 127.f;
     const __m256 inv = _mm256_set1_ps(db != 0.f ? 1.f / db : 0.f);
-    __m256i s = _mm256_setzero_si256();
-    alignas(32) int32_t qi[32];
-    for (int i = 0; i < 4; ++i) {
-      const __m256i qv = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(qi + 8 * i), qv);
-      s = _mm256_add_epi32(s, qv);
-    }
-    for (int j = 0; j < 32; ++j) q[b * 32 + j] = static_cast<int8_t>(qi[j]);
+    __m256i s = _mm256_setzero_si256(), qv[4];
+    for (int i = 0; i < 4; ++i) s = _mm256_add_epi32(s, qv[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv)));
+    // |codes| <= 127: the saturating packs keep them; they interleave 128-bit lanes, the permute undoes it
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(qv[0], qv[1]), _mm256_packs_epi32(qv[2], qv[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * 32),
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
     alignas(32) int32_t sl[8];
     _mm256_store_si256(reinterpret_cast<__m256i*>(sl), s);
     sum[b] = sl[0] + sl[1] + sl[2] + sl[3] + sl[4] + sl[5] + sl[6] + sl[7];
@@ -69,12 +73,6 @@ __attribute__((target("avx2,fma"))) void quantize_token_avx2(const float* x, int
 }
 
 namespace {
-
-TLB_HMAX_TARGET inline float hmax8(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
-}
 
 TLB_HMAX_TARGET inline float hmin8(__m256 v) {
   __m128 m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
