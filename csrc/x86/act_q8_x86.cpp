@@ -13,11 +13,21 @@ namespace torch_lowbit {
 
 namespace {
 
-TLB_HMAX_TARGET inline float hmax8(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+template <bool Max>
+TLB_HMAX_TARGET inline __m128 max_or_min4(__m128 a, __m128 b) {
+  return Max ? _mm_max_ps(a, b) : _mm_min_ps(a, b);
 }
+
+// The largest (or smallest) of 8 floats.
+template <bool Max>
+TLB_HMAX_TARGET inline float reduce8(__m256 v) {
+  __m128 m = max_or_min4<Max>(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = max_or_min4<Max>(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(max_or_min4<Max>(m, _mm_shuffle_ps(m, m, 1)));
+}
+
+TLB_HMAX_TARGET inline float hmax8(__m256 v) { return reduce8<true>(v); }
+TLB_HMAX_TARGET inline float hmin8(__m256 v) { return reduce8<false>(v); }
 
 }  // namespace
 
@@ -71,16 +81,6 @@ __attribute__((target("avx2,fma"))) void quantize_token_avx2(const float* x, int
     _mm_storel_epi64(reinterpret_cast<__m128i*>(q + k), _mm_packs_epi16(w, w));
   }
 }
-
-namespace {
-
-TLB_HMAX_TARGET inline float hmin8(__m256 v) {
-  __m128 m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_min_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_min_ss(m, _mm_shuffle_ps(m, m, 1)));
-}
-
-}  // namespace
 
 // Sub-block activations (quantize_sub_block32, the same operations lane by lane, so the same bytes):
 // the amaxes by vector max, the kb search with 8 candidates per vector (lane i: kb = kmax - i; the
