@@ -403,6 +403,29 @@ def test_cuda_kernels_match_reference_at_real_sizes(fmt, m):
             assert ((y.double() - ref).norm() / ref.norm()).item() < tol
 
 
+@on_cuda
+@pytest.mark.parametrize("fmt", ["q4_0", "int4_g128", "int4_pc", "iq4_nl"])
+@pytest.mark.parametrize("bits,block", [(8, 0), (4, 0), (4, 16), (4, 32), (2, 8)])
+@pytest.mark.parametrize("m", [1, 16, 512])
+def test_cuda_integer_activation_kernel_at_real_sizes(fmt, bits, block, m):
+    """The integer tl.dot kernel on the GPU (IMMA): the rounding kernel's codes and scales equal
+    torch's quantize_act_codes on the same CUDA tensor bit for bit (IEEE divisions, no FP fusion), and
+    the product equals the rounded activations times the dequantized weight (split K at M = 1)."""
+    from torch_lowbit.act_codes import dequantize_act_codes, quantize_act_codes
+    from torch_lowbit.triton_kernels.int_act import round_activations
+    gen = torch.Generator().manual_seed(m * 10 + bits)
+    q, _ = _quantized(fmt, 4096, 4096, True, gen, device="cuda")
+    x = (_block_varied(m, 4096, gen) * 0.1).to("cuda", torch.float16)
+    xq, xd = round_activations(x, bits, 0.9, block)
+    want_q, want_d = quantize_act_codes(x, bits, 0.9, block)
+    assert torch.equal(xq, want_q) and torch.equal(xd, want_d)
+    mins = getattr(q, "mins", None)
+    y = torch.ops.torch_lowbit.lut4_int_linear(x, q.qweight, q.scales, mins, q.lut_i8, q.fmt.group_size, q.bias,
+                                               bits, 0.9, block)
+    ref = dequantize_act_codes(want_q, want_d).double() @ q.dequantize().double().T + q.bias.double()
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
 # -- palette_packed (nuq / vq / tcq / half-TCQ) ---------------------------------------------------
 def _palette():
     from torch_lowbit.triton_kernels import palette
