@@ -150,7 +150,7 @@ def _contenders(n: int, k: int, formats, rotate_mib: int, device: str):
             QuantLinear.from_linear(lin, f, layout=layout)
         qbytes = q.weight_nbytes()
         label = f"torch_lowbit {spec} [{layout.name}]"
-        if act_bits:  # QuaRot-style integer activations (per token or block): the integer tl.dot kernel where it applies
+        if act_bits:  # QuaRot-style integer activations: the integer tl.dot kernel where it applies
             q = ActQuantLinear(q, act_bits, clip_ratio=0.9, block=act_block)
             label = f"torch_lowbit {spec} [{layout.name}, {act_label(act_bits, act_block)}]"
         mods = [q] + [copy.deepcopy(q) for _ in range(_copies(qbytes, rotate_mib) - 1)]
