@@ -273,3 +273,26 @@ def test_quarot_recipe_takes_per_channel_int4_weights():
         assert layers and all(m.fmt.name == "int4_pc" and m.scales.shape[1] == 1 for m in layers)
         out = q(ids).logits
     assert ((out - ref).norm() / ref.norm()) < 0.2
+
+
+@pytest.mark.parametrize("block", [0, 16])
+def test_weights_quantized_after_the_wrapper_still_reach_the_integer_kernel(block, monkeypatch):
+    """Activations wrapped first, weights quantized after (quantize_ replaces the wrapped nn.Linear):
+    the wrapper still hands x to the QuantLinear's integer-activation route, the same result as
+    wrapping a QuantLinear."""
+    from torch_lowbit.nn import QuantLinear
+    gen = _gen()
+    lin = torch.nn.Linear(96, 40)
+    model = torch.nn.Sequential(copy.deepcopy(lin))
+    tl.quantize_activations_(model, 4, clip_ratio=0.9, block=block, filter_fn=lambda m, f: True)
+    tl.quantize_(model, "q4_0", filter_fn=lambda m, f: True, progress=False)
+    assert isinstance(model[0].layer, QuantLinear)
+    calls = []
+    original = QuantLinear.forward_int_acts
+    monkeypatch.setattr(QuantLinear, "forward_int_acts", lambda self, *a: calls.append(a[1:]) or original(self, *a))
+    x = torch.randn(5, 96, generator=gen)
+    with torch.no_grad():
+        y = model(x)
+        want = tl.ActQuantLinear(QuantLinear.from_linear(lin, "q4_0"), 4, clip_ratio=0.9, block=block)(x)
+    assert calls and calls[0] == (4, 0.9, block)
+    torch.testing.assert_close(y, want, rtol=0, atol=0)

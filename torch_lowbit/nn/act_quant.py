@@ -88,11 +88,13 @@ class ActQuantLinear(nn.Module):
         self.block = block
         if hasattr(layer, "split_sizes"):  # a fused qkv / gate_up module: its parent's hook splits our output
             self.split_sizes = layer.split_sizes
-        self._int_acts = hasattr(layer, "forward_int_acts")  # a QuantLinear: its layout may round in-kernel
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.symmetric and self._int_acts:  # the kernel may round x (per token or block) and multiply integers
-            y = self.layer.forward_int_acts(x, self.bits, self.clip_ratio, self.block)
+        # a QuantLinear (also one quantize_ put in after this wrapper) may round x in its kernel (per token
+        # or block) and multiply integers
+        int_acts = getattr(self.layer, "forward_int_acts", None)
+        if self.symmetric and int_acts is not None:
+            y = int_acts(x, self.bits, self.clip_ratio, self.block)
             if y is not None:
                 return y
         return self.layer(fake_quantize_per_token(x, self.bits, self.symmetric, self.clip_ratio, self.block))
