@@ -133,9 +133,9 @@ def _lut4_int_linear_kernel(q_ptr, d_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr,
     gather from the 16-entry int8 table (iq4_nl). q_ptr, d_ptr: the tokens' codes int8 [M, K] and
     scales fp32 [M] (_round_rows_kernel), or with ACT_BLOCKS one scale per 32 features [M, K / 32]
     (_round_blocks_kernel): then each run's int32 product is scaled by its block's scale. qw_ptr: the
-    weight codes as int32 words [N, K / 8]; BLOCK_K: one run (RUN). Program (m, n, s) sums groups [s G, (s + 1) G) of GROUPS_PER_SPLIT = G;
-    SPLIT_K > 1: its fp32 partial goes to ws [SPLIT_K, M, N] (matmul._splitk_reduce_kernel adds them
-    in a fixed order and the bias), else to y with the bias."""
+    weight codes as int32 words [N, K / 8]; BLOCK_K: one run (RUN). Program (m, n, s) sums groups
+    [s G, (s + 1) G) of GROUPS_PER_SPLIT = G; SPLIT_K > 1: its fp32 partial goes to ws [SPLIT_K, M, N]
+    (matmul._splitk_reduce_kernel adds them in a fixed order and the bias), else to y with the bias."""
     tl.static_assert(BLOCK_K == 32, "one K step is one 32-code run")
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

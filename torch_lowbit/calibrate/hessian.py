@@ -77,8 +77,7 @@ def collect_hessians(model: nn.Module, batches: Iterable[Tensor], modules: dict[
                      "diagonals E[x^2]" if diagonal_only else "E[x x^T] for GPTQ")
         for ids in tqdm(batches, desc="calibrate", disable=None if progress else True, leave=False):
             collector.new_batch()
-            device = next(model.parameters()).device
-            model(ids.to(device), use_cache=False) if _accepts_use_cache(model) else model(ids.to(device))
+            run_batch(model, ids)
     finally:
         collector.close()
         model.train(was_training)
@@ -104,8 +103,8 @@ def collect_fisher(model: nn.Module, batches: Iterable[Tensor], modules: dict[st
             p.grad = None
         with torch.enable_grad():
             for ids in tqdm(list(batches), desc="fisher", disable=None if progress else True, leave=False):
-                ids = ids.to(next(model.parameters()).device)
-                out = model(ids, use_cache=False) if _accepts_use_cache(model) else model(ids)
+                ids = ids.to(_input_device(model))
+                out = run_batch(model, ids)
                 logits = out.logits if hasattr(out, "logits") else out
                 loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
                 loss.backward()
@@ -123,6 +122,19 @@ def collect_fisher(model: nn.Module, batches: Iterable[Tensor], modules: dict[st
     if n == 0:
         raise ValueError("collect_fisher: no calibration batches")
     return {f: s / n for f, s in sums.items()}
+
+
+def _input_device(model: nn.Module) -> torch.device:
+    """Where token ids go: the input embedding's device (a model being streamed may have later
+    layers still on the meta device), else the first parameter's."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    return embeddings.weight.device if embeddings is not None else next(model.parameters()).device
+
+
+def run_batch(model: nn.Module, ids: Tensor):
+    """One calibration forward of a batch of token ids (no KV cache where the model takes use_cache)."""
+    ids = ids.to(_input_device(model))
+    return model(ids, use_cache=False) if _accepts_use_cache(model) else model(ids)
 
 
 def _accepts_use_cache(model: nn.Module) -> bool:

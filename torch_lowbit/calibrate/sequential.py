@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from .hessian import HessianCollector
+from .hessian import HessianCollector, collect_hessians, run_batch
 
 Stages = Iterator[tuple[list[str], dict[str, Tensor]]]  # (fqns of one stage, their statistics)
 
@@ -47,13 +47,6 @@ def _layer_index(fqn: str, stack: str) -> Optional[int]:
     return int(head) if head.isdigit() else None
 
 
-def _forward(model: nn.Module, ids: Tensor):
-    from .hessian import _accepts_use_cache
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    ids = ids.to(embeddings.weight.device if embeddings is not None else next(model.parameters()).device)
-    return model(ids, use_cache=False) if _accepts_use_cache(model) else model(ids)
-
-
 def _hidden(out) -> Tensor:
     """A decoder layer's output hidden states (transformers < 5 returns a tuple)."""
     return out[0] if isinstance(out, (tuple, list)) else out
@@ -73,7 +66,7 @@ def capture_layer_inputs(model: nn.Module, first: nn.Module, batches: Iterable[T
     try:
         for ids in batches:
             try:
-                _forward(model, ids)
+                run_batch(model, ids)
             except _Stop:
                 pass
             else:
@@ -206,13 +199,6 @@ def sequential_stats(model: nn.Module, batches: Iterable[Tensor], targets: dict[
                 hidden = layer_outputs(layers[i], calls, hidden)
         if outside:  # e.g. the LM head: one pass of the quantized model
             modules = {f: model.get_submodule(f) for f in outside}
-            collector = HessianCollector(modules, diagonal_only=diagonal_only)
-            try:
-                for ids in batches:
-                    collector.new_batch()
-                    _forward(model, ids)
-            finally:
-                collector.close()
-            yield outside, collector.result()
+            yield outside, collect_hessians(model, batches, modules, diagonal_only=diagonal_only, progress=False)
     finally:
         model.train(was_training)

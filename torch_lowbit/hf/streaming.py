@@ -107,7 +107,8 @@ def quantize_streaming(src_dir: Union[str, os.PathLike], fmt: Union[str, Format,
     that statistics are collected block by block on the inputs the already quantized blocks produce
     (GPTQ's sequential mode, as quantize_(..., sequential=True)), and a calibrated rounding does not
     reach layers outside the decoder blocks (include_lm_head needs rounding="rtn").
-    modules_to_not_convert: module names / prefixes kept in float. rtn equals quantize_ of the float model exactly."""
+    modules_to_not_convert: module names / prefixes kept in float. rtn equals quantize_ of the float
+    model exactly."""
     from transformers import AutoConfig, AutoModelForCausalLM
     src_dir, out_dir = os.fspath(src_dir), os.fspath(out_dir)
     rounding = rounding or ("imatrix" if calibration is not None else "rtn")

@@ -22,7 +22,8 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import Tensor, nn
 
-from ..act_codes import ACT_BITS, KERNEL_ACT_BLOCK, SUB_BLOCKS, dequantize_act_codes, quantize_sub_blocks
+from ..act_codes import (ACT_BITS, KERNEL_ACT_BLOCK, KERNEL_ACT_BLOCKS, SUB_BLOCKS, dequantize_act_codes,
+                         quantize_act_codes)
 from ..formats.activations import quantize_per_token
 
 CLIP_GRID = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0, 0.95, ..., 0.5
@@ -54,8 +55,8 @@ def fake_quantize_per_token(x: Tensor, bits: int, symmetric: bool = True, clip_r
         raise ValueError(f"activation quantization: clip_ratio must be in (0, 1], got {clip_ratio}")
     if block:
         _check_block(block, x.shape[-1], bits if symmetric else None)
-        if block in SUB_BLOCKS and symmetric:
-            return dequantize_act_codes(*quantize_sub_blocks(x, bits, clip_ratio, block)).to(x.dtype)
+        if block in KERNEL_ACT_BLOCKS and symmetric:  # the codes the kernels take (act_codes)
+            return dequantize_act_codes(*quantize_act_codes(x, bits, clip_ratio, block)).to(x.dtype)
         blocks = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
         return fake_quantize_per_token(blocks, bits, symmetric, clip_ratio).reshape(x.shape)
     xf = x.float()
