@@ -31,6 +31,9 @@ CodebookKernels codebook_kernels(CpuPath p) {
   if (p == CpuPath::Avx512 && cpu_has_avx512_vbmi()) return {codebook_gemv_avx512, codebook_decode_avx512};
   if (p != CpuPath::Scalar) return {codebook_gemv_avx2, codebook_decode_avx2};  // avx2, avxvnni, AVX-512 w/o VBMI
 #endif
+#if defined(__aarch64__)
+  if (p != CpuPath::Scalar) return {codebook_gemv_neon, codebook_decode_neon};  // neon, dotprod, i8mm
+#endif
   (void)p;
   return {codebook_gemv_scalar, codebook_decode_scalar};
 }

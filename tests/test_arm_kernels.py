@@ -2,8 +2,9 @@
 with csrc/common/{lut_i8,q4x}_scalar.cpp and csrc/arm/*.cpp) with g++-aarch64-linux-gnu and run it under
 qemu-aarch64 on three CPU models: `max` (dotprod and i8mm), `cortex-a76` (dotprod, no i8mm) and
 `cortex-a53` (plain NEON). The int8-tile kernels (lut_i8) and the interleaved q4_RxS kernels (q4x:
-sdot for S = 4, smmla for S = 8) are both checked, the TCQ kernels (the computed 1mad code in NEON,
-the hybrid code through the scalar path), the Hadamard kernels (NEON equal to the portable scalar
+sdot for S = 4, smmla for S = 8) are both checked, the palette kernels (TCQ's computed 1mad code and
+hybrid table code, the nuq / vq codebooks in palette_packed: NEON decode bit for bit the x86 scalar
+decode, NEON GEMV within fp32 rounding of it), the Hadamard kernels (NEON equal to the portable scalar
 code bit for bit, and that within fp32 rounding of a float64 transform), and KV-cache attention
 (scalar and NEON tasks within fp32 rounding of a float64 softmax over the dequantized cache). The vectors come from this package: weights packed by the Python layouts,
 activations by the Python twin of the kernels' quantizer (which the NEON quantizers must reproduce byte
@@ -50,10 +51,27 @@ Q4X_CASES = [("q4_4x4", "q4_0", 37, 96, 1, True, 0), ("q4_4x4", "iq4_nl", 23, 64
              ("q4_4x4", "int4_pc", 13, 128, 6, True, 4), ("q4_8x8", "int4_pc", 9, 192, 7, False, 8)]
 
 
-# (format, N, K, M, bias): TCQ codes of random words (every state pattern, the tail-biting wrap); 1.5, 2, 3.5
-# and 5 bits cover s = 3 (windows at every bit offset), 4 (two words per row), 7 and 10 (the widest rows)
+# (format, N, K, M, bias): TCQ codes of random words (every state pattern, the tail-biting wrap); 1mad at 1.5, 2, 3.5
+# and 5 bits cover s = 3 (windows at every bit offset), 4 (two words per row), 7 and 10 (the widest rows);
+# the hybrid code (tcq{b}) at s = 3, 4, 6, 9, 10 reads tables of Q = 9, 10 and 11 bits
 TCQ_CASES = [("tcq2_1mad", 48, 272, 1, True), ("tcq1.5_1mad", 32, 256, 3, False), ("tcq3.5_1mad", 16, 512, 6, True),
-             ("tcq5_1mad", 32, 128, 5, False), ("tcq2", 16, 256, 2, True)]
+             ("tcq5_1mad", 32, 128, 5, False), ("tcq2", 16, 256, 2, True), ("tcq1.5", 32, 256, 1, False),
+             ("tcq3", 16, 272, 4, True), ("tcq4.5", 16, 128, 7, False), ("tcq5", 32, 160, 8, True)]
+
+
+# (format or None: a random table, code bits, weights per code, N, K, M, bias): random code words in the
+# palette_packed layout (every bit pattern; 3-, 5-, 6-, 10- and 12-bit codes crossing words); odd N, codes
+# per row not a multiple of 16 (a ragged last vector) and per-stream bits not a multiple of 32; M = 1..8
+# (token blocks of 4 plus 1-4). nuq1-4, vq1.5 and vq2 (<= 16 entries) take the register tables (the
+# formats' tables are integers, whose low bytes are 0: random tables check every byte), vq2.5 .. vq5
+# (32-1024 entries) and the 12-bit tables the per-lane loads.
+CODEBOOK_CASES = [("nuq1", 1, 1, 7, 1000, 1, False), ("nuq2", 2, 1, 37, 200, 1, True),
+                  ("nuq3", 3, 1, 21, 250, 8, True), ("nuq4", 4, 1, 19, 328, 3, False),
+                  ("vq1.5", 3, 2, 16, 360, 2, False), ("vq2", 4, 2, 23, 256, 5, True),
+                  (None, 4, 1, 11, 120, 3, True), (None, 3, 2, 17, 360, 2, False),
+                  ("vq2.5", 5, 2, 29, 202, 1, True), ("vq3", 6, 2, 17, 384, 4, False),
+                  ("vq4", 8, 2, 31, 186, 7, True), ("vq5", 10, 2, 15, 154, 8, True),
+                  (None, 12, 1, 13, 333, 2, True), (None, 12, 2, 9, 100, 6, False)]
 
 
 # (k, len): k blocks of len floats through the Walsh-Hadamard kernel, then mixed by a random +-1 k x k
@@ -215,13 +233,35 @@ def _tcq_case_bytes(fmt, n, k, m, bias, gen) -> bytes:
     return b"".join(parts)
 
 
+def _codebook_case_bytes(fmt, bits, dim, n, k, m, bias, gen) -> bytes:
+    from torch_lowbit.layouts.palette_packed import _codebook
+    from torch_lowbit.packing import stream_words
+    table = _codebook(tl.get_format(fmt)) if fmt else torch.randn(2 ** bits, dim, generator=gen)
+    assert table.shape == (2 ** bits, dim), (fmt, table.shape)
+    words = stream_words(k // dim, bits)
+    codes = torch.randint(-2**31, 2**31 - 1, (n, words), generator=gen, dtype=torch.int64).to(torch.int32)
+    scales = torch.rand(n, generator=gen).add(0.5).half()
+    b = torch.randn(n, generator=gen) if bias else None
+    x = torch.randn(m, k, generator=gen)
+    with tl.use_backend("cpu", path="scalar"):
+        w = torch.ops.torch_lowbit.codebook_dequantize(codes, bits, table, scales, k)
+        y = torch.ops.torch_lowbit.codebook_linear(x, codes, bits, table, scales, b)
+    acts = x.view(m, k // dim, dim).permute(2, 0, 1)  # the op's planes of x'
+    parts = [_i64(bits, dim, n, k, m, bias), table.t().contiguous().numpy().tobytes(), codes.numpy().tobytes(),
+             scales.view(torch.int16).numpy().tobytes()]
+    if bias:
+        parts.append(b.numpy().tobytes())
+    parts += [acts.contiguous().numpy().tobytes(), w.contiguous().numpy().tobytes(), y.float().contiguous().numpy().tobytes()]
+    return b"".join(parts)
+
+
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory):
     out = tmp_path_factory.mktemp("arm") / "kernels_driver"
     sources = ["tests/arm/kernels_driver.cpp", "csrc/common/lut_i8_scalar.cpp", "csrc/arm/lut_i8_neon.cpp",
                "csrc/arm/lut_i8_dotprod.cpp", "csrc/common/q4x_scalar.cpp", "csrc/arm/q4x_dotprod.cpp",
                "csrc/arm/q4x_i8mm.cpp", "csrc/arm/act_q8_neon.cpp", "csrc/common/palette_scalar.cpp",
-               "csrc/arm/palette_neon.cpp", "csrc/common/hadamard_scalar.cpp", "csrc/arm/hadamard_neon.cpp",
+               "csrc/arm/palette_neon.cpp", "csrc/arm/palette_codebook_neon.cpp", "csrc/common/hadamard_scalar.cpp", "csrc/arm/hadamard_neon.cpp",
                "csrc/common/kv_attention_scalar.cpp", "csrc/arm/kv_attention_neon.cpp"]
     torch_include = Path(torch.__file__).parent / "include"
     # -ffp-contract=off: as the extension's flags, no fused multiply-add the source does not spell out
@@ -240,6 +280,7 @@ def vectors(tmp_path_factory):
     path.write_bytes(_i64(len(CASES)) + b"".join(_case_bytes(*case[:5], gen, *case[5:]) for case in CASES)
                      + _i64(len(Q4X_CASES)) + b"".join(_q4x_case_bytes(*case, gen) for case in Q4X_CASES)
                      + _i64(len(TCQ_CASES)) + b"".join(_tcq_case_bytes(*case, gen) for case in TCQ_CASES)
+                     + _i64(len(CODEBOOK_CASES)) + b"".join(_codebook_case_bytes(*case, gen) for case in CODEBOOK_CASES)
                      + _i64(len(HADAMARD_CASES)) + b"".join(_hadamard_case_bytes(*case, gen) for case in HADAMARD_CASES)
                      + _i64(len(KV_CASES)) + b"".join(_kv_case_bytes(*case, gen) for case in KV_CASES))
     return path, seed
@@ -260,6 +301,8 @@ def test_arm_int8_tile_kernels_equal_the_x86_scalar_kernel_under_qemu(driver, ve
     assert q4x == {"scalar"} | ({"dotprod"} if dotprod else set()) | ({"i8mm"} if i8mm else set())
     tcq = [line for line in lines if line.startswith("tcq case ")]
     assert len(tcq) == 2 * len(TCQ_CASES) and all(line.endswith(": equal") for line in tcq)
+    codebook = [line for line in lines if line.startswith("codebook case ")]
+    assert len(codebook) == 2 * len(CODEBOOK_CASES) and all(line.endswith(": equal") for line in codebook)
     hadamard = [line for line in lines if line.startswith("hadamard case ")]
     assert len(hadamard) == len(HADAMARD_CASES) and all(line.endswith(": equal") for line in hadamard)
     kv = [line for line in lines if line.startswith("kv case ")]

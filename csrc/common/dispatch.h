@@ -14,12 +14,13 @@ namespace torch_lowbit {
 
 // x86: scalar, avx2, avxvnni, avx512. aarch64: scalar, neon (every aarch64 CPU), dotprod (Armv8.2 sdot,
 // HWCAP_ASIMDDP), i8mm (Armv8.6 smmla, HWCAP2_I8MM; the interleaved q4x layouts' GEMM, dotprod code
-// elsewhere); only the int8-weight kernels have ARM code so far (csrc/arm), the others run their
-// scalar code there (their dispatch names x86 paths only).
+// elsewhere). ARM code (csrc/arm): the int8-weight kernels, the activation quantizers, Hadamard, KV-cache
+// attention and the palette kernels (codebooks, TCQ); their dispatch checks __aarch64__ before
+// kernel_isa. The others (lut4, the TCQ Viterbi search) run their scalar code there.
 enum class CpuPath { Scalar = 0, Avx2 = 1, AvxVnni = 2, Avx512 = 3, Neon = 4, Dotprod = 5, I8mm = 6 };
 
-// The path whose code a kernel without an AVX-VNNI variant runs: avxvnni -> avx2; ARM paths -> scalar
-// (kernels without ARM code).
+// The path whose x86 code a kernel without an AVX-VNNI variant runs: avxvnni -> avx2; ARM paths -> scalar
+// (what kernels without ARM code run; those with ARM code pick it before asking).
 inline CpuPath kernel_isa(CpuPath p) {
   if (p == CpuPath::Neon || p == CpuPath::Dotprod || p == CpuPath::I8mm) return CpuPath::Scalar;
   return p == CpuPath::AvxVnni ? CpuPath::Avx2 : p;

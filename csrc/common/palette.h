@@ -143,7 +143,9 @@ void tcq_gemv_avx2(const TcqWeights&, const float*, int64_t, int64_t, int64_t, f
 void tcq_decode_avx2(const TcqWeights&, int64_t, int64_t, float*);
 #endif
 #if defined(__aarch64__)
-// the computed 1mad code in NEON; the hybrid code's table lookups run the scalar path
+void codebook_gemv_neon(const CodebookWeights&, const float*, int64_t, int64_t, int64_t, float*);
+void codebook_decode_neon(const CodebookWeights&, int64_t, int64_t, float*);
+// both TCQ codes: the 1mad code computed in vectors, the hybrid code's entries read with per-lane loads
 void tcq_gemv_neon(const TcqWeights&, const float*, int64_t, int64_t, int64_t, float*);
 void tcq_decode_neon(const TcqWeights&, int64_t, int64_t, float*);
 #endif

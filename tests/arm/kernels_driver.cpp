@@ -3,9 +3,10 @@
 // Python layouts, activations quantized by the Python twin of the kernels' quantizer, and the
 // output of the x86 scalar kernel): first the int8-tile cases (lut_i8: scalar, NEON and, where HWCAP
 // says so, dotprod), then the interleaved q4_RxS cases (q4x: scalar, dotprod for S = 4, i8mm for S = 8),
-// and requires each path to equal the x86 scalar output bit for bit; last the TCQ kernels (palette.h:
-// scalar and NEON decode bit for bit the x86 scalar decode; the NEON GEMV, which sums in another
-// order, within fp32 rounding of the x86 scalar GEMV); then the Hadamard kernels (NEON equal to the
+// and requires each path to equal the x86 scalar output bit for bit; then the palette kernels (palette.h,
+// TCQ (1mad and hybrid codes), then the codebook formats nuq / vq: scalar and NEON decode bit for bit the
+// x86 scalar decode; the NEON GEMVs, which sum in another order, within fp32 rounding of the x86
+// scalar GEMV, the scalar codebook GEMV equal to it); then the Hadamard kernels (NEON equal to the
 // portable scalar code bit for bit, which is within fp32 rounding of a float64 transform); last the
 // KV-cache attention tasks (scalar and NEON within fp32 rounding of a float64 softmax).
 //   usage: kernels_driver VECTORS.bin     prints one line per case and path; exit 0 iff all equal
@@ -93,6 +94,18 @@ int64_t mismatches(Fn fn, const Weights& w, const Q8Acts& a, int64_t units, int6
   for (int64_t i = 0; i < a.M * N; ++i)
     if (std::memcmp(&out[i], &expected[i], sizeof(float)) != 0 && bad++ == 0)
       printf("  first difference at %lld: %.9g vs %.9g\n", (long long)i, out[i], expected[i]);
+  return bad;
+}
+
+// Counts the GEMV outputs y[m N + n] farther from `expected` than fp32 sums in another order can be:
+// 1e-4 of bound[m N + n] (the sum of |w x'| the kernel adds up, and any terms it adds besides) + 1e-6.
+int64_t gemv_far(const std::vector<float>& y, const std::vector<float>& expected, const std::vector<double>& bound,
+                 int64_t N) {
+  int64_t bad = 0;
+  for (size_t i = 0; i < y.size(); ++i)
+    if (!(std::fabs(y[i] - expected[i]) <= 1e-4 * bound[i] + 1e-6) && bad++ == 0)
+      printf("  first GEMV difference at m=%lld n=%lld: %.9g vs %.9g\n", (long long)(i / N), (long long)(i % N), y[i],
+             expected[i]);
   return bad;
 }
 
@@ -212,19 +225,54 @@ int main(int argc, char** argv) {
         gemv(w, x.data(), M, 0, bands / 2, y.data());
         gemv(w, x.data(), M, bands / 2, bands, y.data());
         const bool decode_ok = std::memcmp(wd.data(), expected_w.data(), 4 * N * K) == 0;
-        int64_t bad = 0;
+        std::vector<double> bound(M * N, 0.);  // sum |w x'| and the 1mad GEMV's 510-offset terms
         for (int64_t m = 0; m < M; ++m)
-          for (int64_t n = 0; n < N; ++n) {  // fp32 sums in another order: within 1e-4 of sum |w x| + 510-offset terms
-            double bound = 0;
+          for (int64_t n = 0; n < N; ++n)
             for (int64_t k = 0; k < K; ++k)
-              bound += std::fabs(x[m * K + k]) * (std::fabs(expected_w[n * K + k]) + 8.f * static_cast<float>(scales[n]));
-            const float got = y[m * N + n], want = expected_y[m * N + n];
-            if (!(std::fabs(got - want) <= 1e-4 * bound + 1e-6) && bad++ == 0)
-              printf("  first GEMV difference at m=%lld n=%lld: %.9g vs %.9g\n", (long long)m, (long long)n, got, want);
-          }
+              bound[m * N + n] += std::fabs(x[m * K + k]) *
+                                  (std::fabs(expected_w[n * K + k]) + 8.f * static_cast<float>(scales[n]));
+        const int64_t bad = gemv_far(y, expected_y, bound, N);
         printf("tcq case %lld s=%lld table_bits=%lld N=%lld K=%lld M=%lld bias=%lld %s: %s\n", (long long)c,
                (long long)shift, (long long)table_bits, (long long)N, (long long)K, (long long)M, (long long)has_bias,
                name, decode_ok && !bad ? "equal" : "MISMATCH");
+        failures += !decode_ok || bad;
+      }
+    }
+    const int64_t codebook_cases = rd.i64();
+    for (int64_t c = 0; c < codebook_cases; ++c) {
+      const int64_t bits = rd.i64(), dim = rd.i64(), N = rd.i64(), K = rd.i64(), M = rd.i64(), has_bias = rd.i64();
+      const int64_t entries = int64_t{1} << bits, codes = K / dim;
+      const int64_t row_words = kCodeStreams * (((codes + kCodeStreams - 1) / kCodeStreams * bits + 31) / 32);
+      auto planes = rd.read<float>(dim * entries);
+      auto words = rd.read<uint32_t>(N * row_words);
+      auto scales = rd.read<c10::Half>(N);
+      auto bias = rd.read<float>(has_bias ? N : 0);
+      auto acts = rd.read<float>(dim * M * codes);  // x' split into planes: acts[(c M + m) codes + j] = x'[m, d j + c]
+      auto expected_w = rd.read<float>(N * K);
+      auto expected_y = rd.read<float>(M * N);
+      const CodebookWeights w{words.data(), row_words, static_cast<int>(bits), static_cast<int>(dim), planes.data(),
+                              scales.data(), has_bias ? bias.data() : nullptr, N, K};
+      std::vector<double> bound(M * N, 0.);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t k = 0; k < K; ++k)
+            bound[m * N + n] += std::fabs(acts[((k % dim) * M + m) * codes + k / dim] * expected_w[n * K + k]);
+      const std::tuple<const char*, CodebookDecodeFn, CodebookGemvFn> paths[] = {
+          {"scalar", codebook_decode_scalar, codebook_gemv_scalar}, {"neon", codebook_decode_neon, codebook_gemv_neon}};
+      for (auto& [name, decode, gemv] : paths) {
+        std::vector<float> wd(N * K, -1.f), y(M * N, -1.f);
+        decode(w, 0, N / 2, wd.data());  // two calls over disjoint rows, as the threads do
+        decode(w, N / 2, N, wd.data() + (N / 2) * K);
+        gemv(w, acts.data(), M, 0, N / 2, y.data());
+        gemv(w, acts.data(), M, N / 2, N, y.data());
+        const bool decode_ok = std::memcmp(wd.data(), expected_w.data(), 4 * N * K) == 0;
+        // the scalar GEMV is the x86 one's arithmetic (bit for bit); NEON sums in another order
+        const bool scalar = std::strcmp(name, "scalar") == 0;
+        const int64_t bad = scalar ? int64_t{std::memcmp(y.data(), expected_y.data(), 4 * M * N) != 0}
+                                   : gemv_far(y, expected_y, bound, N);
+        printf("codebook case %lld bits=%lld dim=%lld N=%lld K=%lld M=%lld bias=%lld %s: %s\n", (long long)c,
+               (long long)bits, (long long)dim, (long long)N, (long long)K, (long long)M, (long long)has_bias, name,
+               decode_ok && !bad ? "equal" : "MISMATCH");
         failures += !decode_ok || bad;
       }
     }
