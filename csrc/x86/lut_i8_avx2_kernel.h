@@ -16,7 +16,7 @@
 //            factors within +-127 (the sign trick; q8_0's byte -128, which ggml never writes, still
 //            works: |t| = 0x80 is read as the unsigned 128).
 //   Vnni     (AVX-VNNI): two chains of vpdpbusd(u, x), offset * sum(x) subtracted.
-// Few tokens (decode) prepare each block in registers and run up to 4 tokens against it; more tokens
+// Few tokens (decode) prepare each block (both halves) and run up to 4 tokens against it; more tokens
 // (prefill) prepare the whole tile once into a per-thread buffer (16 bytes per feature, L2-resident)
 // and run every token block against it, both halves at once so each activation broadcast feeds two
 // products: each weight byte is decoded once per call instead of once per 4 tokens.
@@ -313,23 +313,31 @@ TLB_KERNEL __attribute__((always_inline)) inline void run_tokens(const LutI8Weig
   }
 }
 
-// Few tokens: each half's blocks decoded in registers, once per block of up to 4 tokens.
+// Few tokens: each block decoded once per block of up to 4 tokens, both halves at once, so each
+// broadcast activation and each block's scalar work serve 16 rows (21% fewer instructions per weight
+// for q4_0 at M = 1); codebooks looked up per row (gcb) or per block pair (vq) run one half at a time,
+// where two halves' prepared vectors no longer fit the registers.
 template <Dot D, bool Sub, bool PT, int B, bool Pairs>
 TLB_KERNEL void tile_decode_tokens(const LutI8Weights& w, const TableBytes& tab, const Q8Acts& a, int64_t t, float* out,
                                    int64_t ldo) {
+  constexpr int NH = Sub || Pairs ? 1 : 2;
   const int64_t kb_count = w.K / 32;
-  for (int h = 0; h < 2; ++h) {
-    if (t * kI8TileRows + 8 * h >= w.N) break;
+  auto run_halves = [&](auto first_half) TLB_KERNEL {
+    constexpr int h0 = decltype(first_half)::value;
     for_token_blocks<kTokenBlock>(a.M, [&](auto mt, int64_t m0) TLB_KERNEL {
-      PreparedHalf<D> half;
-      __m256i codes[8] = {};  // pairs
-      run_tokens<D, Sub, PT, 1, decltype(mt)::value>(w, a, t, h, m0, out, ldo, [&](int64_t b) TLB_KERNEL {
-        const uint8_t* sub = Sub ? w.sub_groups + (t * kb_count + b) * kI8TileRows + 8 * h : nullptr;
-        prepare_half<D, B, Pairs>(w, tab, t, b, h, sub, codes, half);
-        return &half;
+      PreparedHalf<D> halves[NH];
+      __m256i codes[NH][8] = {};  // pairs
+      run_tokens<D, Sub, PT, NH, decltype(mt)::value>(w, a, t, h0, m0, out, ldo, [&](int64_t b) TLB_KERNEL {
+        for (int k = 0; k < NH; ++k) {
+          const uint8_t* sub = Sub ? w.sub_groups + (t * kb_count + b) * kI8TileRows + 8 * (h0 + k) : nullptr;
+          prepare_half<D, B, Pairs>(w, tab, t, b, h0 + k, sub, codes[k], halves[k]);
+        }
+        return static_cast<const PreparedHalf<D>*>(halves);
       });
     });
-  }
+  };
+  run_halves(std::integral_constant<int, 0>{});
+  if (NH == 1 && t * kI8TileRows + 8 < w.N) run_halves(std::integral_constant<int, 1>{});
 }
 
 // Many tokens: the tile's blocks prepared once into `buf` (2 halves per block, 32-byte aligned), then
