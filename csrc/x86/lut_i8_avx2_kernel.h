@@ -127,33 +127,39 @@ TLB_KERNEL inline void lookup_quads(__m256i q[8], const TableBytes& tab, const u
 }
 
 // One (tile, block, half) ready for the dot products: u (or |t| for Signed) and, for Signed, t.
-template <Dot D>
+// LateAbs (Signed, decode): u holds t itself and |t| is taken at each use (one vpabsb): a block's u and
+// t for two halves are 32 vectors and spill, t alone is 16; the prefill buffer keeps both (|t| once
+// per tile instead of once per token block).
+template <Dot D, bool LateAbs = false>
 struct PreparedHalf {
+  static constexpr bool late_abs = LateAbs && D == Dot::Signed;
   __m256i u[8];
-  __m256i t[D == Dot::Signed ? 8 : 1];
+  __m256i t[D == Dot::Signed && !late_abs ? 8 : 1];
 };
 
 // Codes already in out.u -> the prepared half (table at `base`).
-template <Dot D, int B>
-TLB_KERNEL inline void map_half(const TableBytes& tab, const uint8_t* sub, int base, PreparedHalf<D>& out) {
+template <Dot D, int B, bool LateAbs>
+TLB_KERNEL inline void map_half(const TableBytes& tab, const uint8_t* sub, int base, PreparedHalf<D, LateAbs>& out) {
+  constexpr bool late = PreparedHalf<D, LateAbs>::late_abs;
+  __m256i* t = late ? out.u : out.t;  // where the signed values go
   if constexpr (B == 8) {  // q8_0: u is the byte itself (offset 128); t = byte ^ 0x80
     if constexpr (D == Dot::Signed)
-      for (int qd = 0; qd < 8; ++qd) out.t[qd] = _mm256_xor_si256(out.u[qd], _mm256_set1_epi8(static_cast<char>(0x80)));
+      for (int qd = 0; qd < 8; ++qd) t[qd] = _mm256_xor_si256(out.u[qd], _mm256_set1_epi8(static_cast<char>(0x80)));
   } else {
     lookup_quads<B>(out.u, tab, sub, base);
-    if constexpr (D == Dot::Signed)
+    if constexpr (D == Dot::Signed && !late)
       for (int qd = 0; qd < 8; ++qd) out.t[qd] = out.u[qd];
   }
-  if constexpr (D == Dot::Signed)
+  if constexpr (D == Dot::Signed && !late)
     for (int qd = 0; qd < 8; ++qd) out.u[qd] = _mm256_abs_epi8(out.t[qd]);
 }
 
 // Half h of (tile t, block b) prepared into `out`. Pairs (a compile-time case, so the other layouts'
 // loop stays as it was): an even block decodes its code block into `codes`, the odd block after it
 // maps the same codes through the second table.
-template <Dot D, int B, bool Pairs>
+template <Dot D, int B, bool Pairs, bool LateAbs>
 TLB_KERNEL inline void prepare_half(const LutI8Weights& w, const TableBytes& tab, int64_t t, int64_t b, int h,
-                                    const uint8_t* sub, __m256i (&codes)[8], PreparedHalf<D>& out) {
+                                    const uint8_t* sub, __m256i (&codes)[8], PreparedHalf<D, LateAbs>& out) {
   if constexpr (Pairs) {
     if ((b & 1) == 0) decode_quads<B>(lut_i8_block(w, t, b) + 32 * h, codes);
     for (int qd = 0; qd < 8; ++qd) out.u[qd] = codes[qd];
@@ -172,8 +178,8 @@ TLB_KERNEL inline void pin(__m256i& v) { asm("" : "+x"(v)); }
 // outermost: each prepared vector is loaded once and feeds every token, each broadcast activation
 // word feeds every half, and the MT x NH sums stay in registers (no spills at 4 x 2). Offset: subtract
 // offset_sums here (per-token activations do it once per group instead).
-template <Dot D, int NH, int MT, bool Offset = true>
-TLB_KERNEL __attribute__((always_inline)) inline void block_isums(const PreparedHalf<D>* h, const int8_t* const* xq,
+template <Dot D, int NH, int MT, bool Offset = true, typename Half>
+TLB_KERNEL __attribute__((always_inline)) inline void block_isums(const Half* h, const int8_t* const* xq,
                                                                   const int32_t* offset_sums, __m256i (&isum)[MT][NH]) {
   #pragma GCC unroll 8
   for (int m = 0; m < MT; ++m)
@@ -181,9 +187,17 @@ TLB_KERNEL __attribute__((always_inline)) inline void block_isums(const Prepared
     for (int k = 0; k < NH; ++k) isum[m][k] = _mm256_setzero_si256();
   #pragma GCC unroll 8
   for (int qd = 0; qd < 8; ++qd) {
-    __m256i u[NH];
+    __m256i u[NH], t[NH];  // t: Signed
     #pragma GCC unroll 8
-    for (int k = 0; k < NH; ++k) u[k] = _mm256_load_si256(&h[k].u[qd]);
+    for (int k = 0; k < NH; ++k) {
+      u[k] = _mm256_load_si256(&h[k].u[qd]);
+      if constexpr (Half::late_abs) {
+        t[k] = u[k];
+        u[k] = _mm256_abs_epi8(t[k]);
+      } else if constexpr (D == Dot::Signed) {
+        t[k] = _mm256_load_si256(&h[k].t[qd]);
+      }
+    }
     #pragma GCC unroll 8
     for (int m = 0; m < MT; ++m) {
       const __m256i x = _mm256_set1_epi32(load_act4(xq[m] + 4 * qd));
@@ -195,7 +209,7 @@ TLB_KERNEL __attribute__((always_inline)) inline void block_isums(const Prepared
           isum[m][k] = _mm256_add_epi16(isum[m][k], _mm256_maddubs_epi16(u[k], x));
           pin(isum[m][k]);
         } else {
-          const __m256i xs = D == Dot::Signed ? _mm256_sign_epi8(x, h[k].t[qd]) : x;
+          const __m256i xs = D == Dot::Signed ? _mm256_sign_epi8(x, t[k]) : x;
           isum[m][k] = _mm256_add_epi32(isum[m][k], _mm256_madd_epi16(_mm256_maddubs_epi16(u[k], xs), _mm256_set1_epi16(1)));
           pin(isum[m][k]);
         }
@@ -262,7 +276,7 @@ TLB_KERNEL __attribute__((always_inline)) inline void run_tokens(const LutI8Weig
         if constexpr (PT) gisum[m][k] = _mm256_setzero_si256();
       }
     for (int64_t b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b) {
-      const PreparedHalf<D>* halves = prepared(b);
+      const auto* halves = prepared(b);
       const int8_t* xb[MT];
       int32_t offset_sums[MT];
       #pragma GCC unroll 8
@@ -325,14 +339,14 @@ TLB_KERNEL void tile_decode_tokens(const LutI8Weights& w, const TableBytes& tab,
   auto run_halves = [&](auto first_half) TLB_KERNEL {
     constexpr int h0 = decltype(first_half)::value;
     for_token_blocks<kTokenBlock>(a.M, [&](auto mt, int64_t m0) TLB_KERNEL {
-      PreparedHalf<D> halves[NH];
+      PreparedHalf<D, true> halves[NH];
       __m256i codes[NH][8] = {};  // pairs
       run_tokens<D, Sub, PT, NH, decltype(mt)::value>(w, a, t, h0, m0, out, ldo, [&](int64_t b) TLB_KERNEL {
         for (int k = 0; k < NH; ++k) {
           const uint8_t* sub = Sub ? w.sub_groups + (t * kb_count + b) * kI8TileRows + 8 * (h0 + k) : nullptr;
           prepare_half<D, B, Pairs>(w, tab, t, b, h0 + k, sub, codes[k], halves[k]);
         }
-        return static_cast<const PreparedHalf<D>*>(halves);
+        return static_cast<const PreparedHalf<D, true>*>(halves);
       });
     });
   };
