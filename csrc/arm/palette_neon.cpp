@@ -202,19 +202,10 @@ using namespace palette_neon;
 
 void tcq_gemv_neon(const TcqWeights& w, const float* x, int64_t M, int64_t b0, int64_t b1, float* out) {
   const TcqNeonLanes k = tcq_neon_lanes(w);
-  if (w.table_bits == kTcqMadTableBits) {
-    std::vector<float> split(M * w.K), sums(M);
-    tcq_split_columns(x, M, w.K, split.data(), sums.data());
-    for (int64_t b = b0; b < b1; ++b)
-      for_token_blocks<kMaxTokenBlock>(M, [&](auto T, int64_t m0) {
-        tcq_band<decltype(T)::value, true>(w, k, split.data(), sums.data(), m0, b, out);
-      });
-    return;
-  }
-  for (int64_t b = b0; b < b1; ++b)
-    for_token_blocks<kMaxTokenBlock>(M, [&](auto T, int64_t m0) {
-      tcq_band<decltype(T)::value, false>(w, k, x, nullptr, m0, b, out);
-    });
+  tcq_gemv_bands<kMaxTokenBlock>(w, x, M, b0, b1, [&](auto T, auto mad, const float* xs, const float* sums, int64_t m0,
+                                                    int64_t b) {
+    tcq_band<decltype(T)::value, decltype(mad)::value>(w, k, xs, sums, m0, b, out);
+  });
 }
 
 void tcq_decode_neon(const TcqWeights& w, int64_t b0, int64_t b1, float* dst) {

@@ -20,7 +20,10 @@
 #include <c10/util/Half.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
+
+#include "common/token_blocks.h"
 
 namespace torch_lowbit {
 
@@ -117,6 +120,21 @@ struct TcqWeights {
   const float* bias;      // [N] or nullptr
   int64_t N, K;
 };
+
+// The TCQ GEMV's band loop, shared by the vector paths: the 1mad code reads x' in split-column order
+// with each token's sum (tcq_split_columns), the table code reads x as it is. Calls
+// band(TokenCount<T>, std::bool_constant<mad>, x', sums or nullptr, m0, band index).
+template <int MaxTokens, typename Band>
+void tcq_gemv_bands(const TcqWeights& w, const float* x, int64_t M, int64_t b0, int64_t b1, Band&& band) {
+  const bool mad = w.table_bits == kTcqMadTableBits;
+  std::vector<float> split(mad ? M * w.K : 0), sums(mad ? M : 0);
+  if (mad) tcq_split_columns(x, M, w.K, split.data(), sums.data());
+  for (int64_t b = b0; b < b1; ++b)
+    for_token_blocks<MaxTokens>(M, [&](auto T, int64_t m0) {
+      if (mad) band(T, std::true_type{}, split.data(), sums.data(), m0, b);
+      else band(T, std::false_type{}, x, static_cast<const float*>(nullptr), m0, b);
+    });
+}
 
 // y[m, n] = scale[n] * <decoded row n, x'[m]> + bias[n] for rows [n0, n1) and M <= kPaletteFusedMaxTokens
 // tokens. Codebook kernels read x' split into d planes: acts[(c * M + m) * (K / d) + j] = x'[m, d j + c].
