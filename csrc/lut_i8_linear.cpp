@@ -15,13 +15,18 @@
 namespace torch_lowbit {
 namespace {
 
+#if defined(TORCH_LOWBIT_X86)
+// The 256-bit vpdpbusd kernel: VEX (AVX-VNNI) where the CPU has it, else the EVEX encoding of the same code.
+LutI8Fn vnni_ymm_kernel() { return cpu_has_avx_vnni() ? lut_i8_avxvnni : lut_i8_avxvnni_evex; }
+#endif
+
 LutI8Fn kernel_for(CpuPath p, bool row_codebooks) {
 #if defined(TORCH_LOWBIT_X86)
   if (row_codebooks && p == CpuPath::Avx512 && cpu_has_avx512_vnni() && cpu_has_avx512_vbmi())
     return lut_i8_avx512vbmi;
-  if (row_codebooks && p == CpuPath::Avx512) return cpu_has_avx_vnni() ? lut_i8_avxvnni : lut_i8_avx2;  // vpermb needs VBMI
+  if (row_codebooks && p == CpuPath::Avx512) return cpu_has_vnni_ymm() ? vnni_ymm_kernel() : lut_i8_avx2;  // vpermb needs VBMI
   if (p == CpuPath::Avx512 && cpu_has_avx512_vnni()) return lut_i8_avx512vnni;
-  if (p == CpuPath::AvxVnni || (p == CpuPath::Avx512 && cpu_has_avx_vnni())) return lut_i8_avxvnni;
+  if (p == CpuPath::AvxVnni || (p == CpuPath::Avx512 && cpu_has_vnni_ymm())) return vnni_ymm_kernel();
   if (p == CpuPath::Avx512 || p == CpuPath::Avx2) return lut_i8_avx2;  // AVX-512 without VNNI: AVX2
 #endif
 #if defined(__aarch64__)

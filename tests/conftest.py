@@ -56,7 +56,7 @@ def random_linear(k, n, bias, gen):
 # What each CPU path needs, and what its absence leaves untested on this machine.
 _PATH_NEEDS = {
     "avx512": "AVX-512 F/BW/VL (VNNI for the int8 kernels, VBMI for the palette kernels)",
-    "avxvnni": "AVX-VNNI (vpdpbusd on ymm: Intel Alder Lake+, Sapphire Rapids+, AMD Zen 5)",
+    "avxvnni": "vpdpbusd on ymm (AVX-VNNI: Intel Alder Lake+, Sapphire Rapids+, AMD Zen 5; or AVX512-VNNI + VL)",
     "avx2": "AVX2 + FMA",
 }
 
@@ -73,6 +73,9 @@ def cpu_paths_report():
         if path not in paths:
             why = f"capped by TORCH_LOWBIT_CPU_MAX_PATH={cap}" if cap else f"this CPU lacks {needs}"
             lines.append(f"torch_lowbit: SKIPPED CPU path {path}: {why}; its tests skip")
+    if "avxvnni" in paths and not ext.cpu_has_avx_vnni():
+        lines.append("torch_lowbit: CPU has AVX512-VNNI but no AVX-VNNI: the avxvnni path runs its EVEX-encoded "
+                     "twin (the same kernel code; the VEX encoding itself is untested here)")
     if "avx512" in paths:
         for feature, has, what in (("VNNI", ext.cpu_has_avx512_vnni(), "int8-activation kernels use AVX2"),
                                    ("VBMI", ext.cpu_has_avx512_vbmi(), "palette kernels use AVX2")):

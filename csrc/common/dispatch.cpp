@@ -97,6 +97,15 @@ bool cpu_has_avx_vnni() {
 #endif
 }
 
+bool cpu_has_vnni_ymm() {
+#if defined(TORCH_LOWBIT_X86)
+  return cpu_has_avx_vnni() ||
+         (max_path() >= 2 && cpu_has_avx2() && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"));
+#else
+  return false;
+#endif
+}
+
 bool cpu_has_avx512_vnni() {
 #if defined(TORCH_LOWBIT_X86)
   return cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
@@ -111,7 +120,7 @@ bool can_run(CpuPath p) {
   switch (p) {
     case CpuPath::Scalar: return true;
     case CpuPath::Avx2: return cpu_has_avx2();
-    case CpuPath::AvxVnni: return cpu_has_avx_vnni();
+    case CpuPath::AvxVnni: return cpu_has_vnni_ymm();
     case CpuPath::Avx512: return cpu_has_avx512();
     case CpuPath::Neon: return cpu_has_neon();
     case CpuPath::Dotprod: return cpu_has_dotprod();
@@ -151,7 +160,7 @@ int forced_from_env() {
   CpuPath p = parse(env);
   TORCH_CHECK(can_run(p), "torch_lowbit: TORCH_LOWBIT_CPU_PATH=", env,
               " but this CPU cannot run it; available: scalar",
-              cpu_has_avx2() ? ", avx2" : "", cpu_has_avx_vnni() ? ", avxvnni" : "", cpu_has_avx512() ? ", avx512" : "",
+              cpu_has_avx2() ? ", avx2" : "", cpu_has_vnni_ymm() ? ", avxvnni" : "", cpu_has_avx512() ? ", avx512" : "",
               cpu_has_neon() ? ", neon" : "", cpu_has_dotprod() ? ", dotprod" : "", cpu_has_i8mm() ? ", i8mm" : "");
   return static_cast<int>(p);
 }
@@ -174,7 +183,7 @@ std::string cpu_path_name(CpuPath p) {
 std::vector<std::string> available_cpu_paths() {
   std::vector<std::string> out;
   if (cpu_has_avx512()) out.push_back("avx512");
-  if (cpu_has_avx_vnni()) out.push_back("avxvnni");
+  if (cpu_has_vnni_ymm()) out.push_back("avxvnni");
   if (cpu_has_avx2()) out.push_back("avx2");
   if (cpu_has_i8mm()) out.push_back("i8mm");
   if (cpu_has_dotprod()) out.push_back("dotprod");

@@ -3,8 +3,8 @@
 // One build runs on any x86-64: optimized kernels are compiled with per-function `target`
 // attributes and picked here from the CPU's features. TORCH_LOWBIT_CPU_PATH=scalar|avx2|avxvnni|avx512
 // (or torch_lowbit.use_backend("cpu", path=...)) forces a path so tests can check every path
-// against the portable scalar one on a single machine. avxvnni is AVX2 plus AVX-VNNI (vpdpbusd on
-// ymm): only the int8-activation kernels have a variant for it, every other kernel runs its AVX2
+// against the portable scalar one on a single machine. avxvnni is AVX2 plus vpdpbusd on ymm (AVX-VNNI,
+// or the same instruction EVEX-encoded on AVX512-VNNI CPUs without it): only the int8-activation kernels have a variant for it, every other kernel runs its AVX2
 // code there (kernel_isa folds it).
 #pragma once
 #include <string>
@@ -30,8 +30,11 @@ inline CpuPath kernel_isa(CpuPath p) {
 bool cpu_has_avx512_vnni();
 // AVX-512 VBMI (vpermb / vpermi2b), used by the palette kernels of the avx512 path.
 bool cpu_has_avx512_vbmi();
-// AVX-VNNI (vpdpbusd on ymm, the avxvnni path).
+// AVX-VNNI (vpdpbusd on ymm, VEX-encoded: Intel Alder Lake+, Sapphire Rapids+, AMD Zen 5).
 bool cpu_has_avx_vnni();
+// vpdpbusd on ymm in either encoding: AVX-VNNI, or AVX512-VNNI + VL (EVEX; Cascade Lake, Ice Lake, Zen 4),
+// so the avxvnni path also runs (and is tested) on AVX-512 VNNI machines without AVX-VNNI.
+bool cpu_has_vnni_ymm();
 // Paths this CPU can execute, best first.
 std::vector<std::string> available_cpu_paths();
 // The path kernels use now: the forced one if set (and executable), else the best available.

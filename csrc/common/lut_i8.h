@@ -125,6 +125,7 @@ void lut_i8_avx512vnni(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, flo
 void lut_i8_avx512vbmi(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);  // gcb tables
 void lut_i8_avx2(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);
 void lut_i8_avxvnni(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);
+void lut_i8_avxvnni_evex(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);  // AVX512-VNNI + VL
 #endif
 #if defined(__aarch64__)
 void lut_i8_neon(const LutI8Weights&, const Q8Acts&, int64_t, int64_t, float*, int64_t);     // csrc/arm

@@ -1,7 +1,8 @@
 // The 256-bit tile kernel of the lut{b}_i8_n16 and gcb_i8_n16 layouts (csrc/common/lut_i8.h), shared by
 // two translation units that compile it for different targets: lut_i8_avx2.cpp (AVX2: vpmaddubsw) and
-// lut_i8_avxvnni.cpp (AVX2 + AVX-VNNI: vpdpbusd on ymm, Intel Alder Lake and later, AMD Zen 5). The
-// including file defines TLB_KERNEL, the target attribute, first.
+// lut_i8_avxvnni.cpp (AVX2 + AVX-VNNI: vpdpbusd on ymm, Intel Alder Lake and later, AMD Zen 5; and
+// lut_i8_avxvnni_evex.cpp, the same instruction EVEX-encoded for AVX512-VNNI CPUs without AVX-VNNI). The
+// including file defines TLB_KERNEL, the target attribute, first (and TLB_DPBUSD_YMM for a Vnni dot).
 //
 // A 16-row tile is two 8-lane halves (bytes 0..31 and 32..63 of each 64-byte chunk); each int32 lane
 // is one row, so there is no horizontal reduction. Per (tile, 32-block, half) the codes become 8
@@ -30,6 +31,10 @@
 
 #include "common/lut_i8.h"
 #include "common/token_blocks.h"
+
+#ifndef TLB_DPBUSD_YMM
+#define TLB_DPBUSD_YMM _mm256_dpbusd_avx_epi32  // AVX-VNNI (VEX)
+#endif
 
 namespace torch_lowbit {
 namespace {
@@ -204,7 +209,7 @@ TLB_KERNEL __attribute__((always_inline)) inline void block_isums(const Half* h,
       #pragma GCC unroll 8
       for (int k = 0; k < NH; ++k) {
         if constexpr (D == Dot::Vnni) {
-          isum[m][k] = _mm256_dpbusd_avx_epi32(isum[m][k], u[k], x);
+          isum[m][k] = TLB_DPBUSD_YMM(isum[m][k], u[k], x);
         } else if constexpr (D == Dot::Small) {  // int16 sums here, widened below
           isum[m][k] = _mm256_add_epi16(isum[m][k], _mm256_maddubs_epi16(u[k], x));
           pin(isum[m][k]);
