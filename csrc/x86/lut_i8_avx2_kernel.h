@@ -334,12 +334,12 @@ TLB_KERNEL __attribute__((always_inline)) inline void run_tokens(const LutI8Weig
 
 // Few tokens: each block decoded once per block of up to 4 tokens, both halves at once, so each
 // broadcast activation and each block's scalar work serve 16 rows (21% fewer instructions per weight
-// for q4_0 at M = 1); codebooks looked up per row (gcb) or per block pair (vq) run one half at a time,
-// where two halves' prepared vectors no longer fit the registers.
+// for q4_0 at M = 1; gcb2 7%, since LateAbs); gcb3's two-word row codebooks and vq's per-block-pair codes
+// run one half at a time, where two halves' prepared vectors no longer fit the registers.
 template <Dot D, bool Sub, bool PT, int B, bool Pairs>
 TLB_KERNEL void tile_decode_tokens(const LutI8Weights& w, const TableBytes& tab, const Q8Acts& a, int64_t t, float* out,
                                    int64_t ldo) {
-  constexpr int NH = Sub || Pairs ? 1 : 2;
+  constexpr int NH = Pairs || (Sub && B == 3) ? 1 : 2;
   const int64_t kb_count = w.K / 32;
   auto run_halves = [&](auto first_half) TLB_KERNEL {
     constexpr int h0 = decltype(first_half)::value;
