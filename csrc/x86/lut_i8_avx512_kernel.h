@@ -196,7 +196,10 @@ TLB_KERNEL void run_tiles(const LutI8Weights& w, const Q8Acts& a, int64_t t, flo
 template <Lookup L, int B>
 TLB_KERNEL void run_range(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out, int64_t ldo) {
   int64_t t = t0;
-  if (a.M <= 4)  // few tokens: stream two tiles per pass (measured 12-25% faster at M = 1..4)
+  // Few tokens: stream two tiles per pass (identity tables: measured 12-25% faster at M = 1..4). Not
+  // with a 16-entry table (iq4_nl, nuq, vq): 2 x 8 mapped quads plus the tables spill, and one tile per
+  // pass was 1.1-1.7x faster on Zen 4 (2026-11-27).
+  if (a.M <= 4 && L != Lookup::Table16)
     for (; t + 2 <= t1; t += 2) run_tiles<L, B, 2>(w, a, t, out, ldo);
   for (; t < t1; ++t) run_tiles<L, B, 1>(w, a, t, out, ldo);
 }
