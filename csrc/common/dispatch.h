@@ -4,8 +4,8 @@
 // attributes and picked here from the CPU's features. TORCH_LOWBIT_CPU_PATH=scalar|avx2|avxvnni|avx512
 // (or torch_lowbit.use_backend("cpu", path=...)) forces a path so tests can check every path
 // against the portable scalar one on a single machine. avxvnni is AVX2 plus vpdpbusd on ymm (AVX-VNNI,
-// or the same instruction EVEX-encoded on AVX512-VNNI CPUs without it): only the int8-activation kernels have a variant for it, every other kernel runs its AVX2
-// code there (kernel_isa folds it).
+// or the same instruction EVEX-encoded on AVX512-VNNI CPUs without it): only the int8-activation
+// kernels have a variant for it, every other kernel runs its AVX2 code there (kernel_isa folds it).
 #pragma once
 #include <string>
 #include <vector>
