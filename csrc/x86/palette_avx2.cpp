@@ -18,6 +18,8 @@
 #if defined(TORCH_LOWBIT_X86)
 #include "x86/palette_avx2_codebook.h"
 
+#include <cstring>
+
 namespace torch_lowbit {
 namespace palette_avx2 {
 
@@ -79,9 +81,15 @@ struct TcqLanes {
   alignas(32) int32_t shr[16][8];     // 32 - o (a shift of 32 gives 0)
   alignas(32) int32_t avail[16][8];   // lanes base + k < count
   alignas(32) int32_t wrap[16][8];    // the lane base + k == count: holds word 0
+  // Rows whose windows all lie in words base and base + 1 (two_words; tcq2: every row) read those two
+  // words as one 64-bit broadcast instead: lane l takes the three bytes holding its window (MSB first,
+  // as a 24-bit value; vpshufb, bytes past the pair zeroed) and shifts it down by 8 - p % 8.
+  alignas(32) int8_t pair_bytes[16][32];
+  alignas(32) int32_t pair_shift[16][8];
   int base[16];
   bool wraps[16];  // the row's windows read the wrap lane (else the lanes past the sequence go unused)
   bool two_words[16];  // every window of the row lies in words base and base + 1 (tcq2: every row)
+  bool second_wraps[16];  // two_words with base + 1 the sequence's end: the second word is word 0 (tcq2: row 15)
 };
 
 TcqLanes tcq_lanes(int shift) {
@@ -91,7 +99,9 @@ TcqLanes tcq_lanes(int shift) {
     const int base = (8 * r * shift) >> 5;
     k.base[r] = base;
     k.wraps[r] = (8 * r + 7) * shift + 16 > 32 * (count - 1);  // the last window reaches word count - 1 + 1
-    k.two_words[r] = !k.wraps[r] && (((8 * r + 7) * shift) >> 5) == base;
+    const bool last_in_base = (((8 * r + 7) * shift) >> 5) == base;
+    k.second_wraps[r] = k.wraps[r] && last_in_base && base + 1 == count;
+    k.two_words[r] = (!k.wraps[r] && last_in_base) || k.second_wraps[r];
     for (int l = 0; l < 8; ++l) {
       const int p = (8 * r + l) * shift, w = p >> 5;
       k.first[r][l] = w - base;
@@ -100,6 +110,14 @@ TcqLanes tcq_lanes(int shift) {
       k.shr[r][l] = 32 - (p & 31);
       k.avail[r][l] = base + l < count ? -1 : 0;
       k.wrap[r][l] = base + l == count ? -1 : 0;
+      // the pair's bytes MSB first: byte i of word base is byte 3 - i in memory, of word base + 1 byte 11 - i
+      const int j = (p - 32 * base) >> 3;
+      for (int i = 0; i < 4; ++i) {
+        const int msb_byte = j + 2 - i;  // lane byte i (little-endian) holds window byte j + 2 - i; byte 3 zero
+        k.pair_bytes[r][(l % 4) * 4 + i + 16 * (l / 4)] =
+            i == 3 || msb_byte > 7 ? int8_t(-128) : int8_t(msb_byte < 4 ? 3 - msb_byte : 11 - msb_byte);
+      }
+      k.pair_shift[r][l] = 8 - (p & 7);
     }
   }
   return k;
@@ -118,33 +136,40 @@ TcqContext tcq_context(const TcqWeights& w) {
 }
 
 struct TcqRowLanes {
-  __m256i first, second, shl, shr, avail, wrap, index_mask;
+  __m256i first, second, shl, shr, avail, wrap, index_mask, pair_bytes, pair_shift;
   int base;
-  bool wraps, two_words;
+  bool wraps, two_words, second_wraps;
 };
 
 // How a row's sequence words reach the lanes (tcq_row_states).
-enum TcqLoad { kMaskedLoad, kPlainLoad, kTwoWords };
+enum TcqLoad { kMaskedLoad, kPlainLoad, kTwoWords, kTwoWordsWrapped };
 
 TLB_AVX2 inline __m256i load_lanes(const int32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
 
 TLB_AVX2 inline TcqRowLanes row_lanes(const TcqContext& ctx, int r, int table_bits) {
   const auto ld = load_lanes;
   return {ld(ctx.k.first[r]), ld(ctx.k.second[r]), ld(ctx.k.shl[r]), ld(ctx.k.shr[r]), ld(ctx.k.avail[r]),
-          ld(ctx.k.wrap[r]), _mm256_set1_epi32((2 << table_bits) - 1), ctx.k.base[r], ctx.k.wraps[r],
-          ctx.k.two_words[r]};
+          ld(ctx.k.wrap[r]), _mm256_set1_epi32((2 << table_bits) - 1),
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(ctx.k.pair_bytes[r])), ld(ctx.k.pair_shift[r]),
+          ctx.k.base[r], ctx.k.wraps[r], ctx.k.two_words[r], ctx.k.second_wraps[r]};
 }
 
 // The 16-bit states of tile row r (steps 8 r .. 8 r + 7) of sequence `seq`. kMaskedLoad: any row.
 // kPlainLoad: 8 words unmasked, for rows that do not wrap in sequences followed by another one of the
 // band (the lanes past the sequence's end then hold the next sequence's words, which no window reads).
-// kTwoWords: rows whose windows all lie in words base and base + 1 (broadcast loads, no vpermd).
+// kTwoWords: rows whose windows all lie in words base and base + 1 (one 64-bit broadcast, vpshufb);
+// kTwoWordsWrapped: the same with word 0 as the second word (base + 1 is the sequence's end).
 template <TcqLoad kLoad = kMaskedLoad>
 TLB_AVX2 TLB_INLINE __m256i tcq_row_states(const int32_t* seq, const TcqRowLanes& L) {
-  __m256i first, second;
-  if constexpr (kLoad == kTwoWords) {
-    first = _mm256_set1_epi32(seq[L.base]);
-    second = _mm256_set1_epi32(seq[L.base + 1]);
+  if constexpr (kLoad == kTwoWords || kLoad == kTwoWordsWrapped) {
+    int64_t pair;
+    if constexpr (kLoad == kTwoWords) {
+      std::memcpy(&pair, seq + L.base, sizeof(pair));
+    } else {
+      pair = static_cast<int64_t>(static_cast<uint32_t>(seq[L.base])) | (static_cast<int64_t>(seq[0]) << 32);
+    }
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi64x(pair), L.pair_bytes);
+    return _mm256_and_si256(_mm256_srlv_epi32(bytes, L.pair_shift), _mm256_set1_epi32(0xFFFF));
   } else {
     __m256i words;
     if constexpr (kLoad == kPlainLoad) {
@@ -153,11 +178,11 @@ TLB_AVX2 TLB_INLINE __m256i tcq_row_states(const int32_t* seq, const TcqRowLanes
       words = _mm256_maskload_epi32(seq + L.base, L.avail);
       words = _mm256_blendv_epi8(words, _mm256_set1_epi32(seq[0]), L.wrap);
     }
-    first = _mm256_permutevar8x32_epi32(words, L.first);
-    second = _mm256_permutevar8x32_epi32(words, L.second);
+    const __m256i first = _mm256_permutevar8x32_epi32(words, L.first);
+    const __m256i second = _mm256_permutevar8x32_epi32(words, L.second);
+    const __m256i hi = _mm256_sllv_epi32(first, L.shl), lo = _mm256_srlv_epi32(second, L.shr);
+    return _mm256_srli_epi32(_mm256_or_si256(hi, lo), 16);
   }
-  const __m256i hi = _mm256_sllv_epi32(first, L.shl), lo = _mm256_srlv_epi32(second, L.shr);
-  return _mm256_srli_epi32(_mm256_or_si256(hi, lo), 16);
 }
 
 // The 1mad code of 8 states: bytesum((A_c state + B_c) mod 2^32) per lane, coordinate c = 0 in s0,
@@ -197,49 +222,71 @@ TLB_AVX2 TLB_INLINE void tcq_row(const int32_t* seq, const TcqRowLanes& L, const
   c1 = _mm256_castsi256_ps(_mm256_i32gather_epi64(table, _mm256_extracti128_si256(index, 1), 8));
 }
 
-// Band b for tokens [m0, m0 + MB), one tile row at a time over all tiles (the band's codes are
-// re-read from L1/L2 per row, from DRAM once). The 1mad code (kMad): x holds each tile's even columns
-// then its odd ones (tcq_split_columns), x_sums each token's sum of x'.
+// Band b for tokens [m0, m0 + MB): chunks of kTcqChunkTiles tiles, each one tile row at a time (a
+// chunk's codes and x' stay in L1 across its 16 rows; each row's partial sums wait in `rows`). Each
+// chunk's row r prefetches a 1/16 of the next band's codes into L2 for the rows of the next band.
+// The 1mad code (kMad): x holds each tile's even columns then its odd ones (tcq_split_columns), x_sums
+// each token's sum of x'.
+constexpr int64_t kTcqChunkTiles = 128;
+
 template <int MB, bool kMad>
 TLB_AVX2 void tcq_band(const TcqWeights& w, const TcqContext& ctx, const float* x, const float* x_sums, int64_t m0,
                        int64_t b, float* out) {
   const int64_t tiles = w.K / kTcqTile;
   const int32_t* band = reinterpret_cast<const int32_t*>(w.words + b * tiles * ctx.count);
-  for (int r = 0; r < kTcqTile; ++r) {
-    const TcqRowLanes L = row_lanes(ctx, r, w.table_bits);
-    __m256 acc0[MB], acc1[MB];
-    for (int m = 0; m < MB; ++m) acc0[m] = acc1[m] = _mm256_setzero_ps();
-    const auto tiles_from = [&](auto load, int64_t t0, int64_t t1) TLB_AVX2 {
-      constexpr TcqLoad kLoad = decltype(load)::value;
-      const int32_t* seq = band + t0 * ctx.count;
-      const float* xt = x + m0 * w.K + t0 * kTcqTile;
-      for (int64_t t = t0; t < t1; ++t, seq += ctx.count, xt += kTcqTile) {
-        __m256 c0, c1;
-        if constexpr (kMad) {  // byte sums, offset not subtracted: first coordinates, then second ones
-          __m256i s0, s1;
-          tcq_mad_sums(tcq_row_states<kLoad>(seq, L), s0, s1);
-          c0 = _mm256_cvtepi32_ps(s0);
-          c1 = _mm256_cvtepi32_ps(s1);
-        } else {
-          tcq_row<false, kLoad>(seq, L, ctx.table, ctx.hash_shift, c0, c1);
-        }
-        for (int m = 0; m < MB; ++m) {
-          acc0[m] = _mm256_fmadd_ps(c0, _mm256_loadu_ps(xt + m * w.K), acc0[m]);
-          acc1[m] = _mm256_fmadd_ps(c1, _mm256_loadu_ps(xt + m * w.K + 8), acc1[m]);
-        }
+  const char* next_band = b + 1 < w.N / kTcqTile ? reinterpret_cast<const char*>(band + tiles * ctx.count) : nullptr;
+  const int64_t tile_bytes = 4 * ctx.count;
+  __m256 rows[kTcqTile][MB];
+  for (int r = 0; r < kTcqTile; ++r)
+    for (int m = 0; m < MB; ++m) rows[r][m] = _mm256_setzero_ps();
+  for (int64_t chunk = 0; chunk < tiles; chunk += kTcqChunkTiles) {
+    const int64_t chunk_end = std::min(tiles, chunk + kTcqChunkTiles);
+    for (int r = 0; r < kTcqTile; ++r) {
+      if (next_band) {
+        const int64_t from = chunk + r * kTcqChunkTiles / kTcqTile, to = chunk + (r + 1) * kTcqChunkTiles / kTcqTile;
+        for (int64_t byte = from * tile_bytes; byte < std::min(to, tiles) * tile_bytes; byte += 64)
+          _mm_prefetch(next_band + byte, _MM_HINT_T1);
       }
-    };
-    if (L.two_words) {
-      tiles_from(std::integral_constant<TcqLoad, kTwoWords>{}, 0, tiles);
-    } else {  // the band's last sequence may end the tensor: masked loads there
-      const int64_t plain_tiles = L.wraps ? 0 : tiles - 1;
-      tiles_from(std::integral_constant<TcqLoad, kPlainLoad>{}, 0, plain_tiles);
-      tiles_from(std::integral_constant<TcqLoad, kMaskedLoad>{}, plain_tiles, tiles);
+      const TcqRowLanes L = row_lanes(ctx, r, w.table_bits);
+      __m256 acc0[MB], acc1[MB];
+      for (int m = 0; m < MB; ++m) acc0[m] = acc1[m] = _mm256_setzero_ps();
+      const auto tiles_from = [&](auto load, int64_t t0, int64_t t1) TLB_AVX2 {
+        constexpr TcqLoad kLoad = decltype(load)::value;
+        const int32_t* seq = band + t0 * ctx.count;
+        const float* xt = x + m0 * w.K + t0 * kTcqTile;
+        for (int64_t t = t0; t < t1; ++t, seq += ctx.count, xt += kTcqTile) {
+          __m256 c0, c1;
+          if constexpr (kMad) {  // byte sums, offset not subtracted: first coordinates, then second ones
+            __m256i s0, s1;
+            tcq_mad_sums(tcq_row_states<kLoad>(seq, L), s0, s1);
+            c0 = _mm256_cvtepi32_ps(s0);
+            c1 = _mm256_cvtepi32_ps(s1);
+          } else {
+            tcq_row<false, kLoad>(seq, L, ctx.table, ctx.hash_shift, c0, c1);
+          }
+          for (int m = 0; m < MB; ++m) {
+            acc0[m] = _mm256_fmadd_ps(c0, _mm256_loadu_ps(xt + m * w.K), acc0[m]);
+            acc1[m] = _mm256_fmadd_ps(c1, _mm256_loadu_ps(xt + m * w.K + 8), acc1[m]);
+          }
+        }
+      };
+      if (L.second_wraps) {
+        tiles_from(std::integral_constant<TcqLoad, kTwoWordsWrapped>{}, chunk, chunk_end);
+      } else if (L.two_words) {
+        tiles_from(std::integral_constant<TcqLoad, kTwoWords>{}, chunk, chunk_end);
+      } else {  // the band's last sequence may end the tensor: masked loads there
+        const int64_t plain_end = std::clamp(L.wraps ? int64_t{0} : tiles - 1, chunk, chunk_end);
+        tiles_from(std::integral_constant<TcqLoad, kPlainLoad>{}, chunk, plain_end);
+        tiles_from(std::integral_constant<TcqLoad, kMaskedLoad>{}, plain_end, chunk_end);
+      }
+      for (int m = 0; m < MB; ++m) rows[r][m] = _mm256_add_ps(rows[r][m], _mm256_add_ps(acc0[m], acc1[m]));
     }
+  }
+  for (int r = 0; r < kTcqTile; ++r) {
     const int64_t n = b * kTcqTile + r;
     const float scale = static_cast<float>(w.scales[n]), bias = w.bias ? w.bias[n] : 0.f;
     for (int m = 0; m < MB; ++m) {
-      const float dot = horizontal_sum(_mm256_add_ps(acc0[m], acc1[m]));
+      const float dot = horizontal_sum(rows[r][m]);
       out[(m0 + m) * w.N + n] = kMad ? (dot - kTcqMadOffset * x_sums[m0 + m]) * (scale * kTcqMadUnit) + bias
                                      : dot * scale + bias;
     }
