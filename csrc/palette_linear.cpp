@@ -40,8 +40,13 @@ CodebookKernels codebook_kernels(CpuPath p) {
 
 TcqKernels tcq_kernels(CpuPath p) {
 #if defined(TORCH_LOWBIT_X86)
-  if (p == CpuPath::Avx512 && cpu_has_avx512_vbmi()) return {tcq_gemv_avx512, tcq_decode_avx512};
-  if (p != CpuPath::Scalar) return {tcq_gemv_avx2, tcq_decode_avx2};
+  // The GEMV is the 256-bit one on every x86 path, with vpdpbusd byte sums where the CPU has them: on
+  // Zen 4 it ran 1.2-1.4x faster than the former 512-bit GEMV (docs/kernels/cpu.md, "TCQ on Zen 4").
+  const TcqGemvFn gemv = !cpu_has_vnni_ymm() || p == CpuPath::Avx2 ? tcq_gemv_avx2
+                         : cpu_has_avx_vnni()                    ? tcq_gemv_avxvnni
+                                                                 : tcq_gemv_avxvnni_evex;
+  if (p == CpuPath::Avx512 && cpu_has_avx512_vbmi()) return {gemv, tcq_decode_avx512};
+  if (p != CpuPath::Scalar) return {gemv, tcq_decode_avx2};
 #endif
 #if defined(__aarch64__)
   if (p != CpuPath::Scalar) return {tcq_gemv_neon, tcq_decode_neon};  // neon, dotprod, i8mm

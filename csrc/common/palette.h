@@ -153,12 +153,14 @@ void tcq_decode_scalar(const TcqWeights&, int64_t, int64_t, float*);
 #if defined(TORCH_LOWBIT_X86)
 void codebook_gemv_avx512(const CodebookWeights&, const float*, int64_t, int64_t, int64_t, float*);
 void codebook_decode_avx512(const CodebookWeights&, int64_t, int64_t, float*);
-void tcq_gemv_avx512(const TcqWeights&, const float*, int64_t, int64_t, int64_t, float*);
 void tcq_decode_avx512(const TcqWeights&, int64_t, int64_t, float*);
 void codebook_gemv_avx2(const CodebookWeights&, const float*, int64_t, int64_t, int64_t, float*);
 void codebook_decode_avx2(const CodebookWeights&, int64_t, int64_t, float*);
 void tcq_gemv_avx2(const TcqWeights&, const float*, int64_t, int64_t, int64_t, float*);
 void tcq_decode_avx2(const TcqWeights&, int64_t, int64_t, float*);
+// the AVX2 TCQ GEMV with vpdpbusd byte sums: VEX (AVX-VNNI) and EVEX (AVX512-VNNI + VL) encoded
+void tcq_gemv_avxvnni(const TcqWeights&, const float*, int64_t, int64_t, int64_t, float*);
+void tcq_gemv_avxvnni_evex(const TcqWeights&, const float*, int64_t, int64_t, int64_t, float*);
 #endif
 #if defined(__aarch64__)
 void codebook_gemv_neon(const CodebookWeights&, const float*, int64_t, int64_t, int64_t, float*);

@@ -302,52 +302,6 @@ TcqContext tcq_context(const TcqWeights& w) {
           4 * w.shift};
 }
 
-// Band b for tokens [m0, m0 + MB), one row pair at a time over all tiles: the pair's lane constants
-// stay in registers and 2 MB accumulators suffice (the band's codes, 16 s bytes per tile, are re-read
-// from L1/L2 for each pair, from DRAM once).
-// The 1mad code (kMad): x holds each tile's even columns then its odd ones (tcq_split_columns),
-// x_sums each token's sum of x'.
-template <int MB, bool kMad>
-TLB_AVX512 void tcq_band(const TcqWeights& w, const TcqContext& ctx, const float* x, const float* x_sums, int64_t m0,
-                         int64_t b, float* out) {
-  const int64_t tiles = w.K / kTcqTile, seq_bytes = 4 * ctx.count;
-  const __m512i index_mask = _mm512_set1_epi32((2 << w.table_bits) - 1);
-  const uint8_t* band = reinterpret_cast<const uint8_t*>(w.words + b * tiles * ctx.count);
-  for (int i = 0; i < 8; ++i) {
-    const __m512i bytes = _mm512_load_si512(ctx.k.bytes[i]), shr = _mm512_load_si512(ctx.k.shr[i]);
-    const __mmask64 avail = ctx.k.avail[i], start_bytes = ctx.k.start;
-    const int base = ctx.k.base[i];
-    __m512 acc0[MB], acc1[MB];
-    for (int m = 0; m < MB; ++m) acc0[m] = acc1[m] = _mm512_setzero_ps();
-    const uint8_t* seq = band;
-    const float* xt = x + m0 * w.K;
-    for (int64_t t = 0; t < tiles; ++t, seq += seq_bytes, xt += kTcqTile) {
-      __m512 r0, r1;
-      const __m512i a = _mm512_maskz_loadu_epi8(avail, seq + base), start = _mm512_maskz_loadu_epi8(start_bytes, seq);
-      if constexpr (kMad) {  // byte sums, offset not subtracted; row 2i: lanes 0-7 of both coordinates
-        __m512i s0, s1;
-        tcq_mad_sums(tcq_states(a, start, bytes, shr), s0, s1);
-        r0 = _mm512_cvtepi32_ps(_mm512_shuffle_i32x4(s0, s1, 0x44));
-        r1 = _mm512_cvtepi32_ps(_mm512_shuffle_i32x4(s0, s1, 0xEE));
-      } else {
-        tcq_row_pair(a, start, bytes, shr, ctx.table, ctx.hash_shift, index_mask, r0, r1);
-      }
-      for (int m = 0; m < MB; ++m) {
-        const __m512 xv = _mm512_loadu_ps(xt + m * w.K);
-        acc0[m] = _mm512_fmadd_ps(r0, xv, acc0[m]);
-        acc1[m] = _mm512_fmadd_ps(r1, xv, acc1[m]);
-      }
-    }
-    for (int m = 0; m < MB; ++m)
-      for (int r = 0; r < 2; ++r) {
-        const int64_t n = b * kTcqTile + 2 * i + r;
-        const float dot = _mm512_reduce_add_ps(r ? acc1[m] : acc0[m]), scale = static_cast<float>(w.scales[n]);
-        out[(m0 + m) * w.N + n] = (kMad ? (dot - kTcqMadOffset * x_sums[m0 + m]) * (scale * kTcqMadUnit) : dot * scale) +
-                                  (w.bias ? w.bias[n] : 0.f);
-      }
-  }
-}
-
 }  // namespace
 
 void codebook_gemv_avx512(const CodebookWeights& w, const float* acts, int64_t M, int64_t n0, int64_t n1,
@@ -361,14 +315,6 @@ void codebook_gemv_avx512(const CodebookWeights& w, const float* acts, int64_t M
 void codebook_decode_avx512(const CodebookWeights& w, int64_t n0, int64_t n1, float* dst) {
   if (w.dim == 1) codebook_decode_lookup<1>(w, n0, n1, dst);
   else codebook_decode_lookup<2>(w, n0, n1, dst);
-}
-
-void tcq_gemv_avx512(const TcqWeights& w, const float* x, int64_t M, int64_t b0, int64_t b1, float* out) {
-  const TcqContext ctx = tcq_context(w);
-  tcq_gemv_bands<kMaxTokenBlock>(w, x, M, b0, b1, [&](auto T, auto mad, const float* xs, const float* sums, int64_t m0,
-                                                    int64_t b) {
-    tcq_band<decltype(T)::value, decltype(mad)::value>(w, ctx, xs, sums, m0, b, out);
-  });
 }
 
 TLB_AVX512 void tcq_decode_avx512(const TcqWeights& w, int64_t b0, int64_t b1, float* dst) {
