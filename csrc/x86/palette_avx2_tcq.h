@@ -215,7 +215,22 @@ TLB_TCQ_KERNEL void tcq_band(const TcqWeights& w, const TcqContext& ctx, const f
         constexpr TcqLoad kLoad = decltype(load)::value;
         const int32_t* seq = band + t0 * ctx.count;
         const float* xt = x + m0 * w.K + t0 * kTcqTile;
-        for (int64_t t = t0; t < t1; ++t, seq += ctx.count, xt += kTcqTile) {
+        int64_t t = t0;
+        if constexpr (MB == 1 && kMad) {  // one token: tile pairs with a second accumulator pair (FMA latency)
+          __m256 odd0 = _mm256_setzero_ps(), odd1 = _mm256_setzero_ps();
+          for (; t + 2 <= t1; t += 2, seq += 2 * ctx.count, xt += 2 * kTcqTile) {
+            __m256i s0, s1, s2, s3;
+            tcq_mad_sums(tcq_row_states<kLoad>(seq, L), s0, s1);
+            tcq_mad_sums(tcq_row_states<kLoad>(seq + ctx.count, L), s2, s3);
+            acc0[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_loadu_ps(xt), acc0[0]);
+            acc1[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_loadu_ps(xt + 8), acc1[0]);
+            odd0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s2), _mm256_loadu_ps(xt + kTcqTile), odd0);
+            odd1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s3), _mm256_loadu_ps(xt + kTcqTile + 8), odd1);
+          }
+          acc0[0] = _mm256_add_ps(acc0[0], odd0);
+          acc1[0] = _mm256_add_ps(acc1[0], odd1);
+        }
+        for (; t < t1; ++t, seq += ctx.count, xt += kTcqTile) {
           __m256 c0, c1;
           if constexpr (kMad) {  // byte sums, offset not subtracted: first coordinates, then second ones
             __m256i s0, s1;
