@@ -99,7 +99,9 @@ struct TcqRowLanes {
 // How a row's sequence words reach the lanes (tcq_row_states).
 enum TcqLoad { kMaskedLoad, kPlainLoad, kTwoWords, kTwoWordsWrapped };
 
-TLB_TCQ_KERNEL inline __m256i load_lanes(const int32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+TLB_TCQ_KERNEL inline __m256i load_lanes(const int32_t* p) {
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
+}
 
 TLB_TCQ_KERNEL inline TcqRowLanes row_lanes(const TcqContext& ctx, int r, int table_bits) {
   const auto ld = load_lanes;
@@ -162,8 +164,8 @@ TLB_TCQ_KERNEL TLB_INLINE void tcq_mad_sums(__m256i state, __m256i& s0, __m256i&
 // makes the hybrid code one lookup: index = (h >> (15 - Q)) mod 2^(Q+1), bit Q being the sign. The
 // 1mad code's values are left in units of 1/128 (as integers; callers fold the unit into the scale).
 template <bool kMad, TcqLoad kLoad = kMaskedLoad>
-TLB_TCQ_KERNEL TLB_INLINE void tcq_row(const int32_t* seq, const TcqRowLanes& L, const long long* table, __m128i hash_shift,
-                                 __m256& c0, __m256& c1) {
+TLB_TCQ_KERNEL TLB_INLINE void tcq_row(const int32_t* seq, const TcqRowLanes& L, const long long* table,
+                                       __m128i hash_shift, __m256& c0, __m256& c1) {
   const __m256i state = tcq_row_states<kLoad>(seq, L);
   if constexpr (kMad) {
     __m256i s0, s1;
@@ -191,8 +193,8 @@ TLB_TCQ_KERNEL TLB_INLINE void tcq_row(const int32_t* seq, const TcqRowLanes& L,
 constexpr int64_t kTcqChunkTiles = 128;
 
 template <int MB, bool kMad>
-TLB_TCQ_KERNEL void tcq_band(const TcqWeights& w, const TcqContext& ctx, const float* x, const float* x_sums, int64_t m0,
-                       int64_t b, float* out) {
+TLB_TCQ_KERNEL void tcq_band(const TcqWeights& w, const TcqContext& ctx, const float* x, const float* x_sums,
+                             int64_t m0, int64_t b, float* out) {
   const int64_t tiles = w.K / kTcqTile;
   const int32_t* band = reinterpret_cast<const int32_t*>(w.words + b * tiles * ctx.count);
   const char* next_band = b + 1 < w.N / kTcqTile ? reinterpret_cast<const char*>(band + tiles * ctx.count) : nullptr;
