@@ -247,10 +247,12 @@ def test_codebook_kernel_matches_its_definition(dim, bits, path):
 
 @pytest.mark.parametrize("fmt", ["tcq1.5", "tcq2", "tcq2.5", "tcq4", "tcq5", "tcq1.5_1mad", "tcq2_1mad",
                                  "tcq3.5_1mad", "tcq5_1mad"])
-@pytest.mark.parametrize("path", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("path", ["scalar", "avx2", "avxvnni", "avx512"])
 def test_tcq_kernel_matches_the_reference_decoder(fmt, path):
     """Random code words (every state pattern, both halves of the signed table or the 1mad code's
-    computed values), tail-biting wrap."""
+    computed values), tail-biting wrap, an odd tile count (17: the one-token tile pairs' tail). The
+    avxvnni / avx512 GEMV (vpdpbusd byte sums) must equal the avx2 one (vpmaddubsw + vpmaddwd) bit
+    for bit: the same integer sums in the same float order."""
     from torch_lowbit.formats import tcq
     if path not in cpu_extension().available_cpu_paths():
         pytest.skip(f"CPU path {path} not available")
@@ -272,6 +274,10 @@ def test_tcq_kernel_matches_the_reference_decoder(fmt, path):
             bias = torch.randn(n, generator=gen)
             y = torch.ops.torch_lowbit.tcq_linear(x, codes, args[0], args[1], s, args[3], bias)
             assert_matches_product(y, x, w, bias, msg=path)
+            if path in ("avxvnni", "avx512"):
+                with tl.use_backend("cpu", path="avx2"):
+                    y_avx2 = torch.ops.torch_lowbit.tcq_linear(x, codes, args[0], args[1], s, args[3], bias)
+                assert torch.equal(y, y_avx2), f"{path} TCQ GEMV differs from avx2's (M = {m})"
 
 
 def test_signed_table_is_the_hybrid_code():
