@@ -5,13 +5,12 @@
 // Codebook formats: 16 codes per aligned load of the row's 16 interleaved streams, cut out with a
 // uniform shift (two where they straddle words). Tables of up to 64 entries per coordinate stay in
 // registers (vpermps / vpermi2ps), larger ones are gathered.
-// TCQ: per 16 steps (two tile rows) one vpermi2b (a second register holds the sequence start for
-// the tail-biting wrap) and one shift give the states, the hybrid code's hash is a multiply and a
-// shift, and one 64-bit gather per tile row fetches (x, y) pairs already in column order (the
-// gathers bound the speed: ~1 element per cycle on Zen 4). The 1mad code computes the values instead
-// (a multiply-add per coordinate, byte sums by vpmaddubsw / vpmaddwd with ones); its GEMV reads x'
-// in the split column order of palette.h (tcq_split_columns), so each row's 8 first and 8 second
-// coordinates meet x' after one 128-bit-block shuffle.
+// TCQ decode (the dequantize op and the many-token path; the GEMV is palette_avx2_tcq.h's on every
+// x86 path): per 16 steps (two tile rows) one vpermi2b (a second register holds the sequence start
+// for the tail-biting wrap) and one shift give the states, the hybrid code's hash is a multiply and a
+// shift, and one 64-bit gather per tile row fetches (x, y) pairs already in column order. The 1mad
+// code computes the values instead (a multiply-add per coordinate, byte sums by vpmaddubsw /
+// vpmaddwd with ones), interleaved into column order by a two-source permute per row.
 #if defined(TORCH_LOWBIT_X86)
 #include <immintrin.h>
 
