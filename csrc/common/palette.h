@@ -34,6 +34,9 @@ constexpr int kTcqTile = 16;
 
 constexpr int kCodeStreams = 16;
 
+// Words are MSB-first bit streams stored little-endian: stream byte k is memory byte k ^ 3.
+inline int stream_memory_byte(int k) { return k ^ 3; }
+
 // The b-bit code j of a row in the 16-stream layout above (b <= 25, so two words always suffice).
 inline uint32_t stream_code(const uint32_t* row, int64_t j, int bits) {
   const int64_t lane = j % kCodeStreams, pos = (j / kCodeStreams) * bits;

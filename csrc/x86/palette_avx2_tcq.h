@@ -65,12 +65,12 @@ TcqLanes tcq_lanes(int shift) {
       k.shr[r][l] = 32 - (p & 31);
       k.avail[r][l] = base + l < count ? -1 : 0;
       k.wrap[r][l] = base + l == count ? -1 : 0;
-      // the pair's bytes MSB first: byte i of word base is byte 3 - i in memory, of word base + 1 byte 11 - i
+      // lane byte i (little-endian) holds the pair's stream byte j + 2 - i; byte 3 and bytes past the pair zero
       const int j = (p - 32 * base) >> 3;
       for (int i = 0; i < 4; ++i) {
-        const int msb_byte = j + 2 - i;  // lane byte i (little-endian) holds window byte j + 2 - i; byte 3 zero
+        const int byte = j + 2 - i;
         k.pair_bytes[r][(l % 4) * 4 + i + 16 * (l / 4)] =
-            i == 3 || msb_byte > 7 ? int8_t(-128) : int8_t(msb_byte < 4 ? 3 - msb_byte : 11 - msb_byte);
+            i == 3 || byte > 7 ? int8_t(-128) : int8_t(stream_memory_byte(byte));
       }
       k.pair_shift[r][l] = 8 - (p & 7);
     }

@@ -31,9 +31,6 @@ inline __mmask16 first_lanes(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : _
 
 // ---- codebook formats --------------------------------------------------------------------------
 
-// Words are MSB-first bit streams stored little-endian: stream byte k is memory byte k ^ 3.
-inline int memory_byte(int k) { return k ^ 3; }
-
 inline __mmask64 first_bytes(int64_t n) { return n >= 64 ? ~__mmask64(0) : (__mmask64(1) << n) - 1; }
 
 // Codes 16 v .. 16 v + 15 of a row (palette.h: 16 streams), each lane with stream bits above its
@@ -241,7 +238,7 @@ TcqLanes tcq_lanes(int shift) {
     for (int l = 0; l < 16; ++l) {
       const int p = base_bit + l * shift, k0 = p >> 3;
       for (int j = 0; j < 4; ++j) {
-        const int m = memory_byte((k0 + 3 - j) % total);
+        const int m = stream_memory_byte((k0 + 3 - j) % total);
         k.bytes[i][4 * l + j] = static_cast<int8_t>(m >= base ? m - base : 64 + m);
       }
       k.shr[i][l] = 16 - (p & 7);
