@@ -11,7 +11,15 @@
 #pragma once
 #include <immintrin.h>
 
+// GCC 12 reports the self-initialized `__Y` of its own _mm512_undefined_* as (maybe-)uninitialized once
+// these templates inline deeply enough (GCC bug 105593, fixed in 13): a false positive, silenced here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
 #include <algorithm>
+#include <cstdint>
+#include <vector>
 
 #include "common/lut_i8.h"
 #include "common/token_blocks.h"
@@ -78,23 +86,41 @@ TLB_KERNEL inline void map_quads(__m512i q[8], const __m512i tables[2], const ui
   }
 }
 
-// NT tiles (consecutive, t .. t+NT-1) x MT tokens per pass: NT > 1 keeps several weight streams in
-// flight per thread, which is what decode (M = 1) is bound by. PT: per-token activations, whose
-// group sums stay in int32 (two vpdpbusd chains per tile and token across the whole group, the
-// offset subtracted once per group from the token's group sum of q).
-template <Lookup L, int B, int NT, int MT, bool PT>
-TLB_KERNEL void tiles_tokens(const LutI8Weights& w, const Q8Acts& a, int64_t t, int64_t m0, float* out, int64_t ldo) {
-  const int64_t kb_count = w.K / 32, groups = w.K / w.group, blocks_per_group = w.group / 32;
-  constexpr bool kTwoChains = NT * MT < 4;
-  __m512i tables[2];
+// The lookup's tables in registers (pairs: the second coordinate's table in tables[1]).
+template <Lookup L, int B>
+TLB_KERNEL inline void load_tables(const LutI8Weights& w, __m512i tables[2]) {
   if constexpr (L == Lookup::RowCodebook) {
     tables[0] = _mm512_loadu_si512(w.utable);
     tables[1] = _mm512_loadu_si512(w.utable + 64);
-  } else {  // pairs: the second coordinate's table in tables[1]
+  } else {
     tables[0] = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.utable)));
     if constexpr (B <= 4)
       tables[1] = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.utable + (1 << B))));
   }
+}
+
+// gcb: the 16 sub-group bytes of (tile t, block b) and the rows' sub-scales as floats.
+TLB_KERNEL inline const uint8_t* row_sub_groups(const LutI8Weights& w, int64_t t, int64_t b) {
+  return w.sub_groups + (t * (w.K / 32) + b) * kI8TileRows;
+}
+TLB_KERNEL inline __m512 row_sub_scales(const uint8_t* sub) {
+  return _mm512_cvtepi32_ps(
+      _mm512_and_si512(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub))), _mm512_set1_epi32(15)));
+}
+
+// NT tiles (consecutive, t .. t+NT-1) x MT tokens per pass: NT > 1 keeps several weight streams in
+// flight per thread, which is what decode (M = 1) is bound by. PT: per-token activations, whose
+// group sums stay in int32 (two vpdpbusd chains per tile and token across the whole group, the
+// offset subtracted once per group from the token's group sum of q).
+// Prepared: the quads come from `prepared` (prepare_tile's buffer of tile t) instead of the codes.
+template <Lookup L, int B, int NT, int MT, bool PT, bool Prepared = false>
+TLB_KERNEL void tiles_tokens(const LutI8Weights& w, const Q8Acts& a, int64_t t, int64_t m0, float* out, int64_t ldo,
+                             const __m512i* prepared = nullptr) {
+  static_assert(!Prepared || NT == 1, "a prepared buffer holds one tile");
+  const int64_t kb_count = w.K / 32, groups = w.K / w.group, blocks_per_group = w.group / 32;
+  constexpr bool kTwoChains = NT * MT < 4;
+  __m512i tables[2];
+  load_tables<L, B>(w, tables);
   __m512i codes[NT][8] = {};  // pairs: the code block of the even block, mapped again for the odd one
   __m512 acc[NT][MT];
   __mmask16 row_mask[NT];
@@ -117,6 +143,11 @@ TLB_KERNEL void tiles_tokens(const LutI8Weights& w, const Q8Acts& a, int64_t t, 
       __m512i quad[NT][8];
       __m512 steps[NT];  // gcb: the rows' sub-scales
       for (int n = 0; n < NT; ++n) {
+        if constexpr (Prepared) {  // NT == 1: the tile's mapped quads, prepared once per call
+          for (int qd = 0; qd < 8; ++qd) quad[n][qd] = _mm512_load_si512(prepared + 8 * b + qd);
+          if constexpr (L == Lookup::RowCodebook) steps[n] = row_sub_scales(row_sub_groups(w, t, b));
+          continue;
+        }
         if (!w.pairs || (b & 1) == 0) {
           const uint8_t* p = lut_i8_block(w, t + n, b);
           for (int c = 0; c < B; ++c)
@@ -126,9 +157,8 @@ TLB_KERNEL void tiles_tokens(const LutI8Weights& w, const Q8Acts& a, int64_t t, 
         for (int qd = 0; qd < 8; ++qd) quad[n][qd] = codes[n][qd];
         const uint8_t* sub = nullptr;
         if constexpr (L == Lookup::RowCodebook) {
-          sub = w.sub_groups + ((t + n) * kb_count + b) * kI8TileRows;
-          steps[n] = _mm512_cvtepi32_ps(_mm512_and_si512(
-              _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub))), _mm512_set1_epi32(15)));
+          sub = row_sub_groups(w, t + n, b);
+          steps[n] = row_sub_scales(sub);
         }
         map_quads<L, B>(quad[n], tables + (w.pairs && (b & 1)), sub);
       }
@@ -178,23 +208,55 @@ TLB_KERNEL void tiles_tokens(const LutI8Weights& w, const Q8Acts& a, int64_t t, 
     for (int m = 0; m < MT; ++m) _mm512_mask_storeu_ps(out + (m0 + m) * ldo + (t + n) * kI8TileRows, row_mask[n], acc[n][m]);
 }
 
-template <Lookup L, int B, int NT>
-TLB_KERNEL void run_tiles(const LutI8Weights& w, const Q8Acts& a, int64_t t, float* out, int64_t ldo) {
+// Every token block of tile t (NT tiles from t); Prepared: from the tile's prepared quads.
+template <Lookup L, int B, int NT, bool Prepared = false>
+TLB_KERNEL void run_tiles(const LutI8Weights& w, const Q8Acts& a, int64_t t, float* out, int64_t ldo,
+                          const __m512i* prepared = nullptr) {
   if constexpr (L != Lookup::RowCodebook) {
     if (a.per_token) {
       for_token_blocks<8 / NT>(a.M, [&](auto mt, int64_t m0) TLB_KERNEL {
-        tiles_tokens<L, B, NT, decltype(mt)::value, true>(w, a, t, m0, out, ldo);
+        tiles_tokens<L, B, NT, decltype(mt)::value, true, Prepared>(w, a, t, m0, out, ldo, prepared);
       });
       return;
     }
   }
   for_token_blocks<8 / NT>(a.M, [&](auto mt, int64_t m0) TLB_KERNEL {
-    tiles_tokens<L, B, NT, decltype(mt)::value, false>(w, a, t, m0, out, ldo);
+    tiles_tokens<L, B, NT, decltype(mt)::value, false, Prepared>(w, a, t, m0, out, ldo, prepared);
   });
+}
+
+// Tile t's codes decoded and looked up once into buf (8 quads of 64 bytes per block: 16 bytes per
+// feature, L2-resident), for prefill: the token blocks then only load them.
+template <Lookup L, int B>
+TLB_KERNEL void prepare_tile(const LutI8Weights& w, int64_t t, __m512i* buf) {
+  __m512i tables[2];
+  load_tables<L, B>(w, tables);
+  __m512i codes[8] = {};  // pairs: the even block's codes, mapped again for the odd one
+  for (int64_t b = 0; b < w.K / 32; ++b) {
+    if (!w.pairs || (b & 1) == 0) {
+      const uint8_t* p = lut_i8_block(w, t, b);
+      for (int c = 0; c < B; ++c) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64 * c), _MM_HINT_T0);
+      decode_quads<B>(p, codes);
+    }
+    __m512i quad[8];
+    for (int qd = 0; qd < 8; ++qd) quad[qd] = codes[qd];
+    map_quads<L, B>(quad, tables + (w.pairs && (b & 1)), L == Lookup::RowCodebook ? row_sub_groups(w, t, b) : nullptr);
+    for (int qd = 0; qd < 8; ++qd) _mm512_store_si512(buf + 8 * b + qd, quad[qd]);
+  }
 }
 
 template <Lookup L, int B>
 TLB_KERNEL void run_range(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out, int64_t ldo) {
+  // More than one token block (prefill): each tile decoded once per call instead of once per 8 tokens.
+  if (a.M > 8) {
+    std::vector<uint8_t> storage((w.K / 32) * 8 * sizeof(__m512i) + 64);  // (vector does not promise 64-byte alignment)
+    auto* buf = reinterpret_cast<__m512i*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
+    for (int64_t t = t0; t < t1; ++t) {
+      prepare_tile<L, B>(w, t, buf);
+      run_tiles<L, B, 1, true>(w, a, t, out, ldo, buf);
+    }
+    return;
+  }
   int64_t t = t0;
   // Few tokens: stream two tiles per pass (identity tables: measured 12-25% faster at M = 1..4). Not
   // with a 16-entry table (iq4_nl, nuq, vq): 2 x 8 mapped quads plus the tables spill, and one tile per
@@ -206,3 +268,5 @@ TLB_KERNEL void run_range(const LutI8Weights& w, const Q8Acts& a, int64_t t0, in
 
 }  // namespace
 }  // namespace torch_lowbit
+
+#pragma GCC diagnostic pop
