@@ -247,15 +247,21 @@ TLB_KERNEL void prepare_tile(const LutI8Weights& w, int64_t t, __m512i* buf) {
 
 template <Lookup L, int B>
 TLB_KERNEL void run_range(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out, int64_t ldo) {
-  // More than one token block (prefill): each tile decoded once per call instead of once per 8 tokens.
-  if (a.M > 8) {
-    std::vector<uint8_t> storage((w.K / 32) * 8 * sizeof(__m512i) + 64);  // (vector does not promise 64-byte alignment)
-    auto* buf = reinterpret_cast<__m512i*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
-    for (int64_t t = t0; t < t1; ++t) {
-      prepare_tile<L, B>(w, t, buf);
-      run_tiles<L, B, 1, true>(w, a, t, out, ldo, buf);
+  // More than one token block (prefill) with a costly decode (a table on 3-bit planes, per-row
+  // codebooks): each tile decoded once per call into a buffer instead of once per 8 tokens (M = 64 on
+  // Zen 4: nuq3 1.15-1.2x, gcb2 1.18x, gcb3 1.25x faster). Not for identity or 4-bit codes: reading
+  // the 16 bytes per feature back from L2 cost more than decoding the packed codes again (q4_0 1.3x,
+  // int2_g64 1.15x, int3_g64 1.05x slower; iq4_nl and vq2 no faster).
+  if constexpr (L == Lookup::RowCodebook || (L == Lookup::Table16 && B == 3)) {
+    if (a.M > 8) {
+      std::vector<uint8_t> storage((w.K / 32) * 8 * sizeof(__m512i) + 64);  // (no 64-byte alignment promised)
+      auto* buf = reinterpret_cast<__m512i*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
+      for (int64_t t = t0; t < t1; ++t) {
+        prepare_tile<L, B>(w, t, buf);
+        run_tiles<L, B, 1, true>(w, a, t, out, ldo, buf);
+      }
+      return;
     }
-    return;
   }
   int64_t t = t0;
   // Few tokens: stream two tiles per pass (identity tables: measured 12-25% faster at M = 1..4). Not
