@@ -269,7 +269,7 @@ def test_tcq_kernel_matches_the_reference_decoder(fmt, path):
         decoded = torch.ops.torch_lowbit.tcq_dequantize(codes, *args)
         torch.testing.assert_close(decoded, w)
         assert torch.equal(decoded, scalar), f"{path} decode differs from scalar"
-        for m in (1, 6, 9):
+        for m in (1, 6, 9, 25):  # the fused GEMV up to 24 tokens, decode + at::mm above
             x = torch.randn(m, k, generator=gen)
             bias = torch.randn(n, generator=gen)
             y = torch.ops.torch_lowbit.tcq_linear(x, codes, args[0], args[1], s, args[3], bias)
