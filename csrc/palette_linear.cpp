@@ -1,8 +1,8 @@
 // torch_lowbit::codebook_linear / tcq_linear (and their dequantize ops) on CPU: the Q-Palette
 // formats in the palette_packed layout (palette.h). Activations arrive rotated (x' = (x * s) @ H,
 // done by the caller) and stay fp32: the codebooks are not integer grids, so there is no int8 path.
-// Up to kPaletteFusedMaxTokens tokens (TCQ: kTcqFusedMaxTokens) the fused kernels run, threaded over
-// rows (16-row bands for TCQ); beyond it row chunks are decoded to fp32 and multiplied with at::mm.
+// Up to kPaletteFusedMaxTokens tokens the fused kernels run, threaded over rows (16-row bands for
+// TCQ); beyond it row chunks are decoded to fp32 and multiplied with at::mm.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -102,10 +102,6 @@ TcqWeights tcq_weights(const char* op, const at::Tensor& codes, const at::Tensor
           static_cast<int>(table_bits), table.data_ptr<float>(), row_scales.data_ptr<c10::Half>(), nullptr, N, K};
 }
 
-// TCQ's fused GEMV re-decodes each band per block of tokens but writes nothing: up to 24 tokens it beat
-// decode + at::mm (tcq2_1mad 4096^2, Zen 4, 2 threads: M = 16 fused ~7 ms vs 10.5 ms).
-constexpr int64_t kTcqFusedMaxTokens = 24;
-
 // Many tokens: decode `unit`-aligned row chunks to fp32 (threaded) and multiply with at::mm.
 template <typename Decode>
 at::Tensor decode_matmul(const at::Tensor& x2, int64_t N, int64_t K, int64_t unit, Decode decode) {
@@ -179,7 +175,7 @@ at::Tensor tcq_linear_cpu(const at::Tensor& x, const at::Tensor& codes, const at
   const at::Tensor x2 = activations_fp32(x, w.K);
   const int64_t M = x2.size(0), bands = w.N / kTcqTile;
   const TcqKernels kern = tcq_kernels(active_cpu_path());
-  if (M > kTcqFusedMaxTokens) {
+  if (M > kPaletteFusedMaxTokens) {
     at::Tensor out = decode_matmul(x2, w.N, w.K, kTcqTile, [&](int64_t b0, int64_t b1, float* dst) { kern.decode(w, b0, b1, dst); });
     return finish_linear(out, x, bias);
   }

@@ -238,7 +238,7 @@ def test_codebook_kernel_matches_its_definition(dim, bits, path):
         decoded = torch.ops.torch_lowbit.codebook_dequantize(words, bits, table, scales, k)
         torch.testing.assert_close(decoded, w)
         assert torch.equal(decoded, scalar), f"{path} decode differs from scalar"
-        for m in (1, 5, 11):  # fused (token blocks of 4 + tail) and decode + matmul
+        for m in (1, 5, 11, 25):  # fused (token blocks of 4 + tail) up to 24 tokens, decode + matmul above
             x = torch.randn(m, k, generator=gen)
             bias = torch.randn(n, generator=gen)
             y = torch.ops.torch_lowbit.codebook_linear(x, words, bits, table, scales, bias)

@@ -28,8 +28,11 @@
 namespace torch_lowbit {
 
 // Up to this many tokens the fused kernels run (weights decoded once per token block); above it the
-// op decodes row chunks to fp32 and hands them to at::mm (decode cost amortized over M).
-constexpr int64_t kPaletteFusedMaxTokens = 8;
+// op decodes row chunks to fp32 and hands them to at::mm (decode cost amortized over M). The fused
+// GEMVs re-decode per block of tokens but write nothing: at 4096^2 on Zen 4 (2 threads) they beat the
+// decode route up to ~24-30 tokens (tcq2_1mad M = 16 7.4-8.0 vs 10.5 ms, vq3 6.1 vs 9.8 ms extrapolated
+// from M = 8), so the crossover sits at 24.
+constexpr int64_t kPaletteFusedMaxTokens = 24;
 constexpr int kTcqTile = 16;
 
 constexpr int kCodeStreams = 16;
@@ -139,8 +142,8 @@ void tcq_gemv_bands(const TcqWeights& w, const float* x, int64_t M, int64_t b0, 
     });
 }
 
-// y[m, n] = scale[n] * <decoded row n, x'[m]> + bias[n] for rows [n0, n1) and M <= kPaletteFusedMaxTokens
-// tokens. Codebook kernels read x' split into d planes: acts[(c * M + m) * (K / d) + j] = x'[m, d j + c].
+// y[m, n] = scale[n] * <decoded row n, x'[m]> + bias[n] for rows [n0, n1) and any M (the op
+// runs them up to kPaletteFusedMaxTokens tokens). Codebook kernels read x' split into d planes: acts[(c * M + m) * (K / d) + j] = x'[m, d j + c].
 using CodebookGemvFn = void (*)(const CodebookWeights&, const float* acts, int64_t M, int64_t n0, int64_t n1,
                                 float* out);
 // Rows [n0, n1) decoded and scaled (scale[n] * value) into dst [(n1 - n0), K].
