@@ -142,8 +142,9 @@ void tcq_gemv_bands(const TcqWeights& w, const float* x, int64_t M, int64_t b0, 
     });
 }
 
-// y[m, n] = scale[n] * <decoded row n, x'[m]> + bias[n] for rows [n0, n1) and any M (the op
-// runs them up to kPaletteFusedMaxTokens tokens). Codebook kernels read x' split into d planes: acts[(c * M + m) * (K / d) + j] = x'[m, d j + c].
+// y[m, n] = scale[n] * <decoded row n, x'[m]> + bias[n] for rows [n0, n1) and any M (the op runs them
+// up to kPaletteFusedMaxTokens tokens). Codebook kernels read x' split into d planes:
+// acts[(c * M + m) * (K / d) + j] = x'[m, d j + c].
 using CodebookGemvFn = void (*)(const CodebookWeights&, const float* acts, int64_t M, int64_t n0, int64_t n1,
                                 float* out);
 // Rows [n0, n1) decoded and scaled (scale[n] * value) into dst [(n1 - n0), K].
