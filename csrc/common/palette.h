@@ -30,8 +30,8 @@ namespace torch_lowbit {
 // Up to this many tokens the fused kernels run (weights decoded once per token block); above it the
 // op decodes row chunks to fp32 and hands them to at::mm (decode cost amortized over M). The fused
 // GEMVs re-decode per block of tokens but write nothing: at 4096^2 on Zen 4 (2 threads) they beat the
-// decode route up to ~24-30 tokens (tcq2_1mad M = 16 7.4-8.0 vs 10.5 ms, vq3 6.1 vs 9.8 ms extrapolated
-// from M = 8), so the crossover sits at 24.
+// decode route up to ~24-30 tokens (M = 16: tcq2_1mad 7.4-8.0 vs 10.5 ms, vq3 6.0 vs 9.8 ms; M = 24:
+// vq3 8.9 vs 11.3), so the crossover sits at 24.
 constexpr int64_t kPaletteFusedMaxTokens = 24;
 constexpr int kTcqTile = 16;
 
