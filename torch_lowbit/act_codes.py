@@ -58,7 +58,8 @@ def quantize_sub_blocks(x: Tensor, bits: int, clip_ratio: float = 1.0, sub: int 
     live = smax > 0
     best = d = k = None
     for kb in range(kmax, kmax // 2, -1):
-        dc = torch.where(live, smax / kb, torch.ones_like(smax))
+        # kb as a tensor: CUDA divides by a Python scalar as a * (1 / b), not IEEE a / b as the kernels do
+        dc = torch.where(live, smax / torch.full_like(smax, kb), torch.ones_like(smax))
         kc = torch.clamp(torch.round(s / dc), 1, kmax)
         worst = torch.where(s > 0, (kc * dc - s).abs() / s, torch.zeros_like(s)).amax(-2, keepdim=True)
         if best is None:
