@@ -6,12 +6,12 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <vector>
 
 #include "common/dispatch.h"
 #include "common/linear_io.h"
 #include "common/palette.h"
 #include "common/parallel.h"
+#include "common/scratch.h"
 
 namespace torch_lowbit {
 namespace {
@@ -102,17 +102,16 @@ TcqWeights tcq_weights(const char* op, const at::Tensor& codes, const at::Tensor
           static_cast<int>(table_bits), table.data_ptr<float>(), row_scales.data_ptr<c10::Half>(), nullptr, N, K};
 }
 
+struct DecodeChunk;  // thread_scratch tag
+
 // Many tokens: decode `unit`-aligned row chunks to fp32 (threaded) and multiply with at::mm.
 template <typename Decode>
 at::Tensor decode_matmul(const at::Tensor& x2, int64_t N, int64_t K, int64_t unit, Decode decode) {
   at::Tensor out = at::empty({x2.size(0), N}, x2.options());
-  // The chunk buffer lives on between calls: a fresh 4 MiB (256 rows at K = 4096) is a fresh mmap, and
-  // its first-touch page faults cost more than the decode itself (tcq2_1mad 4096^2 at M = 9: 22 ms,
-  // mostly in the kernel's page-fault path).
-  static thread_local std::vector<float> storage;
+  // The chunk buffer (4 MiB: 256 rows at K = 4096) lives on between calls (scratch.h)
   const int64_t chunk = std::min(N, kDecodeChunkRows);
-  if (static_cast<int64_t>(storage.size()) < chunk * K) storage.resize(chunk * K);
-  at::Tensor buf = at::from_blob(storage.data(), {chunk, K}, x2.options());
+  float* storage = reinterpret_cast<float*>(thread_scratch<DecodeChunk>(chunk * K * sizeof(float)));
+  at::Tensor buf = at::from_blob(storage, {chunk, K}, x2.options());
   for (int64_t r0 = 0; r0 < N; r0 += kDecodeChunkRows) {
     const int64_t rows = std::min(kDecodeChunkRows, N - r0);
     float* dst = buf.data_ptr<float>();

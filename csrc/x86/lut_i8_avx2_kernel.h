@@ -27,9 +27,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <vector>
 
 #include "common/lut_i8.h"
+#include "common/scratch.h"
 #include "common/token_blocks.h"
 
 #ifndef TLB_DPBUSD_YMM
@@ -38,6 +38,8 @@
 
 namespace torch_lowbit {
 namespace {
+
+struct PreparedTile;  // thread_scratch tag: the prefill's decoded tile
 
 enum class Dot { Small, Unsigned, Signed, Vnni };
 
@@ -385,9 +387,7 @@ TLB_KERNEL void run_tiles(const LutI8Weights& w, const TableBytes& tab, const Q8
     for (int64_t t = t0; t < t1; ++t) tile_decode_tokens<D, Sub, PT, B, Pairs>(w, tab, a, t, out, ldo);
     return;
   }
-  // (std::vector does not promise the 32-byte alignment the prepared vectors need)
-  std::vector<uint8_t> storage(2 * (w.K / 32) * sizeof(PreparedHalf<D>) + 32);
-  auto* buf = reinterpret_cast<PreparedHalf<D>*>((reinterpret_cast<uintptr_t>(storage.data()) + 31) & ~uintptr_t{31});
+  auto* buf = reinterpret_cast<PreparedHalf<D>*>(thread_scratch<PreparedTile>(2 * (w.K / 32) * sizeof(PreparedHalf<D>)));
   for (int64_t t = t0; t < t1; ++t) tile_prefill<D, Sub, PT, B, Pairs>(w, tab, a, t, buf, out, ldo);
 }
 

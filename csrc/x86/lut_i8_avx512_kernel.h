@@ -19,13 +19,15 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 #include "common/lut_i8.h"
+#include "common/scratch.h"
 #include "common/token_blocks.h"
 
 namespace torch_lowbit {
 namespace {
+
+struct PreparedTile;  // thread_scratch tag: the prefill's decoded tile
 
 enum class Lookup {
   Identity,     // u[c] = c (q4_0, int*): no lookup
@@ -254,8 +256,7 @@ TLB_KERNEL void run_range(const LutI8Weights& w, const Q8Acts& a, int64_t t0, in
   // int2_g64 1.15x, int3_g64 1.05x slower; iq4_nl and vq2 no faster).
   if constexpr (L == Lookup::RowCodebook || (L == Lookup::Table16 && B == 3)) {
     if (a.M > 8) {
-      std::vector<uint8_t> storage((w.K / 32) * 8 * sizeof(__m512i) + 64);  // (no 64-byte alignment promised)
-      auto* buf = reinterpret_cast<__m512i*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t{63});
+      auto* buf = reinterpret_cast<__m512i*>(thread_scratch<PreparedTile>((w.K / 32) * 8 * sizeof(__m512i)));
       for (int64_t t = t0; t < t1; ++t) {
         prepare_tile<L, B>(w, t, buf);
         run_tiles<L, B, 1, true>(w, a, t, out, ldo, buf);
