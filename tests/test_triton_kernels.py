@@ -996,6 +996,37 @@ def test_integer_activation_kernel_matches_the_rounded_product(fmt, bits, monkey
         torch.testing.assert_close(y_eye, (xq.float() * xd) @ eye.dequantize().T, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("fmt, bits, block", [("q4_0", 8, 0), ("int4_g64", 8, 32), ("iq4_nl", 4, 16)])
+def test_integer_activation_kernel_every_tuned_config_matches(fmt, bits, block, monkeypatch):
+    """Every launch config the autotuner may pick for lut4_int_linear (int_act_configs: M tiles of 16 to
+    64, N tiles of 32 to 256, 2 / 3 stages; split K where the tiles are few) gives the op's CPU
+    reference result (odd N, ragged M, K of 3-6 groups); and the launcher asks autotune.pick with that
+    space and runs what it returns."""
+    from torch_lowbit.triton_kernels import int_act
+    gen = _gen()
+    q, _ = _quantized(fmt, 192, 37, True, gen)
+    mins = getattr(q, "mins", None)
+    asked = []
+
+    def pick(kernel, key, candidates, default, run, device):
+        asked.append((kernel, key, candidates, default))
+        return candidates[-1]
+
+    for m in (1, 33):
+        x = torch.randn(m, 192, generator=gen) * torch.rand(m, 1, generator=gen).add(0.1)
+        args = (x, q.qweight, q.scales, mins, q.lut_i8, q.fmt.group_size, q.bias, bits, 0.9, block)
+        want = torch.ops.torch_lowbit.lut4_int_linear(*args)
+        cands, default = int_act.int_act_configs(m)
+        assert default in cands and all(c["BLOCK_M"] <= max(16, m) * 2 for c in cands)
+        for cfg in cands:
+            torch.testing.assert_close(int_act.lut4_int_linear(*args, config=cfg), want, rtol=1e-5, atol=1e-5,
+                                       msg=lambda e, cfg=cfg: f"{fmt} M={m} {cfg}: {e}")
+        monkeypatch.setattr(int_act.autotune, "pick", pick)
+        torch.testing.assert_close(int_act.lut4_int_linear(*args), want, rtol=1e-5, atol=1e-5)
+        monkeypatch.undo()
+        assert asked[-1][0] == "lut4_int_linear" and asked[-1][2] == cands and f"_b{block}" in asked[-1][1]
+
+
 def _block_varied(m, k, gen):
     """Activations whose 8-feature pieces differ in scale by up to 1000x, a zero 32-block, a zero
     16-feature half and an outlier: every branch of the two-level scale search."""

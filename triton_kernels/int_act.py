@@ -31,9 +31,9 @@ import triton.language as tl
 from torch_lowbit.act_codes import (ACT_BITS, KERNEL_ACT_BLOCK, KERNEL_ACT_BLOCKS, SUB_BLOCKS, sub_block_multiplier_max,
                                     symmetric_min_code)
 
-from .matmul import _affine_form, _splitk_reduce_kernel, cdiv, check_device, derived, sm_count
+from . import autotune
+from .matmul import _affine_form, _splitk_reduce_kernel, cdiv, check_device, derived, run_fitting, sm_count
 
-BLOCK_N = 64
 DOT_M = 16  # the smallest M tile an int8 tl.dot takes on GPUs (the interpreter would take less)
 RUN = 32  # codes per run of the layout: the kernel's K step (4 int32 words per row)
 ROUND_BLOCK = 1024  # features a rounding program reads per step
@@ -202,6 +202,29 @@ def split_groups(tiles: int, groups: int, sms: int) -> tuple[int, int]:
     return -(-groups // per), per
 
 
+# (BLOCK_M, BLOCK_N, num_warps): the matmul's tile space. The default (first of its M) is the fixed
+# config it ran with before it was tuned: at M = 512 on an H200 that took 863 µs for q4_0 A8 at
+# 4096 x 14336, 2.4x the weight-only route (2026-11-27): each 64-row M tile decodes the weights again.
+_SMALL_M_TILES = ((16, 64, 4), (16, 32, 4), (16, 128, 4), (16, 128, 8), (16, 256, 8))
+# No 128-row tiles: compiled for sm_90 (Triton 3.9) they all hit 255 registers and spill (48-664 B of
+# stack); 64 x 256 with 8 warps spends 13.8 instructions per weight of its K loop against the default's
+# 27.1 (q4_0, per-token A8), i.e. half the decode work per token tile.
+_TILES = ((64, 64, 4), (32, 64, 4), (32, 128, 4), (64, 128, 4), (64, 128, 8), (64, 256, 8))
+_STAGES = (2, 3)
+
+
+def int_act_configs(m: int) -> tuple[list, dict]:
+    """(candidates, default) launch configs of the matmul for M tokens: M tiles no larger than M needs
+    (16 at decode, the smallest an int8 tl.dot takes on GPUs), each tile in 2 and 3 pipeline stages;
+    BLOCK_K is one run (the kernel's K step). The default (used untimed: no GPU, TORCH_LOWBIT_AUTOTUNE=0,
+    CUDA-graph capture) is the fixed config of before (32-row M tiles for 17-32 tokens)."""
+    tiles = _SMALL_M_TILES if m <= DOT_M else tuple(t for t in _TILES if t[0] <= max(DOT_M, 1 << (m - 1).bit_length()))
+    cands = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=RUN, num_warps=w, num_stages=st) for bm, bn, w in tiles
+             for st in _STAGES]
+    bm, bn, w = tiles[0]
+    return cands, dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=RUN, num_warps=w, num_stages=3)
+
+
 def round_activations(x, act_bits, act_clip=1.0, act_block=0):
     """(codes int8 [M, K], scales fp32 [M] or [M, K / 32]) of x float [M, K], bit for bit
     act_codes.quantize_act_codes: one small kernel, one program per token (and per 1024 features with
@@ -225,10 +248,12 @@ def round_activations(x, act_bits, act_clip=1.0, act_block=0):
     return xq, xd
 
 
-def lut4_int_linear(x, qweight, scales, mins, lut, group_size, bias=None, act_bits=8, act_clip=1.0, act_block=0):
+def lut4_int_linear(x, qweight, scales, mins, lut, group_size, bias=None, act_bits=8, act_clip=1.0, act_block=0,
+                    *, config=None):
     """fp32 y [M, N] = (x rounded per token to act_bits, clip act_clip; act_block 32 / 16 / 8: per 32
     features, act_codes.quantize_act_codes) @ W.T + bias: x float [M, K], W the lut4_rowmajor weight with
-    lut the int8 [16] code values (the op torch_lowbit::lut4_int_linear)."""
+    lut the int8 [16] code values (the op torch_lowbit::lut4_int_linear). config: force the matmul's
+    launch config (tests); default: autotune.pick over int_act_configs (on CUDA: timed once per shape)."""
     op = "lut4_int_linear"
     check_device(op, "x", x, {"qweight": qweight, "scales": scales, "mins": mins, "lut": lut, "bias": bias})
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16) or x.dim() != 2:
@@ -255,23 +280,34 @@ def lut4_int_linear(x, qweight, scales, mins, lut, group_size, bias=None, act_bi
     y = torch.empty(m, n, dtype=torch.float32, device=x.device)
     if m == 0:
         return y
-    block_m = DOT_M if m <= DOT_M else 64
-    block_k = RUN  # one run: its per-group int32 sums; 64 spilled at BLOCK_M = 64 (sm_90 compile check)
     form = derived(lut, "affine_form", _affine_form)  # one device sync per table, then remembered
     xq, xd = round_activations(x, act_bits, act_clip, act_block)
-    tiles = cdiv(m, block_m) * cdiv(n, BLOCK_N)
-    split, per_split = split_groups(tiles, k // group_size, sm_count(x.device))
-    ws = torch.empty((split, m, n), device=x.device, dtype=torch.float32) if split > 1 else y
+    groups = k // group_size
     b = bias.float().contiguous() if bias is not None else y
-    grid = (cdiv(m, block_m), cdiv(n, BLOCK_N), split)
-    _lut4_int_linear_kernel[grid](
-        xq, xd, qweight.contiguous().view(torch.int32), scales.contiguous(),
-        (mins if mins is not None else scales).contiguous(), lut.contiguous(), b, y, ws, m, n, k, per_split,
-        GROUP=group_size, HAS_MIN=mins is not None, HAS_BIAS=bias is not None, AFFINE=form is not None,
-        LUT_A=int(form[0]) if form else 1, LUT_B=int(form[1]) if form else 0, SPLIT_K=split,
-        ACT_BLOCKS=bool(act_block), BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=block_k, num_warps=4)
-    if split > 1:
-        block = 1024
-        _splitk_reduce_kernel[(cdiv(m * n, block),)](ws, b, y, m * n, n, HAS_BIAS=bias is not None, SPLIT_K=split,
-                                                     BLOCK=block)
+    weights = (qweight.contiguous().view(torch.int32), scales.contiguous(),
+               (mins if mins is not None else scales).contiguous(), lut.contiguous())
+    consts = dict(GROUP=group_size, HAS_MIN=mins is not None, HAS_BIAS=bias is not None, AFFINE=form is not None,
+                  LUT_A=int(form[0]) if form else 1, LUT_B=int(form[1]) if form else 0, ACT_BLOCKS=bool(act_block))
+
+    def run(cfg, warmup=False):
+        """The matmul (and split-K reduction) with launch config cfg; warmup: only compile it."""
+        cfg = dict(cfg)
+        tiles = cdiv(m, cfg["BLOCK_M"]) * cdiv(n, cfg["BLOCK_N"])
+        split, per_split = split_groups(tiles, groups, sm_count(x.device))
+        ws = torch.empty((split, m, n), device=x.device, dtype=torch.float32) if split > 1 else y
+        grid = (cdiv(m, cfg["BLOCK_M"]), cdiv(n, cfg["BLOCK_N"]), split)
+        kernel = _lut4_int_linear_kernel.warmup if warmup else _lut4_int_linear_kernel[grid]
+        kernel(xq, xd, *weights, b, y, ws, m, n, k, per_split, SPLIT_K=split, **consts, **cfg,
+               **({"grid": grid} if warmup else {}))
+        if split > 1 and not warmup:
+            block = 1024
+            _splitk_reduce_kernel[(cdiv(m * n, block),)](ws, b, y, m * n, n, HAS_BIAS=bias is not None,
+                                                         SPLIT_K=split, BLOCK=block)
+
+    if config is None:
+        cands, default = int_act_configs(m)
+        key = (f"m{autotune.m_bucket(m)}_n{n}_k{k}_g{group_size}_{'min' if mins is not None else 'nomin'}_"
+               f"{'affine' if form else 'table'}_b{act_block}")
+        config = autotune.pick("lut4_int_linear", key, cands, default, run, x.device)
+    run_fitting(run, config, ("lut4_int_linear", m <= DOT_M, group_size, act_block), RUN)
     return y
