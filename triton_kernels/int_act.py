@@ -32,33 +32,12 @@ from torch_lowbit.act_codes import (ACT_BITS, KERNEL_ACT_BLOCK, KERNEL_ACT_BLOCK
                                     symmetric_min_code)
 
 from . import autotune
+from .lut4 import run_codes
 from .matmul import _affine_form, _splitk_reduce_kernel, cdiv, check_device, derived, run_fitting, sm_count
 
 DOT_M = 16  # the smallest M tile an int8 tl.dot takes on GPUs (the interpreter would take less)
 RUN = 32  # codes per run of the layout: the kernel's K step (4 int32 words per row)
 ROUND_BLOCK = 1024  # features a rounding program reads per step
-
-
-@triton.jit
-def _nibbles(words, j: tl.constexpr):
-    """(low, high) nibble of byte j of each word: the codes of columns 4 w + j and 4 w + j + 16."""
-    byte = (words >> (8 * j)) & 0xFF
-    return byte & 0xF, byte >> 4
-
-
-@triton.jit
-def _run_codes(words, BLOCK_N: tl.constexpr):
-    """int32 codes [RUN, BLOCK_N] (column k of the run down, rows across) from the run's words
-    [BLOCK_N, 4]: joins put nibble j of word w at column 4 w + j (+ 16 for high nibbles)."""
-    lo0, hi0 = _nibbles(words, 0)
-    lo1, hi1 = _nibbles(words, 1)
-    lo2, hi2 = _nibbles(words, 2)
-    lo3, hi3 = _nibbles(words, 3)
-    # join(join(v0, v2), join(v1, v3))[n, w, c, d] = v_{2c + d}: flattened, column 4 w + j
-    lo = tl.reshape(tl.join(tl.join(lo0, lo2), tl.join(lo1, lo3)), (BLOCK_N, 16))
-    hi = tl.reshape(tl.join(tl.join(hi0, hi2), tl.join(hi1, hi3)), (BLOCK_N, 16))
-    both = tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (BLOCK_N, 32))  # columns 0-15, then 16-31
-    return tl.trans(both)
 
 
 @triton.jit
@@ -161,7 +140,7 @@ def _lut4_int_linear_kernel(q_ptr, d_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr,
             xq = tl.load(q_ptr + x_rows + (k0 + offs_k)[None, :], mask=m_ok[:, None], other=0)
             words = tl.load(qw_ptr + word_rows + (k0 // 8 + wl)[None, :], mask=n_ok[:, None], other=0,
                             eviction_policy="evict_first")
-            codes = _run_codes(words, BLOCK_N)  # [BLOCK_K, BLOCK_N]
+            codes = tl.trans(run_codes(words, BLOCK_N))  # [BLOCK_K, BLOCK_N]
             if AFFINE:  # int8 table values [BLOCK_K, BLOCK_N]
                 w = (codes * LUT_A + LUT_B).to(tl.int8)
             else:

@@ -26,7 +26,6 @@ import triton.language as tl
 
 from torch_lowbit.packing import GCB_SUBGROUP as SUBGROUP  # weights per gcb sub-group byte
 
-from .lut4 import _apply_groups
 from .matmul import (WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _bits_at, _epilogue, _fma_or_dot,
                      _group_dequant_kernel, _k_slice, _lookup, _tiles, _unit_words, _window,
                      check_device, check_x, dequant_launch, derived, linear_launch, table_form)
@@ -37,6 +36,17 @@ _GEMV_TILES = ((32, 256, 4), (64, 256, 4), (32, 512, 4), (64, 512, 8), (128, 256
 
 
 # -- decoders --------------------------------------------------------------------------------------
+@triton.jit
+def _apply_groups(w, s_ptr, mn_ptr, offs_n, k, N, K, GROUP: tl.constexpr, HAS_MIN: tl.constexpr):
+    """w * scale (+ min) of each weight's group: fp16 [N, K / GROUP] scales (and mins)."""
+    mask = (offs_n[:, None] < N) & (k[None, :] < K)
+    g_off = offs_n[:, None].to(tl.int64) * (K // GROUP) + (k // GROUP)[None, :]
+    w = w * tl.load(s_ptr + g_off, mask=mask, other=0.0).to(tl.float32)
+    if HAS_MIN:
+        w = w + tl.load(mn_ptr + g_off, mask=mask, other=0.0).to(tl.float32)
+    return w
+
+
 @triton.jit
 def _row_codes(words_ptr, offs_n, k, N, K, ROW_WORDS, BITS: tl.constexpr):
     """int32 codes [BLOCK_N, len(k)] of rows offs_n, columns k, from one MSB-first stream per row."""

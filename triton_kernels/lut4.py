@@ -4,8 +4,9 @@ with W[n, k] = lut[code] * scale[n, k // group] (+ min), decoded in registers ri
 Layout (torch_lowbit/layouts/lut4.py): qweight [N, K/2] uint8, within each run of 32 codes byte j
 holds code j (low nibble) and code j+16 (high nibble).
 _lut4_linear_kernel serves both kernel kinds by M (split-K GEMV, tiled tl.dot) reading the codes as
-int32 words; _decode_tile is the per-element decoder of the dequantize kernel (large M: dequantize +
-cuBLAS, and tests). Split-K, configs and the launcher are matmul.py's.
+int32 words; _lut4_dequant_kernel writes W (large M: dequantize + cuBLAS, and tests) from the same
+words, cut by run_codes (which int_act.py's integer kernel uses too). Split-K, configs and the launcher
+are matmul.py's.
 """
 from __future__ import annotations
 
@@ -15,33 +16,54 @@ import torch
 import triton
 import triton.language as tl
 
-from .matmul import WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _epilogue, _fma_or_dot, _group_dequant_kernel, \
-    _k_slice, _lookup, _tiles, check_device, check_x, dequant_launch, linear_launch, table_form
+from .matmul import WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _epilogue, _fma_or_dot, _k_slice, _tiles, \
+    cdiv, check_device, check_x, linear_launch, table_form
 
 
 @triton.jit
-def _apply_groups(w, s_ptr, mn_ptr, offs_n, k, N, K, GROUP: tl.constexpr, HAS_MIN: tl.constexpr):
-    """w * scale (+ min) of each weight's group: fp16 [N, K / GROUP] scales (and mins)."""
-    mask = (offs_n[:, None] < N) & (k[None, :] < K)
-    g_off = offs_n[:, None].to(tl.int64) * (K // GROUP) + (k // GROUP)[None, :]
-    w = w * tl.load(s_ptr + g_off, mask=mask, other=0.0).to(tl.float32)
-    if HAS_MIN:
-        w = w + tl.load(mn_ptr + g_off, mask=mask, other=0.0).to(tl.float32)
-    return w
+def _nibbles(words, j: tl.constexpr):
+    """(low, high) nibble of byte j of each word: the codes of columns 4 w + j and 4 w + j + 16."""
+    byte = (words >> (8 * j)) & 0xFF
+    return byte & 0xF, byte >> 4
 
 
 @triton.jit
-def _decode_tile(qw_ptr, s_ptr, mn_ptr, lut, offs_n, k, N, K, ROW_WORDS, BITS: tl.constexpr, GROUP: tl.constexpr,
-                 HAS_MIN: tl.constexpr):
-    """fp32 weights [BLOCK_N, len(k)] for rows offs_n and columns k (k % 32 order as in the layout);
-    lut: the staged table or its pointer. matmul's group-kernel decoder signature (ROW_WORDS, BITS unused)."""
-    mask = (offs_n[:, None] < N) & (k[None, :] < K)
-    byte = (k // 32) * 16 + (k % 16)
-    shift = ((k % 32) // 16) * 4
+def run_codes(words, ROWS: tl.constexpr):
+    """int32 codes [ROWS, 32] in column order from each row's run of 4 words [ROWS, 4]: joins put nibble
+    j of word w at column 4 w + j (+ 16 for high nibbles) - register moves, not a load per byte."""
+    lo0, hi0 = _nibbles(words, 0)
+    lo1, hi1 = _nibbles(words, 1)
+    lo2, hi2 = _nibbles(words, 2)
+    lo3, hi3 = _nibbles(words, 3)
+    # join(join(v0, v2), join(v1, v3))[n, w, c, d] = v_{2c + d}: flattened, column 4 w + j
+    lo = tl.reshape(tl.join(tl.join(lo0, lo2), tl.join(lo1, lo3)), (ROWS, 16))
+    hi = tl.reshape(tl.join(tl.join(hi0, hi2), tl.join(hi1, hi3)), (ROWS, 16))
+    return tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (ROWS, 32))  # columns 0-15, then 16-31
+
+
+@triton.jit
+def _lut4_dequant_kernel(qw_ptr, s_ptr, mn_ptr, lut_ptr, out_ptr, N, K, GROUP: tl.constexpr, HAS_MIN: tl.constexpr,
+                         BLOCK_N: tl.constexpr, RUNS: tl.constexpr):
+    """W [N, K] (out's dtype) = lut[code] * scale (+ min), BLOCK_N rows x RUNS 32-code runs per program,
+    from the codes as int32 words [N, K / 8]: one 16-byte load per row and run, the nibbles cut with
+    compile-time shifts (run_codes), one scale (and min) per row and run (GROUP >= 32)."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    run = tl.program_id(1) * RUNS + tl.arange(0, RUNS)
+    n_ok = (offs_n < N)[:, None]
+    r_ok = (run < K // 32)[None, :]
     rows = offs_n[:, None].to(tl.int64)
-    packed = tl.load(qw_ptr + rows * (K // 2) + byte[None, :], mask=mask, other=0, eviction_policy="evict_first")
-    codes = (packed.to(tl.int32) >> shift[None, :]) & 0xF
-    return _apply_groups(_lookup(lut, codes), s_ptr, mn_ptr, offs_n, k, N, K, GROUP, HAS_MIN)
+    word = run[:, None] * 4 + tl.arange(0, 4)[None, :]  # [RUNS, 4]
+    words = tl.load(qw_ptr + rows[:, :, None] * (K // 8) + word[None, :, :], mask=(n_ok & r_ok)[:, :, None],
+                    other=0, eviction_policy="evict_first")  # [BLOCK_N, RUNS, 4]
+    codes = tl.reshape(run_codes(tl.reshape(words, (BLOCK_N * RUNS, 4)), BLOCK_N * RUNS), (BLOCK_N, RUNS, 32))
+    g_off = rows * (K // GROUP) + (run * 32 // GROUP)[None, :]
+    scale = tl.load(s_ptr + g_off, mask=n_ok & r_ok, other=0.0).to(tl.float32)
+    w = tl.load(lut_ptr + codes, eviction_policy="evict_last") * scale[:, :, None]
+    if HAS_MIN:
+        w = w + tl.load(mn_ptr + g_off, mask=n_ok & r_ok, other=0.0).to(tl.float32)[:, :, None]
+    col = run[:, None] * 32 + tl.arange(0, 32)[None, :]  # [RUNS, 32]
+    tl.store(out_ptr + rows[:, :, None] * K + col[None, :, :], w.to(out_ptr.dtype.element_ty),
+             mask=(n_ok & r_ok)[:, :, None])
 
 
 @triton.jit
@@ -172,10 +194,6 @@ def _weights(qweight, scales, mins, lut):
             lut.contiguous())
 
 
-def _consts(group_size, mins):
-    return dict(DECODE=_decode_tile, BITS=4, GROUP=group_size, HAS_MIN=mins is not None)
-
-
 def lut4_linear(x, qweight, scales, mins, lut, group_size, bias=None, *, config=None):
     """y = x @ W.T + bias in x's dtype (fp32 accumulation), any leading dims of x (the op
     torch_lowbit::lut4_linear). config: force a launch config (tests, benchmarks)."""
@@ -198,5 +216,11 @@ def lut4_linear(x, qweight, scales, mins, lut, group_size, bias=None, *, config=
 def lut4_dequantize(qweight, scales, mins, lut, group_size, *, dtype=torch.float32):
     """W [N, K] in `dtype` (the op torch_lowbit::lut4_dequantize: fp32)."""
     n, k = _check_args("lut4_dequantize", "qweight", qweight, qweight, scales, mins, lut, group_size)
-    return dequant_launch(_group_dequant_kernel, n, k, _weights(qweight, scales, mins, lut),
-                          dict(ROW_WORDS=0, **_consts(group_size, mins)), qweight.device, dtype)
+    qw, s, mn, tab = _weights(qweight, scales, mins, lut)
+    out = torch.empty((n, k), device=qweight.device, dtype=dtype)
+    # 32 rows x 4 runs (4096 weights, 32 a thread); no FMA contraction: the reference rounds value *
+    # scale before adding the min
+    _lut4_dequant_kernel[(cdiv(n, 32), cdiv(k // 32, 4))](
+        qw.view(torch.int32), s, mn, tab, out, n, k, GROUP=group_size, HAS_MIN=mins is not None, BLOCK_N=32, RUNS=4,
+        num_warps=4, enable_fp_fusion=False)
+    return out
