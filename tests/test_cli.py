@@ -113,6 +113,32 @@ def test_bench_gpu_tables_on_tiny_cpu_inputs():
     assert "| 1 | - |" in gpu.format_hadamard_table([[1, None, 5.0]])
 
 
+def test_bench_gpu_dequantize_route_contenders():
+    """`fmt@dequant` times the layer's op forced down the dequantize + mm route (CPU stand-in), with the
+    same result as the fused kernel; rotated formats, activation suffixes and unknown routes are refused."""
+    import pytest
+    import torch
+
+    from conftest import triton_available
+    if not triton_available() or __import__("os").environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs triton and TRITON_INTERPRET=1")
+    import torch_lowbit as tl
+    from torch_lowbit.bench import gpu
+    with tl.use_backend("triton"):
+        rows = gpu.bench_gpu(shapes=((64, 128),), ms=(17,), formats=("q4_0@dequant", "int2_g64@dequant"), rotate_mib=1,
+                             device="cpu", timer=gpu.wall_us, progress=lambda msg: None)
+        assert [r.name for r in rows] == [gpu.BASELINE, "torch_lowbit q4_0 [lut4_rowmajor, dequantize + cuBLAS]",
+                                          "torch_lowbit int2_g64 [lowbit_rowmajor, dequantize + cuBLAS]"]
+        contenders = gpu._contenders(64, 128, ("q4_0", "q4_0@dequant"), 0, "cpu")
+        x = torch.randn(17, 128).half()
+        fused, route = (make(0)(x) for make, _, _ in list(contenders.values())[1:])
+        torch.testing.assert_close(route.float(), fused.float(), rtol=2e-3, atol=2e-3)
+    for bad, why in (("nuq3@dequant", "without a rotation"), ("q4_0+a8@dequant", "weight-only"),
+                     ("q4_0@fused", "unknown route")):
+        with pytest.raises(ValueError, match=why):
+            gpu._contenders(64, 128, (bad,), 0, "cpu")
+
+
 def test_bench_weights_compares_formats_on_the_layers_all_hold(monkeypatch):
     import torch
     from torch_lowbit.bench import distortion

@@ -9,6 +9,10 @@ installed, its transform of [M, 4096] is timed against our Triton Hadamard kerne
 A `fmt+a8` / `fmt+a4` contender wraps the layer in per-token integer activations (QuaRot), which
 lut4 layouts multiply with an integer tl.dot (triton_kernels/int_act.py).
 
+A `fmt@dequant` contender (formats without a rotation) forces the large-M route the autotuner may pick:
+the layout's dequantize kernel writes W in fp16, then cuBLAS; its time minus fp16 `F.linear`'s is the
+dequantize kernel's.
+
 Every format runs in its CUDA default layout (lut4_rowmajor, lowbit_rowmajor for int1/2/3,
 gcb_rowmajor, palette_packed). Palette formats (nuq*, vq*, tcq*, half-TCQ): the timed
 call is the whole QuantLinear forward: the activations' Hadamard rotation plus the fused kernel. TCQ
@@ -143,8 +147,14 @@ def _contenders(n: int, k: int, formats, rotate_mib: int, device: str):
         lin.weight.copy_(w)
     lin = lin.to(device)  # quantize where it runs: the formats' searches are fast on a GPU
     for spec in formats:
+        spec, _, route = spec.partition("@")
+        if route not in ("", "dequant"):
+            raise ValueError(f"bench gpu: unknown route @{route} in {spec}@{route}; the one route is @dequant")
         fmt, act_bits, act_block = split_act_suffix(spec)
         f = get_format(fmt)
+        if route and (act_bits or getattr(f, "rotate", False)):
+            raise ValueError(f"bench gpu: {spec}@dequant: the dequantize route takes weight-only formats without "
+                             "a rotation (the layer's op on x as it is)")
         layout = default_layout(f, "cuda")
         q = _random_tcq(f, n, k, layout, device) if isinstance(f, (TCQ, HalfTCQ)) else \
             QuantLinear.from_linear(lin, f, layout=layout)
@@ -153,9 +163,26 @@ def _contenders(n: int, k: int, formats, rotate_mib: int, device: str):
         if act_bits:  # QuaRot-style integer activations: the integer tl.dot kernel where it applies
             q = ActQuantLinear(q, act_bits, clip_ratio=0.9, block=act_block)
             label = f"torch_lowbit {spec} [{layout.name}, {act_label(act_bits, act_block)}]"
+        if route:
+            q = DequantRoute(q)
+            label = f"torch_lowbit {spec} [{layout.name}, dequantize + cuBLAS]"
         mods = [q] + [copy.deepcopy(q) for _ in range(_copies(qbytes, rotate_mib) - 1)]
         out[label] = (lambda i, mods=mods: mods[i], qbytes, len(mods))
     return out
+
+
+class DequantRoute:
+    """Calls a QuantLinear's fused op with the config DEQUANT_ROUTE: its dequantize kernel, then torch.mm."""
+
+    def __init__(self, q: QuantLinear):
+        self.q = q
+
+    def __call__(self, x):
+        import importlib
+
+        from ..triton_kernels.matmul import DEQUANT_ROUTE
+        op, kernels, args = self.q.layout.op_call(self.q.fmt, self.q._buffers, x, self.q.bias)
+        return getattr(importlib.import_module(f"torch_lowbit.triton_kernels.{kernels}"), op)(*args, config=DEQUANT_ROUTE)
 
 
 def _random_tcq(f, n: int, k: int, layout, device: str) -> QuantLinear:
