@@ -226,17 +226,18 @@ def test_kv_attention_prefill_rows_that_see_no_key(path, threads):
     torch.testing.assert_close(out_finfo.double(), ref_finfo, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("bits,group,d,residual", [(4, 64, 64, 0), (4, 16, 48, 5), (8, 32, 96, 3)])
-def test_triton_kv_attention_matches_the_cpu_kernel(bits, group, d, residual, monkeypatch):
+@pytest.mark.parametrize("bits,group,d,residual,g", [(4, 64, 64, 0, 2), (4, 16, 48, 5, 3), (8, 32, 96, 3, 1)])
+def test_triton_kv_attention_matches_the_cpu_kernel(bits, group, d, residual, g, monkeypatch):
     """triton_kernels/kv_attention.py under the interpreter: online softmax over blocks of positions,
     codes rebuilt in registers, the exact ring in place; same result as the CPU kernel (fp32), in one
     pass and split over positions (flash-decoding: 2, 4 and 8 splits, the last ones empty or wholly
-    masked, merged by the combine kernel)."""
+    masked, merged by the combine kernel); one program serves the g query heads of a KV head (g = 3: a
+    padded head lane)."""
     from conftest import triton_available
     if not triton_available():
         pytest.skip("triton is not installed")
     gen = _gen()
-    b, hkv, g, length, filled = 2, 3, 2, 150, 141  # more positions than one block, a ragged tail
+    b, hkv, length, filled = 2, 3, 150, 141  # more positions than one block, a ragged tail
     layer = tl.QuantizedKVLayer(length, bits=bits, group=group, residual_length=residual)
     layer.update(torch.randn(b, hkv, filled, d, generator=gen), torch.randn(b, hkv, filled, d, generator=gen))
     q = torch.randn(b, hkv * g, 1, d, generator=gen)
