@@ -48,3 +48,27 @@ def test_unknown_threading_mode_is_a_clear_error():
                            "tl.QuantLinear.from_linear(torch.nn.Linear(64, 32), 'q4_0')(torch.randn(3, 64))"],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "TORCH_LOWBIT_THREADS" in done.stderr and "pool" in done.stderr
+
+
+def test_pool_threads_run_the_kernels_beside_a_one_thread_torch():
+    """TORCH_LOWBIT_POOL_THREADS=2 with torch.set_num_threads(1) (the shared-machine recipe): the pool is
+    on, the kernels use 2 threads, and the outputs are the bytes of the 2-thread OpenMP run."""
+    env = {**os.environ, "TORCH_LOWBIT_POOL_THREADS": "2"}
+    env.pop("TORCH_LOWBIT_THREADS", None)
+    one_thread_torch = SCRIPT.replace("torch.set_num_threads(2)", "torch.set_num_threads(1)")
+    done = subprocess.run([sys.executable, "-c", one_thread_torch, "pool", "5"], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == _run("openmp", 5)
+
+
+@pytest.mark.parametrize("env, message", [({"TORCH_LOWBIT_POOL_THREADS": "two"}, "from 1 to 1024"),
+                                          ({"TORCH_LOWBIT_POOL_THREADS": "0"}, "from 1 to 1024"),
+                                          ({"TORCH_LOWBIT_POOL_THREADS": "2", "TORCH_LOWBIT_THREADS": "openmp"},
+                                           "unset one of them")])
+def test_bad_pool_thread_settings_are_clear_errors(env, message):
+    full = {**os.environ, **env}
+    done = subprocess.run([sys.executable, "-c", "import torch, torch_lowbit as tl; "
+                           "tl.QuantLinear.from_linear(torch.nn.Linear(64, 64), 'q4_0')(torch.randn(2, 64))"],
+                          env=full, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and message in done.stderr, done.stderr[-2000:]

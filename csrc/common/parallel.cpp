@@ -173,10 +173,27 @@ bool use_pool_from_env() {
   };
   const std::string mode = lower(std::getenv("TORCH_LOWBIT_THREADS"));
   if (mode == "pool") return true;
-  if (mode == "openmp") return false;
+  if (mode == "openmp") {
+    TORCH_CHECK(!std::getenv("TORCH_LOWBIT_POOL_THREADS"), "torch_lowbit: TORCH_LOWBIT_POOL_THREADS sizes the "
+                "pool, which TORCH_LOWBIT_THREADS=openmp turns off; unset one of them");
+    return false;
+  }
   TORCH_CHECK(mode.empty() || mode == "auto", "torch_lowbit: unknown TORCH_LOWBIT_THREADS '", mode,
               "'; choose one of auto, pool, openmp");
-  return lower(std::getenv("OMP_WAIT_POLICY")) == "passive";
+  return std::getenv("TORCH_LOWBIT_POOL_THREADS") || lower(std::getenv("OMP_WAIT_POLICY")) == "passive";
+}
+
+// TORCH_LOWBIT_POOL_THREADS=N: the pool runs the kernels on N threads whatever torch's own count, so
+// torch can run its ops on one thread (torch.set_num_threads(1): no OpenMP threads spinning on a busy
+// core) while the quantized linears keep two or more; 0 when unset (follow at::get_num_threads()).
+int64_t pool_threads_from_env() {
+  const char* v = std::getenv("TORCH_LOWBIT_POOL_THREADS");
+  if (!v) return 0;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  TORCH_CHECK(end != v && *end == '\0' && n >= 1 && n <= 1024, "torch_lowbit: TORCH_LOWBIT_POOL_THREADS must be a "
+              "thread count from 1 to 1024, got '", v, "'");
+  return n;
 }
 
 }  // namespace
@@ -189,7 +206,9 @@ bool uses_own_thread_pool() {
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const RangeFn& f) {
   if (begin >= end) return;
   if (!uses_own_thread_pool()) return at::parallel_for(begin, end, grain, f);
-  const int64_t range = end - begin, threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  static const int64_t pool_threads = pool_threads_from_env();
+  const int64_t range = end - begin,
+                threads = at::in_parallel_region() ? 1 : pool_threads > 0 ? pool_threads : at::get_num_threads();
   grain = std::max<int64_t>(grain, 1);
   const int64_t chunk = std::max(grain, (range + threads * kChunksPerThread - 1) / (threads * kChunksPerThread));
   const int64_t chunks = (range + chunk - 1) / chunk;

@@ -16,7 +16,9 @@
 // 17% slower SmolLM2 decode on a quiet machine than OpenMP kernels. So the pool runs only where the
 // OpenMP threads do not spin: OMP_WAIT_POLICY=passive (then OpenMP kernels pay a futex wake per call
 // and the pool is 40% faster), or when forced with TORCH_LOWBIT_THREADS=pool (openmp forces
-// at::parallel_for). docs/kernels/cpu.md has the measurements.
+// at::parallel_for), or TORCH_LOWBIT_POOL_THREADS=N: the pool on N threads whatever torch's count, for
+// torch.set_num_threads(1) on a shared machine (SmolLM2 q4_0 decode kept 0.93x of its quiet speed with
+// the other core busy, against 0.34x by default). docs/kernels/cpu.md has the measurements.
 #pragma once
 #include <cstdint>
 #include <functional>
