@@ -33,7 +33,7 @@ from torch_lowbit.act_codes import (ACT_BITS, KERNEL_ACT_BLOCK, KERNEL_ACT_BLOCK
 
 from . import autotune
 from .lut4 import run_codes
-from .matmul import _affine_form, _splitk_reduce_kernel, cdiv, check_device, derived, run_fitting, sm_count
+from .matmul import _affine_form, cdiv, check_device, derived, reduce_splits, run_fitting, sm_count
 
 DOT_M = 16  # the smallest M tile an int8 tl.dot takes on GPUs (the interpreter would take less)
 RUN = 32  # codes per run of the layout: the kernel's K step (4 int32 words per row)
@@ -279,9 +279,7 @@ def lut4_int_linear(x, qweight, scales, mins, lut, group_size, bias=None, act_bi
         kernel(xq, xd, *weights, b, y, ws, m, n, k, per_split, SPLIT_K=split, **consts, **cfg,
                **({"grid": grid} if warmup else {}))
         if split > 1 and not warmup:
-            block = 1024
-            _splitk_reduce_kernel[(cdiv(m * n, block),)](ws, b, y, m * n, n, HAS_BIAS=bias is not None,
-                                                         SPLIT_K=split, BLOCK=block)
+            reduce_splits(ws, b, y, bias is not None)
 
     if config is None:
         cands, default = int_act_configs(m)

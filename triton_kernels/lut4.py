@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .matmul import WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _epilogue, _fma_or_dot, _k_slice, _tiles, \
-    cdiv, check_device, check_x, linear_launch, table_form
+    check_device, check_x, dequant_launch, linear_launch, table_form
 
 
 @triton.jit
@@ -43,10 +43,11 @@ def run_codes(words, ROWS: tl.constexpr):
 
 @triton.jit
 def _lut4_dequant_kernel(qw_ptr, s_ptr, mn_ptr, lut_ptr, out_ptr, N, K, GROUP: tl.constexpr, HAS_MIN: tl.constexpr,
-                         BLOCK_N: tl.constexpr, RUNS: tl.constexpr):
-    """W [N, K] (out's dtype) = lut[code] * scale (+ min), BLOCK_N rows x RUNS 32-code runs per program,
-    from the codes as int32 words [N, K / 8]: one 16-byte load per row and run, the nibbles cut with
-    compile-time shifts (run_codes), one scale (and min) per row and run (GROUP >= 32)."""
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """W [N, K] (out's dtype) = lut[code] * scale (+ min), BLOCK_N rows x BLOCK_K columns (whole 32-code
+    runs) per program, from the codes as int32 words [N, K / 8]: one 16-byte load per row and run, the
+    nibbles cut with compile-time shifts (run_codes), one scale (and min) per row and run (GROUP >= 32)."""
+    RUNS: tl.constexpr = BLOCK_K // 32
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     run = tl.program_id(1) * RUNS + tl.arange(0, RUNS)
     n_ok = (offs_n < N)[:, None]
@@ -217,10 +218,7 @@ def lut4_dequantize(qweight, scales, mins, lut, group_size, *, dtype=torch.float
     """W [N, K] in `dtype` (the op torch_lowbit::lut4_dequantize: fp32)."""
     n, k = _check_args("lut4_dequantize", "qweight", qweight, qweight, scales, mins, lut, group_size)
     qw, s, mn, tab = _weights(qweight, scales, mins, lut)
-    out = torch.empty((n, k), device=qweight.device, dtype=dtype)
-    # 32 rows x 4 runs (4096 weights, 32 a thread); no FMA contraction: the reference rounds value *
-    # scale before adding the min
-    _lut4_dequant_kernel[(cdiv(n, 32), cdiv(k // 32, 4))](
-        qw.view(torch.int32), s, mn, tab, out, n, k, GROUP=group_size, HAS_MIN=mins is not None, BLOCK_N=32, RUNS=4,
-        num_warps=4, enable_fp_fusion=False)
-    return out
+    # 32 rows x 4 runs a program (4096 weights, 32 a thread)
+    return dequant_launch(_lut4_dequant_kernel, n, k, (qw.view(torch.int32), s, mn, tab),
+                          dict(GROUP=group_size, HAS_MIN=mins is not None), qweight.device, dtype, block_n=32,
+                          block_k=128)

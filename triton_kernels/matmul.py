@@ -181,6 +181,13 @@ def _splitk_reduce_kernel(ws_ptr, b_ptr, y_ptr, MN, N, HAS_BIAS: tl.constexpr, S
     tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+def reduce_splits(ws, b, y, has_bias: bool) -> None:
+    """y [M, N] = the sum of the split-K partials ws [SPLIT_K, M, N] in a fixed order (+ bias b)."""
+    split, m, n = ws.shape
+    block = 1024
+    _splitk_reduce_kernel[(cdiv(m * n, block),)](ws, b, y, m * n, n, HAS_BIAS=has_bias, SPLIT_K=split, BLOCK=block)
+
+
 @triton.jit
 def _group_dequant_kernel(c_ptr, s_ptr, m_ptr, tbl_ptr, out_ptr, N, K, ROW_WORDS, DECODE: tl.constexpr,
                           BITS: tl.constexpr, GROUP: tl.constexpr, HAS_MIN: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -454,9 +461,7 @@ def linear_launch(op: str, x, n: int, launches: dict, bias, key: str, config,
         kernel(x2, *launch.weights, b, y, ws, m, n, k, *launch.sizes, HAS_BIAS=bias is not None and split == 1,
                SPLIT_K=split, **launch.consts, **cfg, **({"grid": grid} if warmup else {}))
         if split > 1 and not warmup:
-            block = 1024
-            _splitk_reduce_kernel[(cdiv(m * n, block),)](ws, b, y, m * n, n, HAS_BIAS=bias is not None,
-                                                                SPLIT_K=split, BLOCK=block)
+            reduce_splits(ws, b, y, bias is not None)
 
     if config is None:
         cands, default = config_space(m, n, k, launch, x2.dtype)
