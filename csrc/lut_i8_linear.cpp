@@ -45,6 +45,7 @@ at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, con
                              int64_t group, int64_t out_features, const c10::optional<at::Tensor>& bias,
                              const c10::optional<at::Tensor>& sub_groups, int64_t act_bits, double act_clip,
                              int64_t act_block) {
+  // the widths of torch_lowbit.core.packing.LUT_I8_CODE_BITS (the Python side's one definition: keep equal)
   TORCH_CHECK((code_bits >= 1 && code_bits <= 4) || code_bits == 8, "lut_i8_linear: code_bits must be 1..4 or 8, got ",
               code_bits);
   const int64_t block_bytes = lut_i8_block_bytes(static_cast<int>(code_bits));
@@ -68,6 +69,7 @@ at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, con
     TORCH_CHECK(act_bits == 0, "lut_i8_linear: pair codebooks take int8 activations per 32 features (act_bits 0), "
                 "got act_bits=", act_bits, "; round x per token before the call instead");
   } else if (sub_groups.has_value()) {  // group codebooks: several tables, one picked per (row, block)
+    // torch_lowbit.core.packing.GCB_CODE_BITS (keep equal)
     TORCH_CHECK(code_bits == 2 || code_bits == 3, "lut_i8_linear: sub_groups (group codebooks) need 2- or 3-bit codes");
     TORCH_CHECK(sub_groups->scalar_type() == at::kByte && sub_groups->dim() == 3 && sub_groups->size(0) == tiles &&
                     sub_groups->size(1) == K / 32 && sub_groups->size(2) == kI8TileRows,

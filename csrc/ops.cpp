@@ -46,7 +46,8 @@ int64_t clock_probe(int64_t adds);
 // The op table: every torch_lowbit op's schema, here and nowhere else. CPU kernels are bound below
 // and in hadamard.cpp / tcq_viterbi.cpp; fake (meta) impls, CUDA (Triton) impls and the CPU impls of
 // the ops that have no C++ kernel (lowbit_*, gcb_*: the layout's reference decoder, tcq_half_linear:
-// two tcq_linear calls) are registered from Python, torch_lowbit/ops/library.py.
+// two tcq_linear calls) are registered from Python, one module per op family: torch_lowbit/ops/<family>.py
+// (lut4, lut_i8, q4x, palette, lowbit, gcb, attention; hadamard_transform: torch_lowbit/rotations/ops.py).
 TORCH_LIBRARY(torch_lowbit, m) {
   m.def("lut4_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int group_size, "
         "Tensor? bias) -> Tensor");
@@ -71,7 +72,7 @@ TORCH_LIBRARY(torch_lowbit, m) {
   m.def("tcq_half_linear(Tensor x, Tensor codes_lo, Tensor table_lo, int table_bits_lo, int shift_bits_lo, "
         "Tensor codes_hi, Tensor table_hi, int table_bits_hi, int shift_bits_hi, Tensor row_scales, "
         "Tensor? bias) -> Tensor");
-  // the off-CPU layouts of the sub-4-bit group formats (layouts/lowbit.py, layouts/gcb.py gcb_rowmajor)
+  // the off-CPU layouts of the sub-4-bit group formats (layouts/stream_rowmajor.py, layouts/gcb.py gcb_rowmajor)
   m.def("lowbit_linear(Tensor x, Tensor codes, int code_bits, Tensor scales, Tensor? mins, Tensor lut, "
         "int group_size, Tensor? bias) -> Tensor");
   m.def("lowbit_dequantize(Tensor codes, int code_bits, Tensor scales, Tensor? mins, Tensor lut, "

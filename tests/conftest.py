@@ -63,7 +63,7 @@ _PATH_NEEDS = {
 
 def cpu_paths_report():
     """Which CPU kernel paths this machine tests and which it skips, and why (printed once per run)."""
-    from torch_lowbit.ops.library import cpu_extension, cpu_model
+    from torch_lowbit.ops import cpu_extension, cpu_model
     ext = cpu_extension()
     paths = ext.available_cpu_paths()
     lines = [f"torch_lowbit: CPU {cpu_model()}; kernel paths tested here: {', '.join(paths)} "

@@ -6,7 +6,7 @@ import torch
 
 import torch_lowbit as tl
 from conftest import tiny_llama
-from torch_lowbit.nn.act_quant import fake_quantize_per_token, search_clip_ratio
+from torch_lowbit.core.activations import fake_quantize_per_token, search_clip_ratio
 
 
 def _gen():
@@ -80,7 +80,7 @@ def test_sub_blocks_share_a_32_block_scale_times_integer_multipliers(bits, sub):
     """blocks of 16 / 8: the codes are k_j * c with one fp32 scale per 32 features (two-level scales, so
     the per-32 int8 kernels take them exactly), equal to an element-wise twin; each sub-block's grid is
     the best fraction of its block's, so the error is near per-sub-block scales and below blocks of 32."""
-    from torch_lowbit.act_codes import quantize_sub_blocks, sub_block_multiplier_max
+    from torch_lowbit.core.activations import quantize_sub_blocks, sub_block_multiplier_max
     gen = _gen()
     x = _varied_blocks(6, 160, sub, gen)
     x[1, 32:64] = 0  # a zero block: scale 1, codes 0
@@ -188,7 +188,7 @@ def test_integer_activation_kernel_matches_the_rounded_product(path, fmt, bits, 
     bias). The old route (round in torch, then the kernel's own per-32 int8 blocks) rounds twice and
     misses that bound at A4."""
     from conftest import assert_matches_product, random_linear
-    from torch_lowbit.ops.library import cpu_extension
+    from torch_lowbit.ops import cpu_extension
     if path not in cpu_extension().available_cpu_paths():
         pytest.skip(f"CPU path {path} not available")
     gen = _gen()
@@ -220,7 +220,7 @@ def test_integer_activation_paths_agree_bit_for_bit(fmt, bits, block):
     signed). Sub-block activations: the vectorized quantizer gives the scalar one's bytes, and the
     per-32 epilogues are the scalar path's, so again identical bytes."""
     from conftest import random_linear
-    from torch_lowbit.ops.library import cpu_extension
+    from torch_lowbit.ops import cpu_extension
     paths = [p for p in cpu_extension().available_cpu_paths() if p != "scalar"]
     if not paths:
         pytest.skip("this CPU runs only the scalar path")

@@ -21,8 +21,8 @@ import torch
 
 import torch_lowbit as tl
 from conftest import random_linear
-from torch_lowbit.act_codes import quantize_sub_blocks
-from torch_lowbit.formats.activations import quantize_q8_blocks
+from torch_lowbit.core.activations import quantize_sub_blocks
+from torch_lowbit.core.activations import quantize_q8_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 CXX, QEMU = "aarch64-linux-gnu-g++", "qemu-aarch64"
@@ -235,7 +235,7 @@ def _tcq_case_bytes(fmt, n, k, m, bias, gen) -> bytes:
 
 def _codebook_case_bytes(fmt, bits, dim, n, k, m, bias, gen) -> bytes:
     from torch_lowbit.layouts.palette_packed import _codebook
-    from torch_lowbit.packing import stream_words
+    from torch_lowbit.core.packing import stream_words
     table = _codebook(tl.get_format(fmt)) if fmt else torch.randn(2 ** bits, dim, generator=gen)
     assert table.shape == (2 ** bits, dim), (fmt, table.shape)
     words = stream_words(k // dim, bits)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import torch_lowbit as tl
-from torch_lowbit.ops.library import cpu_extension, cpu_model
+from torch_lowbit.ops import cpu_extension, cpu_model
 
 PATHS = list(cpu_extension().available_cpu_paths())
 TWO_PATHS = pytest.mark.skipif(len(PATHS) < 2, reason="this CPU runs only the scalar path")

@@ -47,7 +47,7 @@ def test_clock_probe_measures_a_plausible_clock():
 
 
 def test_cpu_path_forced_from_environment():
-    code = "import torch_lowbit as tl; from torch_lowbit.ops.library import cpu_extension as c; print(c().get_cpu_path())"
+    code = "import torch_lowbit as tl; from torch_lowbit.ops import cpu_extension as c; print(c().get_cpu_path())"
     env = dict(__import__("os").environ, TORCH_LOWBIT_CPU_PATH="scalar")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0 and r.stdout.strip() == "scalar", r.stderr[-1000:]
@@ -85,7 +85,7 @@ def test_bench_gpu_tables_on_tiny_cpu_inputs():
                                              "torch_lowbit int4_g128 [lut4_rowmajor]",
                                              "torch_lowbit nuq3 [palette_packed]",
                                              "torch_lowbit tcq2.25 [palette_packed]",
-                                             "torch_lowbit int2_g64 [lowbit_rowmajor]",
+                                             "torch_lowbit int2_g64 [stream_rowmajor]",
                                              "torch_lowbit gcb2_sb64 [gcb_rowmajor]")]
     # codes (nuq: 16 streams per row, each padded to a word) + fp16 row scales + int8 rotation signs
     from torch_lowbit.layouts.palette_packed import stream_words
@@ -128,7 +128,7 @@ def test_bench_gpu_dequantize_route_contenders():
         rows = gpu.bench_gpu(shapes=((64, 128),), ms=(17,), formats=("q4_0@dequant", "int2_g64@dequant"), rotate_mib=1,
                              device="cpu", timer=gpu.wall_us, progress=lambda msg: None)
         assert [r.name for r in rows] == [gpu.BASELINE, "torch_lowbit q4_0 [lut4_rowmajor, dequantize + cuBLAS]",
-                                          "torch_lowbit int2_g64 [lowbit_rowmajor, dequantize + cuBLAS]"]
+                                          "torch_lowbit int2_g64 [stream_rowmajor, dequantize + cuBLAS]"]
         contenders = gpu._contenders(64, 128, ("q4_0", "q4_0@dequant"), 0, "cpu")
         x = torch.randn(17, 128).half()
         fused, route = (make(0)(x) for make, _, _ in list(contenders.values())[1:])
@@ -207,7 +207,7 @@ def test_cli_prints_library_errors_as_one_line(tmp_path, monkeypatch, capsys):
 def test_extension_names_the_torch_it_was_built_against():
     import torch
 
-    from torch_lowbit.ops.library import cpu_extension
+    from torch_lowbit.ops import cpu_extension
     assert torch.__version__.startswith(cpu_extension().built_torch_version() + ".")
 
 

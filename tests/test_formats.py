@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import torch_lowbit as tl
-from torch_lowbit.packing import pack_nibbles, unpack_nibbles
+from torch_lowbit.core.packing import pack_nibbles, unpack_nibbles
 
 
 def ggml_quantize_row_q4_0_ref(x: np.ndarray) -> bytes:

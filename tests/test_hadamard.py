@@ -158,7 +158,7 @@ def test_reference_convention(n, with_signs):
 # ---- the custom op (CPU paths, Triton interpreter, torch.compile) against the reference ----
 
 import torch_lowbit as tl  # noqa: E402
-from torch_lowbit.ops.library import cpu_extension  # noqa: E402
+from torch_lowbit.ops import cpu_extension  # noqa: E402
 
 from conftest import triton_available  # noqa: E402
 

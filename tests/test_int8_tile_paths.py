@@ -7,7 +7,7 @@ import torch
 
 import torch_lowbit as tl
 from conftest import random_linear
-from torch_lowbit.ops.library import cpu_extension
+from torch_lowbit.ops import cpu_extension
 
 # Identity (q4_0, int*), unsigned and signed 16-entry tables (int4_g128's mins, iq4_nl), q8_0's bytes,
 # per-row group codebooks (gcb2 / gcb3), pair codebooks (vq2) and the NUQ table (nuq3); groups of 32

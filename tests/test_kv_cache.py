@@ -165,7 +165,7 @@ def test_kv_attention_kernel_matches_the_dequantized_reference(path, bits, group
     keys; tasks of several rows x G queries, the last block ragged; 24 heads per KV head leave room
     for only 2 rows per task; 5 heads give 30-40 queries per task: the AVX2 prefill path's query
     lanes in register tiles of 3, 2 and 1 vectors, the last vector partly padding)."""
-    from torch_lowbit.ops.library import cpu_extension
+    from torch_lowbit.ops import cpu_extension
     if path not in cpu_extension().available_cpu_paths():
         pytest.skip(f"CPU path {path} not available")
     gen = _gen()
@@ -200,7 +200,7 @@ def test_kv_attention_prefill_rows_that_see_no_key(path, threads):
     """A prefill block whose first query row sees no key: NaN there (as softmax of all -inf), exact
     elsewhere; with transformers' finfo.min mask that row attends uniformly, as softmax does. One
     task holds 6-12 rows x 4 heads (the AVX2 query-lane path)."""
-    from torch_lowbit.ops.library import cpu_extension
+    from torch_lowbit.ops import cpu_extension
     if path not in cpu_extension().available_cpu_paths():
         pytest.skip(f"CPU path {path} not available")
     gen = _gen()

@@ -11,8 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Bottom first. A module belongs to the first layer with a prefix equal to its name or a package of it.
 LAYERS = [
     # bits, constants and locations: torch only
-    ("torch_lowbit._C", "torch_lowbit.version", "torch_lowbit.cache", "torch_lowbit.packing", "torch_lowbit.act_codes",
-     "torch_lowbit.tcq_codes",
+    ("torch_lowbit._C", "torch_lowbit.version", "torch_lowbit.core",
      "torch_lowbit.rotations._base_matrices", "torch_lowbit.rotations.hadamard"),
     ("torch_lowbit.triton_kernels",),  # GPU kernels: launchers take plain tensors and ints
     ("torch_lowbit.ops",),  # op schemas, fake impls, the C++ extension, backend choice

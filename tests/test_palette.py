@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import torch_lowbit as tl
-from torch_lowbit.formats import gaussian_codebooks as gc
+from torch_lowbit.formats import palette_codebooks as gc
 from torch_lowbit.tools import gen_palette_tables
-from torch_lowbit.formats.gaussian import NUQ, TCQ, VQ, HalfTCQ
-from torch_lowbit.ops.library import cpu_extension
+from torch_lowbit.formats.palette import NUQ, TCQ, VQ, HalfTCQ
+from torch_lowbit.ops import cpu_extension
 
 from conftest import assert_matches_product, tiny_llama
 
@@ -109,7 +109,7 @@ def test_small_vq_codebooks_are_integer_and_run_on_the_int8_tiles():
 def test_pair_codebook_op_checks_its_tables():
     """torch_lowbit::lut_i8_linear's pair mode (a [2, 2^b] lut) against a pure-torch product, and its errors."""
     gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
-    from torch_lowbit.packing import pack_codes
+    from torch_lowbit.core.packing import pack_codes
     n, k, bits = 21, 320, 4
     codes = torch.randint(0, 16, (n, k // 2), generator=gen, dtype=torch.uint8)
     lut = torch.randint(-64, 65, (2, 16), generator=gen).to(torch.int8)
@@ -120,7 +120,7 @@ def test_pair_codebook_op_checks_its_tables():
     x = torch.randn(3, k, generator=gen)
     y = torch.ops.torch_lowbit.lut_i8_linear(x, qweight, sc, None, lut, bits, k, n, None)
     w = torch.stack([lut[0][codes.long()], lut[1][codes.long()]], -1).reshape(n, k).double() * scales.double()[:, None]
-    from torch_lowbit.formats.activations import fake_quantize_q8_blocks
+    from torch_lowbit.core.activations import fake_quantize_q8_blocks
     split = x.reshape(3, k // 64, 32, 2).transpose(-1, -2).reshape(3, k)
     xq = fake_quantize_q8_blocks(split).reshape(3, k // 64, 2, 32).transpose(-1, -2).reshape(3, k)
     torch.testing.assert_close(y.double(), xq.double() @ w.T, rtol=1e-5, atol=1e-4)
@@ -206,7 +206,7 @@ def test_ldlq_lazy_batches_change_nothing():
 
 @pytest.mark.parametrize("bits", [1, 3, 4, 7, 10])
 def test_code_streams_round_trip(bits):
-    from torch_lowbit.packing import pack_streams, stream_words, unpack_streams
+    from torch_lowbit.core.packing import pack_streams, stream_words, unpack_streams
     gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
     codes = torch.randint(0, 2 ** bits, (5, 531), generator=gen)
     words = pack_streams(codes, bits)
@@ -222,7 +222,7 @@ def test_code_streams_round_trip(bits):
 def test_codebook_kernel_matches_its_definition(dim, bits, path):
     """Random codes and tables (not a format's): whole 512-code periods, a ragged tail, every lookup
     kind (register tables up to 64 entries, gathers beyond), GEMV, token blocks and the decode path."""
-    from torch_lowbit.packing import pack_streams
+    from torch_lowbit.core.packing import pack_streams
     if path not in cpu_extension().available_cpu_paths():
         pytest.skip(f"CPU path {path} not available")
     gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())

@@ -11,7 +11,7 @@ import torch_lowbit as tl
 from conftest import random_linear
 from torch_lowbit.layouts import base as layout_base
 from torch_lowbit.layouts import get_layout
-from torch_lowbit.ops.library import cpu_extension
+from torch_lowbit.ops import cpu_extension
 
 LAYOUTS = ["q4_4x4", "q4_4x8", "q4_8x8"]
 FORMATS = ["q4_0", "iq4_nl", "int4_pc"]

@@ -7,7 +7,7 @@ import torch
 import torch_lowbit as tl
 from torch_lowbit.formats.q8 import round_half_away
 from torch_lowbit.layouts import default_layout, get_layout, layouts
-from torch_lowbit.ops.library import cpu_extension
+from torch_lowbit.ops import cpu_extension
 
 from conftest import assert_matches_product, random_linear
 
@@ -71,9 +71,9 @@ def test_round_half_away_is_c_roundf():
 def test_layouts_and_bits():
     assert Q8.bits_per_weight() == 8.5 and Q8.code_bits == 8 and Q8.layout_family == "lut8"
     held = sorted(n for n in layouts() if get_layout(n).supports(Q8))
-    assert held == ["lowbit_rowmajor", "lut8_i8_n16"]
+    assert held == ["lut8_i8_n16", "stream_rowmajor"]
     assert default_layout(Q8, "cpu").name == "lut8_i8_n16"
-    assert default_layout(Q8, "cuda").name == "lowbit_rowmajor"
+    assert default_layout(Q8, "cuda").name == "stream_rowmajor"
 
 
 @pytest.mark.parametrize("path", cpu_extension().available_cpu_paths())

@@ -5,7 +5,7 @@ import torch
 
 import torch_lowbit as tl
 from torch_lowbit.layouts import get_layout, layouts
-from torch_lowbit.ops.library import cpu_extension
+from torch_lowbit.ops import cpu_extension
 
 from conftest import assert_matches_product, random_linear, triton_available
 
@@ -66,7 +66,7 @@ CASES = [(fmt, backend, path, layout, shape_idx, bias, dtype)
          if get_layout(layout).isa_paths or bias == (dtype == torch.bfloat16)
          # one Triton kernel per sub-4-bit family whatever the group size: g64 and the gcb defaults there
          # (tests/test_triton_kernels.py forces every kernel path for g32/g128 and other superblocks)
-         if backend != "triton" or layout not in ("lowbit_rowmajor", "gcb_rowmajor") or fmt.endswith("_g64")
+         if backend != "triton" or layout not in ("stream_rowmajor", "gcb_rowmajor") or fmt.endswith("_g64")
          or fmt in ("gcb2", "gcb3", "q8_0")]
 
 
@@ -120,7 +120,7 @@ def test_int8_paths_are_bit_exact_with_scalar_path(fmt, layout):
 def test_activation_quantizer_matches_kernel_integer_math():
     """The pure-torch q8 activation reference is the kernel's: a weight of one-hot rows reads back
     each activation block's q * d exactly."""
-    from torch_lowbit.formats.activations import fake_quantize_q8_blocks
+    from torch_lowbit.core.activations import fake_quantize_q8_blocks
     k = 64
     lin = torch.nn.Linear(k, k, bias=False)
     with torch.no_grad():

@@ -9,7 +9,7 @@ from torch_lowbit.tools import gen_tcq_tables
 
 
 def _cpu_paths():
-    from torch_lowbit.ops.library import cpu_extension
+    from torch_lowbit.ops import cpu_extension
 
     return cpu_extension().available_cpu_paths()
 
@@ -17,7 +17,7 @@ def _cpu_paths():
 @pytest.fixture
 def cpu_path():
     """Sets the CPU kernel path for the test, restoring automatic choice afterwards."""
-    from torch_lowbit.ops.library import cpu_extension
+    from torch_lowbit.ops import cpu_extension
 
     ext = cpu_extension()
     yield ext.set_cpu_path

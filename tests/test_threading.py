@@ -10,7 +10,7 @@ import pytest
 
 SCRIPT = r"""
 import sys, torch, torch_lowbit as tl
-from torch_lowbit.ops.library import cpu_extension
+from torch_lowbit.ops import cpu_extension
 assert cpu_extension().threading() == sys.argv[1], cpu_extension().threading()
 torch.set_num_threads(2)
 torch.manual_seed(int(sys.argv[2]))

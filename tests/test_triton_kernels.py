@@ -411,7 +411,7 @@ def test_cuda_integer_activation_kernel_at_real_sizes(fmt, bits, block, m):
     """The integer tl.dot kernel on the GPU (IMMA): the rounding kernel's codes and scales equal
     torch's quantize_act_codes on the same CUDA tensor bit for bit (IEEE divisions, no FP fusion), and
     the product equals the rounded activations times the dequantized weight (split K at M = 1)."""
-    from torch_lowbit.act_codes import dequantize_act_codes, quantize_act_codes
+    from torch_lowbit.core.activations import dequantize_act_codes, quantize_act_codes
     from torch_lowbit.triton_kernels.int_act import round_activations
     gen = torch.Generator().manual_seed(m * 10 + bits)
     q, _ = _quantized(fmt, 4096, 4096, True, gen, device="cuda")
@@ -509,7 +509,7 @@ def test_palette_gemv_kernels_every_path(fmt, n, k):
 
 def test_codebook_gemv_reads_wide_scalar_codes():
     """nuq-style codes wider than the pair tables take (5 bits, d = 1): one fp32 lookup per code."""
-    from torch_lowbit.packing import pack_streams
+    from torch_lowbit.core.packing import pack_streams
     gen = _gen()
     n, k, bits = 23, 700, 5
     codes = torch.randint(0, 2 ** bits, (n, k), generator=gen)
@@ -689,20 +689,20 @@ def test_cuda_palette_kernels_match_reference_at_real_sizes(fmt, m):
             assert ((y.double() - ref).norm() / ref.norm()).item() < tol[dtype] * 2  # x' rounded once
 
 
-# -- lowbit_rowmajor (int1/2/3) and gcb_rowmajor: triton_kernels/lowbit.py ------------------------
+# -- stream_rowmajor (int1/2/3) and gcb_rowmajor: triton_kernels/lowbit.py ------------------------
 def _lowbit():
     from torch_lowbit.triton_kernels import lowbit
     return lowbit
 
 
 def _lowbit_module(fmt, k, n, gen, device="cpu"):
-    layout = "gcb_rowmajor" if fmt.startswith("gcb") else "lowbit_rowmajor"
+    layout = "gcb_rowmajor" if fmt.startswith("gcb") else "stream_rowmajor"
     lin = random_linear(k, n, True, gen)
     return tl.QuantLinear.from_linear(lin, fmt, layout=layout).to(device)
 
 
 def _lowbit_args(q):
-    """(kernel function name, args after x and before bias) of a lowbit_rowmajor / gcb_rowmajor module."""
+    """(kernel function name, args after x and before bias) of a stream_rowmajor / gcb_rowmajor module."""
     if q.layout.name == "gcb_rowmajor":
         return "gcb", (q.codes, q.fmt.bits, q.sub_groups, q.super_scales, q.codebooks)
     return "lowbit", (q.codes, q.fmt.code_bits, q.scales, getattr(q, "mins", None), q.lut, q.fmt.group_size)
@@ -740,7 +740,7 @@ def test_lowbit_dequantize_kernels_are_exact(fmt, k):
 def test_lowbit_layouts_are_the_cuda_defaults_and_ops_run_on_cpu():
     from torch_lowbit.layouts import default_layout
     for fmt in ("int1_g64", "int2_g64", "int2_sym_g32", "int3_g128"):
-        assert default_layout(tl.get_format(fmt), "cuda").name == "lowbit_rowmajor"
+        assert default_layout(tl.get_format(fmt), "cuda").name == "stream_rowmajor"
         assert default_layout(tl.get_format(fmt), "cpu").name.endswith("_i8_n16")
     assert default_layout(tl.get_format("gcb3"), "cuda").name == "gcb_rowmajor"
     gen = _gen()
@@ -754,7 +754,7 @@ def test_lowbit_layouts_are_the_cuda_defaults_and_ops_run_on_cpu():
 def test_lowbit_model_compiles_fullgraph_through_the_ops():
     for fmt, op in (("int2_g64", "lowbit_linear"), ("gcb2_sb64", "gcb_linear")):
         model = tiny_llama()
-        layout = "gcb_rowmajor" if fmt.startswith("gcb") else "lowbit_rowmajor"
+        layout = "gcb_rowmajor" if fmt.startswith("gcb") else "stream_rowmajor"
         tl.quantize_(model, fmt, layout=layout, progress=False)
         model.to("meta")
         out, code = _compiled_on_meta(model)
@@ -965,8 +965,8 @@ def test_integer_activation_kernel_matches_the_rounded_product(fmt, bits, monkey
     """QuaRot's W4A8 / W4A4 on the triton backend: ActQuantLinear rounds x per token and the integer
     tl.dot kernel (triton_kernels/int_act.py) multiplies the codes; the result is x_rounded @ W.T within
     fp32 error (odd N, 1..33 tokens, bias, mins), and the op's CPU reference agrees."""
-    from torch_lowbit.formats.activations import quantize_per_token
-    from torch_lowbit.nn.act_quant import fake_quantize_per_token
+    from torch_lowbit.core.activations import quantize_per_token
+    from torch_lowbit.core.activations import fake_quantize_per_token
     from torch_lowbit.triton_kernels import int_act
     lut4_int_linear, calls = int_act.lut4_int_linear, []
     monkeypatch.setattr(int_act, "lut4_int_linear", lambda *a: calls.append(1) or lut4_int_linear(*a))
@@ -1042,7 +1042,7 @@ def _block_varied(m, k, gen):
 def test_integer_activation_kernel_rounds_blocks_bit_for_bit(bits, block):
     """The Triton rounding of block-scaled activations (per 32 features; 16 / 8: two-level scales)
     gives quantize_act_codes' codes and scales exactly (K = 1088: two programs per token, ragged)."""
-    from torch_lowbit.act_codes import quantize_act_codes
+    from torch_lowbit.core.activations import quantize_act_codes
     from torch_lowbit.triton_kernels.int_act import round_activations
     gen = _gen()
     for m, k in ((1, 96), (5, 1088)):
@@ -1059,7 +1059,7 @@ def test_integer_activation_kernel_takes_activation_blocks(fmt, bits, block, mon
     """Block-scaled activations (QuaRot(act_block=...)) on the triton backend reach the integer tl.dot
     kernel, which scales each 32-feature run's int32 product by its block's scale: x_rounded @ W.T
     within fp32 error (ragged M, odd N, bias, mins), equal to the op's CPU reference."""
-    from torch_lowbit.nn.act_quant import fake_quantize_per_token
+    from torch_lowbit.core.activations import fake_quantize_per_token
     from torch_lowbit.triton_kernels import int_act
     lut4_int_linear, calls = int_act.lut4_int_linear, []
     monkeypatch.setattr(int_act, "lut4_int_linear", lambda *a: calls.append(a[-1]) or lut4_int_linear(*a))

@@ -15,7 +15,7 @@
 """
 from . import layouts as _layouts  # noqa: F401  (registers layouts)
 from . import ops as _ops  # noqa: F401  (loads the C++ extension, registers fake/CUDA impls)
-from .formats import (IQ4_NL, NUQ, VQ, Format, GaussianFormat, Int4, IntAsym, IntSym, Q4_0, Q8_0, ScalarCodebookFormat,
+from .formats import (IQ4_NL, NUQ, VQ, Format, PaletteFormat, Int4, IntAsym, IntSym, Q4_0, Q8_0, ScalarCodebookFormat,
                       format_from_json, formats, get_format, register_format)
 from .generation import CompiledGenerator
 from .io import CheckpointError, GGUFError, from_gguf, load_quantized, save_quantized, to_gguf
@@ -27,7 +27,7 @@ from .quarot import QuaRot
 
 from .version import __version__
 
-__all__ = ["Format", "ScalarCodebookFormat", "GaussianFormat", "Int4", "IntAsym", "IntSym", "Q4_0", "Q8_0", "IQ4_NL", "NUQ", "VQ", "formats", "get_format", "register_format", "format_from_json",
+__all__ = ["Format", "ScalarCodebookFormat", "PaletteFormat", "Int4", "IntAsym", "IntSym", "Q4_0", "Q8_0", "IQ4_NL", "NUQ", "VQ", "formats", "get_format", "register_format", "format_from_json",
            "QuantLinear", "QuantEmbedding", "ProjectionSlot", "quantize_", "quantize_embeddings_", "allocate_formats", "MixedBits", "use_backend", "current_backend",
            "save_quantized", "load_quantized", "CheckpointError", "from_gguf", "to_gguf", "GGUFError", "CompiledGenerator", "rotate_", "smooth_down_proj_", "quantize_activations_", "ActQuantLinear", "QuantizedKVCache", "QuantizedKVLayer", "QuaRot", "__version__"]
 

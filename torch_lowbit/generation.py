@@ -19,6 +19,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from .ops.attention import gqa_attention as gqa_attention_op
+
 
 @contextlib.contextmanager
 def _attention(model: nn.Module, implementation: Optional[str]):
@@ -56,7 +58,7 @@ def gqa_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, 
     if kv_layer is not None:  # decode and prefill on a quantized cache: the kernel reads its codes
         return kv_layer.attention(query, attention_mask, scale), None
     mask = attention_mask[..., :key.shape[-2]] if attention_mask is not None else None
-    return torch.ops.torch_lowbit.gqa_attention(query, key, value, mask, scale), None
+    return gqa_attention_op(query, key, value, mask, scale), None
 
 
 def _register_attention() -> None:

@@ -119,11 +119,11 @@ class QuantizedKVLayer(StaticLayer):
         if self.residual_length:  # exact rows; keys rotated like the codes (a few rows per step)
             k_ring = hadamard_transform(k["recent"]) if self.rotate_keys else k["recent"]
             rings = (k_ring, v["recent"], self.cumulative_length)
-        from .layouts.base import run_op
+        from .ops.attention import kv_attention
         from .ops.backend import resolve_backend
-        args = (q, k["codes"], k["scale"], k["min"], v["codes"], v["scale"], v["min"], mask, scale, self.bits, *rings)
         # the CPU kernel, the Triton kernel on CUDA, or with use_backend("triton") under the interpreter
-        return run_op("kv_attention", "kv_attention", args, resolve_backend(q.device.type), q)
+        return kv_attention(q, k["codes"], k["scale"], k["min"], v["codes"], v["scale"], v["min"], mask, scale,
+                            self.bits, *rings, backend=resolve_backend(q.device.type))
 
     def reset(self) -> None:
         if self.is_initialized:

@@ -69,7 +69,8 @@ class QuaRot:
     def apply(self, model: nn.Module, *, calibration: Optional[Iterable[Tensor]] = None, progress: bool = True,
               **quantize_kwargs) -> nn.Module:
         from .formats.kv import check_kv_config
-        from .nn.act_quant import _check_bits, _check_block, quantize_activations_
+        from .core.activations import check_act_bits, check_act_block
+        from .nn.act_quant import quantize_activations_
         from .nn.quantize import quantize_
         from .rotations.model import rotate_
         from .rotations.smooth import smooth_down_proj_
@@ -78,8 +79,8 @@ class QuaRot:
             raise ValueError(f"QuaRot(rounding={self.rounding!r}) needs calibration batches; pass calibration=... "
                              "or rounding='rtn'")
         if self.acts is not None:
-            _check_bits(self.acts)
-            _check_block(self.act_block, bits=self.acts if self.act_symmetric else None)
+            check_act_bits(self.acts)
+            check_act_block(self.act_block, bits=self.acts if self.act_symmetric else None)
         if self.kv is not None:
             cfg = model.config.get_text_config() if hasattr(model, "config") else None
             if cfg is None:

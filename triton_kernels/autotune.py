@@ -49,7 +49,7 @@ def m_bucket(m: int) -> int:
 
 
 def cache_path() -> Path:
-    from torch_lowbit.cache import cache_dir
+    from torch_lowbit.core.cache import cache_dir
     return cache_dir() / CACHE_FILE
 
 

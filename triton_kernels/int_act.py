@@ -7,7 +7,7 @@ _round_rows_kernel rounds x once (int8 codes, M K bytes), then the matmul kernel
 the M x N tiles are too few to fill the GPU (decode: 64 tiles at N = 4096) the groups are split over
 up to 8 K slices whose fp32 partials a third launch sums in a fixed order (split_groups).
 
-Rounding (formats/activations.py quantize_per_token, bit for bit): one program per token reads its
+Rounding (core/activations.py quantize_per_token, bit for bit): one program per token reads its
 row for max|x|, xd = max|x| * (clip / qmax) (1 for an all-zero row), then xq = clamp(rint(x / xd)) —
 an IEEE division (div_rn) and round-half-even (adding and subtracting 1.5 * 2^23), as torch does.
 (Rounding inside the matmul kernel repeated it per N tile: at M = 64 it was most of the loop.)
@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from torch_lowbit.act_codes import (ACT_BITS, KERNEL_ACT_BLOCK, KERNEL_ACT_BLOCKS, SUB_BLOCKS, sub_block_multiplier_max,
+from torch_lowbit.core.activations import (ACT_BITS, KERNEL_ACT_BLOCK, KERNEL_ACT_BLOCKS, SUB_BLOCKS, sub_block_multiplier_max,
                                     symmetric_min_code)
 
 from . import autotune

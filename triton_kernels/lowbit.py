@@ -2,7 +2,7 @@
 
 Both layouts store a row's b-bit codes as one MSB-first bit stream (layouts.palette_packed.pack_stream:
 code j at bits [j b, j b + b) of the row, int32 words, the row padded to a word):
-- lowbit_rowmajor (int1_g*, int2_g*, int2_sym_g*, int3_g*, q8_0; layouts/lowbit.py): W[n, k] =
+- stream_rowmajor (int1_g*, int2_g*, int2_sym_g*, int3_g*, q8_0; layouts/stream_rowmajor.py): W[n, k] =
   lut[code] * scale[n, k // group] (+ min), fp16 scales / mins [N, K / group], the format's fp32
   table of 2^b code values.
 - gcb_rowmajor (gcb2, gcb3; layouts/gcb.py): W[n, k] = codebooks[c][code] * (s * d) with the
@@ -24,7 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from torch_lowbit.packing import GCB_SUBGROUP as SUBGROUP  # weights per gcb sub-group byte
+from torch_lowbit.core.packing import GCB_CODE_BITS, STREAM_CODE_BITS
+from torch_lowbit.core.packing import GCB_SUBGROUP as SUBGROUP  # weights per gcb sub-group byte
 
 from .matmul import (WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _bits_at, _epilogue, _fma_or_dot,
                      _group_dequant_kernel, _k_slice, _lookup, _tiles, _unit_words, _window,
@@ -106,7 +107,7 @@ def _lowbit_linear_kernel(x_ptr, words_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr
                           GEMV: tl.constexpr,
                           DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """lowbit_rowmajor and (CODEBOOKS) gcb_rowmajor, both kinds, from whole stream words: a unit is the
+    """stream_rowmajor and (CODEBOOKS) gcb_rowmajor, both kinds, from whole stream words: a unit is the
     G = BITS / gcd(BITS, 32) words holding C = 32 G / BITS consecutive codes (columns), inside one
     group or gcb sub-group (C <= 32), so every code sits at a compile-time shift and the unit's scale
     (and min) is read once per unit and row.
@@ -184,8 +185,6 @@ def stream_words(in_features: int, code_bits: int) -> int:
 
 
 def _codes_check(op, codes, code_bits, n, k):
-    if not (1 <= code_bits <= 4 or code_bits == 8):
-        raise ValueError(f"{op} (triton): code_bits must be 1..4 or 8, got {code_bits}")
     words = stream_words(k, code_bits)
     if codes.dtype != torch.int32 or tuple(codes.shape) != (n, words):
         raise ValueError(f"{op} (triton): codes must be int32 [{n}, {words}] (one {code_bits}-bit MSB-first stream "
@@ -194,7 +193,9 @@ def _codes_check(op, codes, code_bits, n, k):
 
 
 def _lowbit_shapes(op, codes, code_bits, scales, mins, lut, group_size):
-    """(N, K, row words) of lowbit_rowmajor buffers, with clear errors for what the kernels cannot read."""
+    """(N, K, row words) of stream_rowmajor buffers, with clear errors for what the kernels cannot read."""
+    if code_bits not in STREAM_CODE_BITS:
+        raise ValueError(f"{op} (triton): code_bits must be one of {STREAM_CODE_BITS}, got {code_bits}")
     if scales.dtype != torch.float16 or scales.dim() != 2:
         raise ValueError(f"{op} (triton): scales must be 2-D fp16 [N, K/group], got {scales.dtype} "
                          f"{tuple(scales.shape)}")
@@ -219,10 +220,10 @@ def _gcb_shapes(op, codes, code_bits, sub_groups, super_scales, codebooks):
             or super_scales.shape[1] == 0 or k % super_scales.shape[1] or (k // super_scales.shape[1]) % SUBGROUP:
         raise ValueError(f"{op} (triton): super_scales must be fp16 [{n}, K/superblock] with the superblock a "
                          f"multiple of 32 dividing K={k}, got {super_scales.dtype} {tuple(super_scales.shape)}")
-    if code_bits not in (2, 3) or codebooks.dtype != torch.int8 or codebooks.dim() != 2 \
+    if code_bits not in GCB_CODE_BITS or codebooks.dtype != torch.int8 or codebooks.dim() != 2 \
             or codebooks.shape[1] != 2 ** code_bits or not 1 <= codebooks.shape[0] <= 16:
-        raise ValueError(f"{op} (triton): codebooks must be int8 [1..16, 2^code_bits] with code_bits 2 or 3, got "
-                         f"{codebooks.dtype} {tuple(codebooks.shape)} for code_bits={code_bits}")
+        raise ValueError(f"{op} (triton): codebooks must be int8 [1..16, 2^code_bits] with code_bits one of "
+                         f"{GCB_CODE_BITS}, got {codebooks.dtype} {tuple(codebooks.shape)} for code_bits={code_bits}")
     return n, k, _codes_check(op, codes, code_bits, n, k), k // super_scales.shape[1]
 
 
@@ -260,7 +261,7 @@ def _word_launches(weights, code_bits, words, **consts) -> dict:
 
 
 def lowbit_linear(x, codes, code_bits, scales, mins, lut, group_size, bias=None, *, config=None):
-    """y = x @ W.T + bias for lowbit_rowmajor buffers (the op torch_lowbit::lowbit_linear), output in
+    """y = x @ W.T + bias for stream_rowmajor buffers (the op torch_lowbit::lowbit_linear), output in
     x's dtype, any leading dims of x. config: force a launch config (tests, benchmarks)."""
     op = "lowbit_linear"
     check_device(op, "x", x, {"codes": codes, "scales": scales, "mins": mins, "lut": lut, "bias": bias})
@@ -294,7 +295,7 @@ def gcb_linear(x, codes, code_bits, sub_groups, super_scales, codebooks, bias=No
 
 
 def lowbit_dequantize(codes, code_bits, scales, mins, lut, group_size, *, dtype=torch.float32):
-    """W [N, K] in `dtype` of lowbit_rowmajor buffers (the op torch_lowbit::lowbit_dequantize: fp32)."""
+    """W [N, K] in `dtype` of stream_rowmajor buffers (the op torch_lowbit::lowbit_dequantize: fp32)."""
     op = "lowbit_dequantize"
     check_device(op, "codes", codes, {"scales": scales, "mins": mins, "lut": lut})
     n, k, words = _lowbit_shapes(op, codes, code_bits, scales, mins, lut, group_size)

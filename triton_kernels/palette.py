@@ -42,13 +42,13 @@ import torch
 import triton
 import triton.language as tl
 
-from torch_lowbit import tcq_codes as tcq
+from torch_lowbit.core import tcq_codes as tcq
 
 from .matmul import (WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _epilogue, _fma_or_dot, _k_slice, _lookup, _store_tile,
                      _tiles, _unit_words, _window, _bits_at, check_device, check_x, dequant_launch, derived, linear_launch,
                      pair_table)
 
-# The 1mad code's constants (torch_lowbit/tcq_codes.py); jit code reads only constexpr globals.
+# The 1mad code's constants (torch_lowbit/core/tcq_codes.py); jit code reads only constexpr globals.
 _MAD_A0, _MAD_A1 = (tl.constexpr(a) for a in tcq.MAD_MULTIPLIERS)
 _MAD_B0, _MAD_B1 = (tl.constexpr(b) for b in tcq.MAD_INCREMENTS)
 _MAD_OFFSET = tl.constexpr(tcq.MAD_OFFSET)

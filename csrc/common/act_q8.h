@@ -1,6 +1,6 @@
 // Dynamic int8 activations, one fp32 scale per 32 consecutive features of a token (ggml's Q8_0
 // math): d = max|x| / 127, q = round_half_even(x / d) computed as x * (1 / d). The pure-torch
-// twin that tests compare with is torch_lowbit/formats/activations.py.
+// twin that tests compare with is torch_lowbit/core/activations.py.
 #pragma once
 #include <algorithm>
 #include <cmath>

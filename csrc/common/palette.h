@@ -58,7 +58,7 @@ inline uint32_t tcq_state(const uint32_t* seq, int count, int t, int shift) {
   return v >> 16;
 }
 
-// TCQ's computed 1mad code (torch_lowbit/tcq_codes.py: MAD_* constants, which tests pin these to).
+// TCQ's computed 1mad code (torch_lowbit/core/tcq_codes.py: MAD_* constants, which tests pin these to).
 constexpr int kTcqMadTableBits = 0;
 constexpr uint32_t kTcqMadMultipliers[2] = {34038481u, 3188803409u};
 constexpr uint32_t kTcqMadIncrements[2] = {76625530u, 1013904223u};

@@ -66,7 +66,7 @@ def _median_us(fn: Callable[[int], object], copies: int, min_time: float = 0.3, 
 def dram_read_gbs(mib: int = 512, repeats: int = 7) -> float:
     """Measured read bandwidth with the current thread count: all threads stream (XOR) a buffer far
     larger than the caches with wide loads (csrc/common/bandwidth.cpp); best of `repeats`."""
-    from ..ops.library import cpu_extension
+    from ..ops import cpu_extension
     probe = cpu_extension().read_probe
     buf = torch.randint(0, 2**62, (mib * 2**20 // 8,), dtype=torch.int64)
     probe(buf)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..formats import formats, get_format
-from ..formats.gaussian import GaussianFormat
+from ..formats.palette import PaletteFormat
 
 
 @dataclass
@@ -27,7 +27,7 @@ class DistortionRow:
 
 
 def palette_formats() -> list[str]:
-    names = [f for f in formats() if isinstance(get_format(f), GaussianFormat)]
+    names = [f for f in formats() if isinstance(get_format(f), PaletteFormat)]
     return sorted(names, key=lambda f: (get_format(f).prefix, get_format(f).bits))
 
 

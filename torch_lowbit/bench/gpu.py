@@ -13,7 +13,7 @@ A `fmt@dequant` contender (formats without a rotation) forces the large-M route 
 the layout's dequantize kernel writes W in fp16, then cuBLAS; its time minus fp16 `F.linear`'s is the
 dequantize kernel's.
 
-Every format runs in its CUDA default layout (lut4_rowmajor, lowbit_rowmajor for int1/2/3,
+Every format runs in its CUDA default layout (lut4_rowmajor, stream_rowmajor for int1/2/3,
 gcb_rowmajor, palette_packed). Palette formats (nuq*, vq*, tcq*, half-TCQ): the timed
 call is the whole QuantLinear forward: the activations' Hadamard rotation plus the fused kernel. TCQ
 weights get random code bits instead of Viterbi codes: the encoder is CPU-only at these sizes (the
@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ..formats import get_format
-from ..formats.gaussian import TCQ, HalfTCQ
+from ..formats.palette import TCQ, HalfTCQ
 from ..layouts import default_layout
 from ..nn import QuantLinear
 from ..nn.act_quant import ActQuantLinear

@@ -33,7 +33,8 @@ def _attend(device: str, query_rows: int = 1):
     """The baseline attention and its label: our decode op on CPU; at prefill (several query rows) and
     on CUDA, torch's fused SDPA (on CUDA over an fp16 cache: what a CUDA user runs today)."""
     if device == "cpu" and query_rows == 1:
-        return torch.float32, "fp32 cache, gqa_attention", torch.ops.torch_lowbit.gqa_attention
+        from ..ops.attention import gqa_attention
+        return torch.float32, "fp32 cache, gqa_attention", gqa_attention
     import torch.nn.functional as F
 
     def sdpa(q, k, v, mask, scale):

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..ops.library import cpu_extension, cpu_model
+from ..ops import cpu_extension, cpu_model
 
 _REPO = Path(__file__).resolve().parents[2]
 

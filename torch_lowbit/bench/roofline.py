@@ -30,7 +30,7 @@ TILE_BLOCK = 512  # weights per (16-row tile, 32-wide block): one pass of the ke
 
 def clock_ghz(repeats: int = 5) -> float:
     """The core clock (turbo included) from a chain of dependent one-cycle steps; best of `repeats`."""
-    from ..ops.library import cpu_extension
+    from ..ops import cpu_extension
     probe, steps = cpu_extension().clock_probe, 200_000_000
     best = min(_timed(lambda: probe(steps)) for _ in range(repeats))
     return steps / best / 1e9

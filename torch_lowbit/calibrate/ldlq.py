@@ -11,12 +11,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..formats.gaussian import GaussianFormat, HalfTCQ
+from ..formats.palette import PaletteFormat, HalfTCQ
 from ..rotations import hadamard_transform
 from .gptq import _inverse_hessian_cholesky
 
 
-def rotated_hessian(fmt: GaussianFormat, hessian: Tensor) -> Tensor:
+def rotated_hessian(fmt: PaletteFormat, hessian: Tensor) -> Tensor:
     """(S H)ᵀ E[x xᵀ] (S H): the Hessian of the rotated activations x' = x S H."""
     h = hessian.detach().float()
     if not fmt.rotate:
@@ -25,7 +25,7 @@ def rotated_hessian(fmt: GaussianFormat, hessian: Tensor) -> Tensor:
     return hadamard_transform(hadamard_transform(h, s).T.contiguous(), s)
 
 
-def _block_coder(fmt: GaussianFormat, k: int):
+def _block_coder(fmt: PaletteFormat, k: int):
     """(block width, coder(column0) -> the format whose encode_unit codes columns from column0 on)."""
     if isinstance(fmt, HalfTCQ):
         lo, hi = fmt.halves()
@@ -35,10 +35,10 @@ def _block_coder(fmt: GaussianFormat, k: int):
 
 
 @torch.no_grad()
-def ldlq_quantize(fmt: GaussianFormat, weight: Tensor, hessian: Tensor, *, damp: float = 0.01,
+def ldlq_quantize(fmt: PaletteFormat, weight: Tensor, hessian: Tensor, *, damp: float = 0.01,
                   lazy_columns: int = 128) -> dict[str, Tensor]:
     """fmt's tensors for `weight` [N, K] rounded with block LDLQ against `hessian` [K, K] (E[x xᵀ])."""
-    if not isinstance(fmt, GaussianFormat):
+    if not isinstance(fmt, PaletteFormat):
         raise ValueError(f"LDLQ rounding is for the palette formats; {fmt.name} is not one")
     fmt.check_weight(weight)
     n, k = weight.shape

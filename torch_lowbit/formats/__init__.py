@@ -3,10 +3,10 @@ from .base import Format
 from .registry import format_from_json, formats, get_format, register_format
 from .scalar import ScalarCodebookFormat
 from .uniform import Int4, IntAsym, IntSym, Q4_0
-from .lut import IQ4_NL
+from .iq4_nl import IQ4_NL
 from .q8 import Q8_0
-from .gaussian import NUQ, TCQ, VQ, GaussianFormat, HalfTCQ
+from .palette import NUQ, TCQ, VQ, PaletteFormat, HalfTCQ
 from .gcb import GroupCodebook
 
 __all__ = ["Format", "ScalarCodebookFormat", "Q4_0", "Int4", "IntAsym", "IntSym", "IQ4_NL", "Q8_0", "formats", "get_format", "register_format",
-           "format_from_json", "GaussianFormat", "NUQ", "VQ", "TCQ", "HalfTCQ", "GroupCodebook"]
+           "format_from_json", "PaletteFormat", "NUQ", "VQ", "TCQ", "HalfTCQ", "GroupCodebook"]

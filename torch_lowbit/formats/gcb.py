@@ -32,11 +32,11 @@ from typing import ClassVar, Optional
 import torch
 from torch import Tensor
 
-from ..packing import GCB_SUBGROUP
+from ..core.packing import GCB_CODE_BITS, GCB_SUBGROUP
 from .base import Format
 from .registry import register_format
 
-SUBGROUP = GCB_SUBGROUP  # one sub-group byte per 32 weights (torch_lowbit.packing)
+SUBGROUP = GCB_SUBGROUP  # one sub-group byte per 32 weights (torch_lowbit.core.packing)
 SUPERBLOCK = 256
 SCALE_STEPS = 15  # s_j in 1..15
 _DATA = os.path.join(os.path.dirname(__file__), "data", "gcb_codebooks.safetensors")
@@ -88,8 +88,8 @@ class GroupCodebook(Format):
     lsq_iters: int = 3
 
     def __post_init__(self):
-        if self.bits not in (2, 3):
-            raise ValueError(f"gcb: bits must be 2 or 3, got {self.bits}")
+        if self.bits not in GCB_CODE_BITS:
+            raise ValueError(f"gcb: bits must be one of {GCB_CODE_BITS}, got {self.bits}")
         if self.superblock <= 0 or self.superblock % SUBGROUP:
             raise ValueError(f"gcb: superblock must be a positive multiple of {SUBGROUP}, got {self.superblock}")
 
@@ -213,7 +213,7 @@ def _fit_scale(x: Tensor, values: Tensor, w: Optional[Tensor], iters: int) -> tu
 
 def _register() -> None:
     if os.path.exists(_DATA):
-        for b in (2, 3):
+        for b in GCB_CODE_BITS:
             # superblocks of 256 (LLaMA-size K); 192, 128 and 64 for widths like SmolLM2's 576 or BERT's 384
             for sb in (SUPERBLOCK, 192, 128, 64):
                 register_format(GroupCodebook(bits=b, superblock=sb))

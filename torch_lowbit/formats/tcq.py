@@ -50,7 +50,7 @@ import os
 import torch
 from torch import Tensor
 
-from ..tcq_codes import (MAD_INCREMENTS, MAD_MULTIPLIERS, MAD_OFFSET, MAD_TABLE_BITS, MAD_UNIT,  # noqa: F401
+from ..core.tcq_codes import (MAD_INCREMENTS, MAD_MULTIPLIERS, MAD_OFFSET, MAD_TABLE_BITS, MAD_UNIT,  # noqa: F401
                          kernel_table_shape)
 
 TCQ_L = 16
@@ -290,10 +290,8 @@ def tcq_viterbi_reference(x_seq: Tensor, bits: float, code: str = "hyb") -> tupl
 
 
 def _extension_viterbi(x_seq: Tensor, bits: float, code: str) -> tuple[Tensor, Tensor]:
-    from ..ops.library import cpu_extension
-
-    cpu_extension()  # loads torch_lowbit._C, which registers torch.ops.torch_lowbit.tcq_viterbi
-    return torch.ops.torch_lowbit.tcq_viterbi(x_seq, _state_values(bits, code), tcq_shift_bits(bits))
+    from ..ops.palette import tcq_viterbi
+    return tcq_viterbi(x_seq, _state_values(bits, code), tcq_shift_bits(bits))
 
 
 def tcq_viterbi(x_seq: Tensor, bits: float, code: str = "hyb") -> tuple[Tensor, Tensor]:

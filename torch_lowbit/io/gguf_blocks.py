@@ -13,7 +13,7 @@ and encodes back byte for byte:
 | Q8_0   | fp16 d, 32 int8 q               | q8_0      | (code - 128) * d, code = q + 128 |
 
 Nibbles are in ggml's half-split order (low nibbles = codes 0..15 of the block, high = 16..31),
-which is torch_lowbit.packing's pack_nibbles order.
+which is torch_lowbit.core.packing's pack_nibbles order.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from torch import Tensor
 from ..formats import Format, get_format
 from ..formats.registry import formats
 from ..formats.uniform import IntAsym
-from ..packing import pack_nibbles, unpack_nibbles
+from ..core.packing import pack_nibbles, unpack_nibbles
 
 BLOCK = 32  # weights per block of every type handled here
 

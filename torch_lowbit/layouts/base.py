@@ -7,10 +7,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Optional
 
-import torch
 from torch import Tensor
 
 from ..formats.base import Format
+from ..ops import Backend, OpCall
 
 
 class Layout(ABC):
@@ -48,7 +48,7 @@ class Layout(ABC):
         """The format-level tensors (as unpack's) of the given output rows only, reading only their
         packed bytes: what an embedding lookup dequantizes (nn.QuantEmbedding)."""
         raise ValueError(f"layout {self.name} cannot gather single rows; use a layout that can "
-                         "(lut{{b}}_i8_n16, lut4_rowmajor, lowbit_rowmajor) for an embedding")
+                         "(lut{{b}}_i8_n16, lut4_rowmajor, stream_rowmajor) for an embedding")
 
     @abstractmethod
     def buffer_shapes(self, fmt: Format, out_features: int, in_features: int) -> dict[str, tuple]:
@@ -76,31 +76,24 @@ class Layout(ABC):
         order (the format index reads it; empty: plain torch only)."""
         return _ROTATION_OPS if getattr(fmt, "rotate", False) else ()
 
-    def op_call(self, fmt: Format, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor]) -> tuple[str, str, tuple]:
-        """(op, kernels, args) of the one fused op this layout's forward runs (x already rotated for
-        rotated formats): torch.ops.torch_lowbit.<op>(*args), whose CUDA impl is the same-named
-        function of triton_kernels/<kernels>.py (see run_op). The CPU-only layouts (the int8-tiled
-        *_i8_n16 ones, palette_packed, palette_dense's dense fallback) run no such op: a clear error
-        naming the format's CUDA layout to repack into."""
+    def fused_op(self, fmt: Format, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
+                 backend: Backend) -> Tensor:
+        """The one fused op of this layout's forward that has a Triton kernel, called through its typed
+        wrapper (torch_lowbit/ops/<family>.py) with `backend` (x already rotated for rotated formats).
+        Layouts without one (the int8 tiles *_i8_n16 and the q4_{R}x{S} interleavings: CPU kernels only;
+        palette_dense: a dense fallback) raise a clear error naming the format's CUDA layout to repack
+        into."""
         raise ValueError(f"layout {self.name} runs no fused Triton op; repack the module with "
                          f"layout=\"{default_layout(fmt, 'cuda').name}\" (the CUDA default for {fmt.name})")
 
+    def op_call(self, fmt: Format, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor]) -> OpCall:
+        """(op, kernels, args) of fused_op, not made: torch.ops.torch_lowbit.<op>(*args), whose CUDA impl
+        is the same-named function of triton_kernels/<kernels>.py (the GPU benchmarks and tools call that
+        function with options of their own)."""
+        return self.fused_op(fmt, buffers, x, bias, OpCall)
+
 
 _ROTATION_OPS = (("hadamard_transform", "hadamard"),)  # x' = (x * s) @ H of the rotated formats
-
-
-def run_op(op: str, kernels: Optional[str], args: tuple, backend: str, x: Tensor) -> Tensor:
-    """The one route from a layout to a kernel: torch.ops.torch_lowbit.<op>(*args) (its CPU / CUDA impl
-    by device, its fake impl under compile), or with backend "triton" on CPU tensors the Triton function
-    of the same name in triton_kernels/<kernels>.py (the eager-only debugging route: the kernel under
-    TRITON_INTERPRET=1; torch.ops would run the CPU impl). kernels=None: a CPU-only op."""
-    if backend == "triton" and x.device.type == "cpu":
-        if kernels is None:
-            raise RuntimeError(f"torch_lowbit::{op} has no Triton kernel; repack the module to a layout the "
-                               "triton backend reads")
-        import importlib
-        return getattr(importlib.import_module(f"torch_lowbit.triton_kernels.{kernels}"), op)(*args)
-    return getattr(torch.ops.torch_lowbit, op)(*args)
 
 
 _LAYOUTS: dict[str, Layout] = {}
@@ -118,7 +111,15 @@ def layouts() -> list[str]:
     return sorted(_LAYOUTS)
 
 
+# Layouts renamed since checkpoints were first written: old name -> current name. Checkpoints and HF
+# folders store layout names, so an old name keeps loading (the buffers are the same).
+RENAMED_LAYOUTS = {
+    "lowbit_rowmajor": "stream_rowmajor",  # it also holds q8_0's 8-bit streams, not only low bit widths
+}
+
+
 def get_layout(name: str) -> Layout:
+    name = RENAMED_LAYOUTS.get(name, name)
     if name not in _LAYOUTS:
         raise ValueError(f"unknown layout {name!r}; known layouts: {', '.join(sorted(_LAYOUTS))} "
                          "(a checkpoint from a newer torch_lowbit? upgrade the package)")

@@ -20,12 +20,14 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..formats.activations import fake_quantize_q8_blocks
+from ..core.activations import fake_quantize_q8_blocks
 from ..formats.gcb import GroupCodebook, dequantize_subgroups
-from ..ops.library import register_reference_cpu_impls
-from ..packing import GCB_SUBGROUP as SUBGROUP
-from ..packing import TILE, pack_codes, pack_stream, pad_rows, unpack_codes, unpack_stream
-from .base import Layout, register_layout, run_op
+from ..core.packing import GCB_SUBGROUP as SUBGROUP
+from ..core.packing import TILE, pack_codes, pack_stream, pad_rows, unpack_codes, unpack_stream
+from ..ops import Backend
+from ..ops.gcb import gcb_linear, register_reference_cpu_impls
+from ..ops.lut_i8 import lut_i8_linear
+from .base import Layout, register_layout
 
 
 def _sub_group_bytes(q: dict[str, Tensor]) -> Tensor:
@@ -64,15 +66,14 @@ class GcbRowMajor(Layout):
     def kernel_ops(self, fmt) -> tuple:
         return (("gcb_linear", "lowbit"),)
 
-    def op_call(self, fmt: GroupCodebook, buffers: dict[str, Tensor], x: Tensor,
-                bias: Optional[Tensor]) -> tuple[str, str, tuple]:
-        (op, kernels), = self.kernel_ops(fmt)
-        return op, kernels, (x, buffers["codes"], fmt.bits, buffers["sub_groups"], buffers["super_scales"],
-                             buffers["codebooks"], bias)
+    def fused_op(self, fmt: GroupCodebook, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
+                 backend: Backend) -> Tensor:
+        return gcb_linear(x, buffers["codes"], fmt.bits, buffers["sub_groups"], buffers["super_scales"],
+                          buffers["codebooks"], bias, backend=backend)
 
     def linear(self, fmt: GroupCodebook, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
                backend: str, out_features: int) -> Tensor:
-        return run_op(*self.op_call(fmt, buffers, x, bias), backend, x)
+        return self.fused_op(fmt, buffers, x, bias, backend)
 
 
 class GcbI8Tiled(Layout):
@@ -127,9 +128,9 @@ class GcbI8Tiled(Layout):
         if backend != "cpu" or x.device.type != "cpu":
             raise RuntimeError(f"layout {self.name} runs on the CPU backend only; repack the module with "
                                "QuantLinear.repack(...) to gcb_rowmajor for other devices")
-        return run_op("lut_i8_linear", None, (x, buffers["qweight"], buffers["super_scales"], None,
-                                              buffers["codebooks"].reshape(-1), fmt.bits, fmt.superblock,
-                                              out_features, bias, buffers["sub_groups"]), backend, x)
+        return lut_i8_linear(x, buffers["qweight"], buffers["super_scales"], None, buffers["codebooks"].reshape(-1),
+                             fmt.bits, fmt.superblock, out_features, bias, sub_groups=buffers["sub_groups"],
+                             backend=backend)
 
 
 def _decode_rowmajor(in_features, codes, code_bits, sub_groups, super_scales, codebooks):
@@ -138,6 +139,6 @@ def _decode_rowmajor(in_features, codes, code_bits, sub_groups, super_scales, co
     return dequantize_subgroups(unpack_stream(codes, code_bits, in_features), s >> 4, s & 15, super_scales, codebooks)
 
 
-register_reference_cpu_impls("gcb", _decode_rowmajor)
+register_reference_cpu_impls(_decode_rowmajor)
 GCB_ROWMAJOR = register_layout(GcbRowMajor(), default_for="gcb")
 GCB_I8 = register_layout(GcbI8Tiled(), default_for="gcb", device="cpu")

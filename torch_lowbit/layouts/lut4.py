@@ -12,10 +12,12 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..act_codes import KERNEL_ACT_BLOCKS
+from ..core.activations import KERNEL_ACT_BLOCKS
 from ..formats.scalar import ScalarCodebookFormat
-from ..packing import pack_nibbles, unpack_nibbles
-from .base import register_layout, run_op
+from ..core.packing import pack_nibbles, unpack_nibbles
+from ..ops import Backend
+from ..ops.lut4 import lut4_int_linear, lut4_linear
+from .base import register_layout
 from .lut_i8 import int8_table
 from .scalar_rowmajor import ScalarRowMajor
 
@@ -37,6 +39,11 @@ class Lut4RowMajor(ScalarRowMajor):
     def codes_shape(self, fmt: ScalarCodebookFormat, out_features: int, in_features: int) -> tuple:
         return (out_features, in_features // 2), torch.uint8
 
+    def fused_op(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
+                 backend: Backend) -> Tensor:
+        return lut4_linear(x, buffers["qweight"], buffers["scales"], buffers.get("mins"), buffers["lut"],
+                           fmt.group_size, bias, backend=backend)
+
     def runtime_buffers(self, fmt: ScalarCodebookFormat) -> dict[str, Tensor]:
         out = super().runtime_buffers(fmt)
         table = int8_table(fmt)
@@ -54,9 +61,8 @@ class Lut4RowMajor(ScalarRowMajor):
         if (block and block not in KERNEL_ACT_BLOCKS) or "lut_i8" not in buffers or \
                 (backend != "triton" and x.device.type != "cuda"):
             return None
-        args = (x.reshape(-1, x.shape[-1]), buffers[self.codes_key], buffers["scales"], buffers.get("mins"),
-                buffers["lut_i8"], fmt.group_size, bias, bits, float(clip), block)
-        y = run_op("lut4_int_linear", "int_act", args, backend, x)
+        y = lut4_int_linear(x.reshape(-1, x.shape[-1]), buffers["qweight"], buffers["scales"], buffers.get("mins"),
+                            buffers["lut_i8"], fmt.group_size, bias, bits, float(clip), block, backend=backend)
         return y.to(x.dtype).reshape(*x.shape[:-1], out_features)
 
     def kernel_ops(self, fmt) -> tuple:

@@ -23,13 +23,14 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..act_codes import KERNEL_ACT_BLOCKS
-from ..formats.activations import fake_quantize_q8_blocks
-from ..formats.gaussian import NUQ, VQ
+from ..core.activations import KERNEL_ACT_BLOCKS
+from ..core.activations import fake_quantize_q8_blocks
+from ..formats.palette import NUQ, VQ
 from ..formats.scalar import ScalarCodebookFormat
-from ..packing import TILE, pack_codes, pad_rows, tile_rows_codes, unpack_codes
+from ..core.packing import LUT_I8_CODE_BITS, TILE, pack_codes, pad_rows, tile_rows_codes, unpack_codes
+from ..ops.lut_i8 import lut_i8_linear
 from ..rotations import hadamard_transform
-from .base import Layout, register_cpu_preference, register_layout, run_op
+from .base import Layout, register_cpu_preference, register_layout
 
 
 def int8_table(fmt) -> Optional[Tensor]:
@@ -99,21 +100,21 @@ class LutI8Tiled(Layout):
         return fake_quantize_q8_blocks(x)
 
     def _run(self, x: Tensor, buffers: dict[str, Tensor], bits: int, group: int, bias, backend: str,
-             out_features: int, act: tuple[int, float, int] = (0, 1.0, 0)) -> Tensor:
+             out_features: int, act_bits: int = 0, act_clip: float = 1.0, act_block: int = 0) -> Tensor:
         if backend != "cpu" or x.device.type != "cpu":
             raise RuntimeError(f"layout {self.name} runs on the CPU backend only; repack the module with "
                                "QuantLinear.repack(...) to a portable layout (lut4_rowmajor, palette_dense) for "
                                "Triton/CUDA")
-        args = (x, buffers["qweight"], buffers["scales"], buffers.get("mins"), buffers["lut_i8"], bits, group,
-                out_features, bias)
-        return run_op("lut_i8_linear", None, args + ((None, *act) if act[0] else ()), backend, x)
+        return lut_i8_linear(x, buffers["qweight"], buffers["scales"], buffers.get("mins"), buffers["lut_i8"], bits,
+                             group, out_features, bias, act_bits=act_bits, act_clip=act_clip, act_block=act_block,
+                             backend=backend)
 
     def linear_int_acts(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], x: Tensor,
                         bias: Optional[Tensor], backend: str, out_features: int, bits: int,
                         clip: float, block: int = 0) -> Optional[Tensor]:
         if backend != "cpu" or x.device.type != "cpu" or block not in (0,) + KERNEL_ACT_BLOCKS:
             return None
-        return self._run(x, buffers, self.bits, fmt.group_size, bias, backend, out_features, (bits, clip, block))
+        return self._run(x, buffers, self.bits, fmt.group_size, bias, backend, out_features, bits, clip, block)
 
     def kernel_ops(self, fmt) -> tuple:
         return super().kernel_ops(fmt) + (("lut_i8_linear", None),)  # nuq: the rotation first
@@ -125,7 +126,7 @@ class LutI8Tiled(Layout):
 
 class NuqI8Tiled(LutI8Tiled):
     """nuq*: the same tiles, one scale per row (a single group of K), and the activations rotated
-    before they are quantized to int8 (x' = (x * s) @ H, see formats/gaussian.py)."""
+    before they are quantized to int8 (x' = (x * s) @ H, see formats/palette.py)."""
 
     format_class = NUQ
     weights_per_code = 1
@@ -227,8 +228,7 @@ class VqI8Tiled(NuqI8Tiled):
         return q.reshape(*lead, k // 64, 2, 32).transpose(-1, -2).reshape(*lead, k)
 
 
-LUT_I8 = {b: register_layout(LutI8Tiled(b), default_for=f"lut{b}", device="cpu")
-          for b in (8, 4, 3, 2, 1)}
+LUT_I8 = {b: register_layout(LutI8Tiled(b), default_for=f"lut{b}", device="cpu") for b in LUT_I8_CODE_BITS}
 NUQ_I8 = register_layout(NuqI8Tiled(), default_for="nuq", device="cpu")
 VQ_I8 = register_layout(VqI8Tiled())
 register_cpu_preference(lambda fmt: VQ_I8 if VQ_I8.supports(fmt) else None)  # over palette_packed

@@ -22,27 +22,35 @@ import torch
 from torch import Tensor
 
 from ..formats import tcq
-from ..formats.gaussian import NUQ, TCQ, VQ, GaussianFormat, HalfTCQ
-from ..packing import pack_streams, stream_words, unpack_streams
-from .base import Layout, register_layout, run_op
+from ..formats.palette import NUQ, TCQ, VQ, PaletteFormat, HalfTCQ
+from ..core.packing import pack_streams, stream_words, unpack_streams
+from ..ops import Backend
+from ..ops.palette import codebook_linear, tcq_half_linear, tcq_linear
+from ..rotations import hadamard_transform
+from .base import Layout, register_layout
 
 
-def _fused_op(fmt: GaussianFormat) -> str:
+def _fused_op(fmt: PaletteFormat) -> str:
     """The one fused decode-matmul op of a palette format (half-TCQ: both halves of K in one op)."""
     if isinstance(fmt, HalfTCQ):
         return "tcq_half_linear"
     return "tcq_linear" if isinstance(fmt, TCQ) else "codebook_linear"
 
 
-def _code_bits(fmt: GaussianFormat) -> int:
+def _code_bits(fmt: PaletteFormat) -> int:
     return fmt.code_bits
 
 
-def _codes_per_row(fmt: GaussianFormat, in_features: int) -> int:
+def _trellis(fmt: TCQ) -> tuple[int, int]:
+    """(table_bits, shift_bits) of a TCQ format's codes, as its ops take them."""
+    return tcq.tcq_kernel_table_bits(fmt.bits, fmt.code), tcq.tcq_shift_bits(fmt.bits)
+
+
+def _codes_per_row(fmt: PaletteFormat, in_features: int) -> int:
     return in_features // (2 if isinstance(fmt, VQ) else 1)
 
 
-def _codebook(fmt: GaussianFormat) -> Tensor:
+def _codebook(fmt: PaletteFormat) -> Tensor:
     """fp32 [2^b, d]: what each code decodes to (before the row scale)."""
     values = fmt.code_values()
     return values if values.dim() == 2 else values[:, None]
@@ -68,7 +76,7 @@ class PalettePacked(Layout):
             return {"codes_lo": lo, "codes_hi": hi}
         return {"codes": fmt}
 
-    def pack(self, fmt: GaussianFormat, q: dict[str, Tensor]) -> dict[str, Tensor]:
+    def pack(self, fmt: PaletteFormat, q: dict[str, Tensor]) -> dict[str, Tensor]:
         self._check(fmt)
         out = {k: q[k].contiguous() for k in ("row_scales", "signs") if k in q}
         if isinstance(fmt, (TCQ, HalfTCQ)):
@@ -77,7 +85,7 @@ class PalettePacked(Layout):
             out["codes"] = pack_streams(q["codes"], _code_bits(fmt))
         return out
 
-    def unpack(self, fmt: GaussianFormat, buffers: dict[str, Tensor], out_features: int, in_features: int) -> dict[str, Tensor]:
+    def unpack(self, fmt: PaletteFormat, buffers: dict[str, Tensor], out_features: int, in_features: int) -> dict[str, Tensor]:
         self._check(fmt)
         q = {k: v for k, v in buffers.items() if k in ("row_scales", "signs")}
         if isinstance(fmt, (TCQ, HalfTCQ)):
@@ -88,7 +96,7 @@ class PalettePacked(Layout):
             q["codes"] = codes.to(dtype)
         return q
 
-    def buffer_shapes(self, fmt: GaussianFormat, out_features: int, in_features: int):
+    def buffer_shapes(self, fmt: PaletteFormat, out_features: int, in_features: int):
         self._check(fmt)
         shapes = fmt.buffer_shapes(out_features, in_features)
         if not isinstance(fmt, (TCQ, HalfTCQ)):
@@ -96,51 +104,57 @@ class PalettePacked(Layout):
             shapes["codes"] = ((out_features, words), torch.int32)
         return shapes
 
-    def runtime_buffers(self, fmt: GaussianFormat) -> dict[str, Tensor]:
+    def runtime_buffers(self, fmt: PaletteFormat) -> dict[str, Tensor]:
         self._check(fmt)
         if isinstance(fmt, (TCQ, HalfTCQ)):
             return {f"table{k[5:]}": tcq.tcq_kernel_table(part.bits, part.code)
                     for k, part in self._tcq_parts(fmt).items()}
         return {"table": _codebook(fmt).contiguous()}
 
-    def linear(self, fmt: GaussianFormat, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
+    def linear(self, fmt: PaletteFormat, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
                backend: str, out_features: int) -> Tensor:
         if backend == "triton":
             xr = self._rotate_for_triton(fmt, buffers, x)
         else:  # the C++ kernels, fp32 end to end (no second rounding of bf16 inputs)
             xr = fmt.rotate_activations(x.float(), buffers.get("signs"))
-        return run_op(*self.op_call(fmt, buffers, xr, bias), backend, x).to(x.dtype)
+        return self.fused_op(fmt, buffers, xr, bias, backend).to(x.dtype)
 
     @staticmethod
-    def _rotate_for_triton(fmt: GaussianFormat, buffers: dict[str, Tensor], x: Tensor) -> Tensor:
+    def _rotate_for_triton(fmt: PaletteFormat, buffers: dict[str, Tensor], x: Tensor) -> Tensor:
         # x' in x's dtype (the Hadamard kernel computes in fp32 and rounds once), so fp16/bf16 feed the
-        # tensor cores. CPU tensors (the interpreter) call the Triton Hadamard kernel directly, as run_op
-        # does the matmul kernel; the interpreter stores bf16 by truncation, so there bf16 rotates in fp32.
+        # tensor cores. CPU tensors (the interpreter) call the Triton Hadamard kernel directly, as the
+        # matmul's wrapper does the matmul kernel; the interpreter stores bf16 by truncation, so there
+        # bf16 rotates in fp32.
         if x.device.type != "cpu":
             return fmt.rotate_activations(x, buffers.get("signs"))  # CUDA: the op's Triton impl
         xr = x.float() if x.dtype == torch.bfloat16 else x
         if not fmt.rotate:
             return xr
-        return run_op("hadamard_transform", "hadamard", (xr, buffers["signs"].float(), False), "triton", x)
+        return hadamard_transform(xr, buffers["signs"].float(), backend="triton")
 
     def kernel_ops(self, fmt) -> tuple:
         return super().kernel_ops(fmt) + ((_fused_op(fmt), "palette"),)
 
-    def op_call(self, fmt: GaussianFormat, buffers: dict[str, Tensor], x: Tensor,
-                bias: Optional[Tensor]) -> tuple[str, str, tuple]:
-        name, args = self.kernel_call(fmt, buffers)
-        return name, "palette", (x, *args, buffers["row_scales"], bias)
+    def fused_op(self, fmt: PaletteFormat, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
+                 backend: Backend) -> Tensor:
+        """codebook_linear (nuq, vq), tcq_linear, or tcq_half_linear (both halves of K in one launch)."""
+        if isinstance(fmt, HalfTCQ):
+            lo, hi = fmt.halves()
+            (table_bits_lo, shift_bits_lo), (table_bits_hi, shift_bits_hi) = _trellis(lo), _trellis(hi)
+            return tcq_half_linear(x, buffers["codes_lo"], buffers["table_lo"], table_bits_lo, shift_bits_lo,
+                                   buffers["codes_hi"], buffers["table_hi"], table_bits_hi, shift_bits_hi,
+                                   buffers["row_scales"], bias, backend=backend)
+        if isinstance(fmt, TCQ):
+            table_bits, shift_bits = _trellis(fmt)
+            return tcq_linear(x, buffers["codes"], buffers["table"], table_bits, shift_bits, buffers["row_scales"],
+                              bias, backend=backend)
+        return codebook_linear(x, buffers["codes"], _code_bits(fmt), buffers["table"], buffers["row_scales"], bias,
+                               backend=backend)
 
-    def kernel_call(self, fmt: GaussianFormat, buffers: dict[str, Tensor]) -> tuple[str, list]:
-        """(op, weight args between x' and row_scales) of the Triton path's one fused op: codebook_linear,
-        tcq_linear, or tcq_half_linear (both halves of K in one launch)."""
-        if not isinstance(fmt, (TCQ, HalfTCQ)):
-            return _fused_op(fmt), [buffers["codes"], _code_bits(fmt), buffers["table"]]
-        args = []
-        for name, part in self._tcq_parts(fmt).items():
-            args += [buffers[name], buffers[f"table{name[5:]}"], tcq.tcq_kernel_table_bits(part.bits, part.code),
-                     tcq.tcq_shift_bits(part.bits)]
-        return _fused_op(fmt), args
+    def kernel_call(self, fmt: PaletteFormat, buffers: dict[str, Tensor]) -> tuple[str, list]:
+        """(op, weight args between x' and row_scales) of fused_op."""
+        op, _, args = self.op_call(fmt, buffers, None, None)
+        return op, list(args[1:-2])
 
 
 PALETTE_PACKED = register_layout(PalettePacked(), default_for="palette", device="cpu")

@@ -2,7 +2,7 @@
 iq4_nl, int4_pc): llama.cpp's Q4_0_4_4 (R = 4 rows, chunks of S = 4 bytes: sdot by lane), Q4_0_4_8
 and Q4_0_8_8 (S = 8: the 2x8 operands of i8mm's smmla), the seed paper's SIMD-aware interleaving.
 
-qweight [ceil(N/R), K/32, 16 R] uint8 (torch_lowbit.packing.interleave_nibble_rows; tables c - 8 stored
+qweight [ceil(N/R), K/32, 16 R] uint8 (torch_lowbit.core.packing.interleave_nibble_rows; tables c - 8 stored
 with each nibble's top bit toggled, so the kernel reads signed nibbles with one shift or mask),
 scales [ceil(N/R), K/group, R] fp16. The kernels (torch_lowbit::q4x_linear: csrc/common/q4x.h, ARM
 code in csrc/arm/q4x_*.cpp, scalar elsewhere) compute exactly what the lut4_i8_n16 kernels compute
@@ -19,11 +19,12 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..act_codes import KERNEL_ACT_BLOCKS
-from ..formats.activations import fake_quantize_q8_blocks
+from ..core.activations import KERNEL_ACT_BLOCKS
+from ..core.activations import fake_quantize_q8_blocks
 from ..formats.scalar import ScalarCodebookFormat
-from ..packing import deinterleave_nibble_rows, interleave_nibble_rows, interleaved_rows_codes, pad_rows
-from .base import Layout, register_cpu_preference, register_layout, run_op
+from ..core.packing import deinterleave_nibble_rows, interleave_nibble_rows, interleaved_rows_codes, pad_rows
+from ..ops.q4x import q4x_linear
+from .base import Layout, register_cpu_preference, register_layout
 from .lut_i8 import int8_table
 
 
@@ -91,13 +92,13 @@ class Q4xInterleaved(Layout):
     def kernel_ops(self, fmt) -> tuple:
         return (("q4x_linear", None),)
 
-    def _run(self, fmt, buffers, x, bias, backend, out_features, act=(0, 1.0, 0)) -> Tensor:
+    def _run(self, fmt, buffers, x, bias, backend, out_features, act_bits=0, act_clip=1.0, act_block=0) -> Tensor:
         if backend != "cpu" or x.device.type != "cpu":
             raise RuntimeError(f"layout {self.name} runs on the CPU backend only; repack the module with "
                                "QuantLinear.repack(\"lut4_rowmajor\") for Triton/CUDA")
-        args = (x, buffers["qweight"], buffers["scales"], buffers["lut_i8"], self.rows, self.chunk, fmt.group_size,
-                out_features, bias)
-        return run_op("q4x_linear", None, args + (act if act[0] else ()), backend, x)
+        return q4x_linear(x, buffers["qweight"], buffers["scales"], buffers["lut_i8"], self.rows, self.chunk,
+                          fmt.group_size, out_features, bias, act_bits=act_bits, act_clip=act_clip,
+                          act_block=act_block, backend=backend)
 
     def linear(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
                backend: str, out_features: int) -> Tensor:
@@ -108,7 +109,7 @@ class Q4xInterleaved(Layout):
                         clip: float, block: int = 0) -> Optional[Tensor]:
         if backend != "cpu" or x.device.type != "cpu" or block not in (0,) + KERNEL_ACT_BLOCKS:
             return None
-        return self._run(fmt, buffers, x, bias, backend, out_features, (bits, clip, block))
+        return self._run(fmt, buffers, x, bias, backend, out_features, bits, clip, block)
 
 
 Q4X = {(r, s): register_layout(Q4xInterleaved(r, s)) for r, s in ((4, 4), (4, 8), (8, 8))}
@@ -118,7 +119,7 @@ def _arm_choice(fmt) -> Optional[Layout]:
     """The interleaved layout of this CPU's best ARM path, or None (x86, plain NEON). By the instruction counts of
     docs/kernels/arm.md: i8mm -> q4_8x8 (0.18 instructions per weight and token in token pairs, 0.28 for one
     token), dotprod -> q4_4x4 (0.28)."""
-    from ..ops.library import cpu_extension
+    from ..ops import cpu_extension
     paths = cpu_extension().available_cpu_paths()
     for path, key in (("i8mm", (8, 8)), ("dotprod", (4, 4))):
         if path in paths and Q4X[key].supports(fmt):

@@ -1,7 +1,7 @@
 """The off-CPU layouts of the scalar-codebook group formats share everything but the code packing:
 codes [N, ...] under one buffer name, fp16 group scales (and mins) [N, K / group], the format's fp32
-table as a runtime buffer, and one fused op `<op>(x, *code args, scales, mins, lut, group, bias)`.
-A subclass (lut4_rowmajor, lowbit_rowmajor) says how its codes are packed and passed."""
+table as a runtime buffer, and one fused op (lut4_linear, lowbit_linear). A subclass (lut4_rowmajor,
+stream_rowmajor) says how its codes are packed and calls its op."""
 from __future__ import annotations
 
 from abc import abstractmethod
@@ -11,12 +11,13 @@ import torch
 from torch import Tensor
 
 from ..formats.scalar import ScalarCodebookFormat
-from .base import Layout, run_op
+from ..ops import Backend
+from .base import Layout
 
 
 class ScalarRowMajor(Layout):
     codes_key: str  # the packed codes' buffer name
-    op: str  # torch_lowbit::<op>, and the same-named function in triton_kernels/<kernels>.py
+    op: str  # torch_lowbit::<op> (fused_op's), and the same-named function in triton_kernels/<kernels>.py
     kernels: str
 
     def kernel_ops(self, fmt) -> tuple:
@@ -34,9 +35,10 @@ class ScalarRowMajor(Layout):
     def codes_shape(self, fmt: ScalarCodebookFormat, out_features: int, in_features: int) -> tuple:
         """(shape, dtype) of the packed codes buffer."""
 
-    def code_args(self, fmt: ScalarCodebookFormat, packed: Tensor) -> tuple:
-        """The op's arguments between x and the scales."""
-        return (packed,)
+    @abstractmethod
+    def fused_op(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
+                 backend: Backend) -> Tensor:
+        """The layout's op on x, its codes, scales, mins, table and group size (Layout.fused_op)."""
 
     def pack(self, fmt: ScalarCodebookFormat, q: dict[str, Tensor]) -> dict[str, Tensor]:
         out = {self.codes_key: self.pack_codes(fmt, q["codes"]), "scales": q["scales"].contiguous()}
@@ -70,11 +72,6 @@ class ScalarRowMajor(Layout):
     def runtime_buffers(self, fmt: ScalarCodebookFormat) -> dict[str, Tensor]:
         return {"lut": fmt.code_values().float().contiguous()}
 
-    def op_call(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], x: Tensor,
-                bias: Optional[Tensor]) -> tuple[str, str, tuple]:
-        return self.op, self.kernels, (x, *self.code_args(fmt, buffers[self.codes_key]), buffers["scales"],
-                                       buffers.get("mins"), buffers["lut"], fmt.group_size, bias)
-
     def linear(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], x: Tensor,
                bias: Optional[Tensor], backend: str, out_features: int) -> Tensor:
-        return run_op(*self.op_call(fmt, buffers, x, bias), backend, x)
+        return self.fused_op(fmt, buffers, x, bias, backend)

@@ -22,60 +22,7 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import Tensor, nn
 
-from ..act_codes import (ACT_BITS, KERNEL_ACT_BLOCK, KERNEL_ACT_BLOCKS, SUB_BLOCKS, dequantize_act_codes,
-                         quantize_act_codes)
-from ..formats.activations import quantize_per_token
-
-CLIP_GRID = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0, 0.95, ..., 0.5
-
-
-def _check_bits(bits: int) -> None:
-    if bits not in ACT_BITS:
-        raise ValueError(f"activation quantization: bits must be 2, 3, 4 or 8, got {bits!r}")
-
-
-def _check_block(block: int, features: Optional[int] = None, bits: Optional[int] = None) -> None:
-    if not isinstance(block, int) or block < 0 or (block and block not in SUB_BLOCKS and block % KERNEL_ACT_BLOCK):
-        raise ValueError(f"activation quantization: block must be 0 (one scale per token), 16 or 8 (two-level scales "
-                         f"inside blocks of 32) or a multiple of 32; got {block!r}")
-    if block in SUB_BLOCKS and bits is not None and bits > 4:
-        raise ValueError(f"activation quantization: blocks of {block} need at most 4 bits (the int8 kernels hold "
-                         f"their codes times an integer sub-block scale); got {bits} bits: use block 32 or 0")
-    if block and features is not None and features % max(block, KERNEL_ACT_BLOCK):
-        raise ValueError(f"activation quantization: block {block} does not divide the layer's {features} input "
-                         "features into whole blocks of 32; pick a block dividing it (16 or 32) or block=0 (per token)")
-
-
-def fake_quantize_per_token(x: Tensor, bits: int, symmetric: bool = True, clip_ratio: float = 1.0,
-                            block: int = 0) -> Tensor:
-    """x [..., K] rounded per token (last dim; block > 0: per block of that many features of a token)
-    to `bits`; returns dequantized values in x's dtype."""
-    _check_bits(bits)
-    if not 0 < clip_ratio <= 1:
-        raise ValueError(f"activation quantization: clip_ratio must be in (0, 1], got {clip_ratio}")
-    if block:
-        _check_block(block, x.shape[-1], bits if symmetric else None)
-        if block in KERNEL_ACT_BLOCKS and symmetric:  # the codes the kernels take (act_codes)
-            return dequantize_act_codes(*quantize_act_codes(x, bits, clip_ratio, block)).to(x.dtype)
-        blocks = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
-        return fake_quantize_per_token(blocks, bits, symmetric, clip_ratio).reshape(x.shape)
-    xf = x.float()
-    if symmetric:
-        codes, d = quantize_per_token(xf, bits, clip_ratio)
-        return (codes.float() * d).to(x.dtype)
-    qmax = 2 ** bits - 1
-    hi, lo = xf.amax(-1, keepdim=True) * clip_ratio, xf.amin(-1, keepdim=True) * clip_ratio
-    d = (hi - lo) / qmax
-    d = torch.where(d > 0, d, torch.ones_like(d))
-    zero = torch.round(-lo / d)
-    return ((torch.clamp(torch.round(xf / d) + zero, 0, qmax) - zero) * d).to(x.dtype)
-
-
-def search_clip_ratio(samples: Tensor, bits: int, symmetric: bool = True, grid=CLIP_GRID, block: int = 0) -> float:
-    """The ratio of `grid` whose per-token (per-block) quantization of samples [T, K] has the least squared error."""
-    errors = [(fake_quantize_per_token(samples, bits, symmetric, c, block) - samples).float().square().sum().item()
-              for c in grid]
-    return float(grid[min(range(len(grid)), key=errors.__getitem__)])
+from ..core.activations import check_act_bits, check_act_block, fake_quantize_per_token, search_clip_ratio
 
 
 class ActQuantLinear(nn.Module):
@@ -83,8 +30,8 @@ class ActQuantLinear(nn.Module):
 
     def __init__(self, layer: nn.Module, bits: int, symmetric: bool = True, clip_ratio: float = 1.0, block: int = 0):
         super().__init__()
-        _check_bits(bits)
-        _check_block(block, getattr(layer, "in_features", None), bits if symmetric else None)
+        check_act_bits(bits)
+        check_act_block(block, getattr(layer, "in_features", None), bits if symmetric else None)
         self.layer, self.bits, self.symmetric, self.clip_ratio = layer, bits, symmetric, float(clip_ratio)
         self.block = block
         if hasattr(layer, "split_sizes"):  # a fused qkv / gate_up module: its parent's hook splits our output
@@ -122,8 +69,8 @@ def quantize_activations_(model: nn.Module, bits: int, *, symmetric: bool = True
     its own inputs (up to max_calibration_tokens rows); otherwise every layer uses `clip_ratio`.
     The LM head keeps full-precision inputs unless include_lm_head (QuaRot keeps it so). block > 0:
     one scale per block of that many features of a token (see the module docstring)."""
-    _check_bits(bits)
-    _check_block(block, bits=bits if symmetric else None)
+    check_act_bits(bits)
+    check_act_block(block, bits=bits if symmetric else None)
     if any(isinstance(m, ActQuantLinear) for m in model.modules()):
         raise ValueError("quantize_activations_: the model's activations are already quantized")
     head = getattr(model, "lm_head", None)
@@ -134,7 +81,7 @@ def quantize_activations_(model: nn.Module, bits: int, *, symmetric: bool = True
         raise ValueError("quantize_activations_: no nn.Linear / QuantLinear layers selected")
     for name, mod in targets:
         try:
-            _check_block(block, mod.in_features, bits if symmetric else None)
+            check_act_block(block, mod.in_features, bits if symmetric else None)
         except ValueError as e:
             raise ValueError(f"quantize_activations_: layer {name}: {e}") from None
     ratios = {name: clip_ratio for name, _ in targets}

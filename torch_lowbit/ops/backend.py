@@ -39,7 +39,7 @@ def use_backend(name: str, *, path: Optional[str] = None) -> Iterator[None]:
     """
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
-    from .library import cpu_extension
+    from .extension import cpu_extension
     previous, previous_path = current_backend(), None
     if path is not None:
         if name != "cpu":

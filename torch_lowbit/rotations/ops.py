@@ -13,8 +13,9 @@ from typing import Optional
 
 import torch
 
+from ..ops import cpu_extension
+from ..ops._common import route
 from ..ops.backend import current_backend
-from ..ops.library import cpu_extension
 from .hadamard import (SUPPORTED_BASE_ORDERS, base_hadamard_matrix, base_order, check_hadamard_size,
                        hadamard_transform_reference)
 
@@ -99,17 +100,20 @@ def _register() -> None:
 _register()
 
 
-def hadamard_transform(x: torch.Tensor, signs: Optional[torch.Tensor] = None,
-                       inverse: bool = False) -> torch.Tensor:
+def hadamard_transform(x: torch.Tensor, signs: Optional[torch.Tensor] = None, inverse: bool = False, *,
+                       backend: Optional[str] = None) -> torch.Tensor:
     """Randomized Hadamard transform along the last dim (formulas: torch_lowbit/rotations/hadamard.py).
 
     CPU and CUDA tensors run the custom op torch.ops.torch_lowbit.hadamard_transform (fast
     Walsh-Hadamard butterflies plus the k x k base mix); use_backend("reference") forces the dense
-    fp32 product. Output dtype = input dtype; arithmetic in fp32.
+    fp32 product. Output dtype = input dtype; arithmetic in fp32. backend: as a layout's op calls
+    (ops._common.route), "triton" on CPU tensors runs the Triton kernel (the interpreter route).
     """
     if x.dim() == 0:
         raise ValueError("hadamard_transform: x must have at least one dimension (the rotated one is the last)")
     check_hadamard_size(x.shape[-1])  # ValueError naming the nearest supported sizes
-    if current_backend() == "reference" or x.device.type not in ("cpu", "cuda", "meta"):
-        return hadamard_transform_reference(x, signs, inverse)
-    return torch.ops.torch_lowbit.hadamard_transform(x, signs, inverse)
+    if backend is None:
+        if current_backend() == "reference" or x.device.type not in ("cpu", "cuda", "meta"):
+            return hadamard_transform_reference(x, signs, inverse)
+        backend = "auto"
+    return route("hadamard_transform", "hadamard", backend, x, signs, inverse)

@@ -38,12 +38,23 @@ def _cpu_kernel_file(op: str) -> Optional[str]:
     return None
 
 
+def _python_side(op: str) -> str:
+    """The module of op's typed wrapper, fakes and Python impls (ops/<family>.py; the Hadamard op's:
+    rotations/ops.py)."""
+    from ..ops import FAMILIES
+    from ..rotations import ops as rotation_ops
+    for module in (*FAMILIES, rotation_ops):
+        if getattr(getattr(module, op, None), "__module__", None) == module.__name__:
+            return _relative(Path(inspect.getsourcefile(module)))
+    raise LookupError(f"torch_lowbit::{op} has no typed wrapper in torch_lowbit/ops/")
+
+
 def _tests_naming(words: list[str]) -> list[str]:
     tests = _REPO / "tests"
     if not tests.is_dir():
         return []
     found = []
-    for path in sorted(tests.glob("test_*.py")):
+    for path in sorted(tests.rglob("test_*.py")):  # tests/<area>/test_*.py
         text = path.read_text()
         if any(re.search(rf"[\"']{re.escape(w)}[\"']", text) for w in words):
             found.append(_relative(path))
@@ -70,9 +81,10 @@ def explain(name: str) -> str:
             lines.append("      ops: none (plain torch)")
         for op, triton_module in ops:
             cpu = _cpu_kernel_file(op)
-            where = [f"CPU {cpu}" if cpu else "CPU: Python impl (torch_lowbit/ops/library.py)"]
+            where = [f"CPU {cpu}" if cpu else "CPU: Python impl"]
             if triton_module:
                 where.append(f"Triton triton_kernels/{triton_module}.py")
+            where.append(f"Python side {_python_side(op)}")
             lines.append(f"      op torch_lowbit::{op}: {'; '.join(where)}")
     tests = _tests_naming([fmt.name, *(lay.name for lay in held)])
     lines.append("  tests: tests/test_reference_harness.py (every format x layout x backend against the reference)"

@@ -9,6 +9,7 @@ from typing import Iterable, Optional
 import torch
 from torch import Tensor
 
+from ..core.packing import GCB_CODE_BITS
 from ..formats.gcb import SUBGROUP, table_key
 
 HIST_BINS = 16  # bins of the normalized-histogram shape features (phase 1)
@@ -46,8 +47,9 @@ def normalized_subgroups(weights: Iterable[Tensor], max_groups: int, gen: torch.
 def learn_codebooks(weights: Iterable[Tensor], bits: int, count: int = 16, max_groups: int = 200_000,
                     seed: int = 0) -> Tensor:
     """int8 [count, 2^bits] codebooks (each sorted) learned from weight matrices (see module doc)."""
-    if bits not in (2, 3) or count not in (4, 8, 16):
-        raise ValueError(f"gcb-learn: bits must be 2 or 3 and count 4, 8 or 16, got bits={bits} count={count}")
+    if bits not in GCB_CODE_BITS or count not in (4, 8, 16):
+        raise ValueError(f"gcb-learn: bits must be one of {GCB_CODE_BITS} and count 4, 8 or 16, "
+                         f"got bits={bits} count={count}")
     gen = torch.Generator().manual_seed(seed)
     groups = normalized_subgroups(weights, max_groups, gen)
     if groups.shape[0] < count * 4:
@@ -88,4 +90,4 @@ def learn_smollm2_codebooks(count: int = 16, seed: int = 0) -> dict[str, Tensor]
     model, _ = load_smollm2()
     weights = [m.weight for name, m in model.named_modules()
                if isinstance(m, torch.nn.Linear) and "lm_head" not in name]
-    return {table_key("smollm2", b): learn_codebooks(weights, b, count, seed=seed) for b in (2, 3)}
+    return {table_key("smollm2", b): learn_codebooks(weights, b, count, seed=seed) for b in GCB_CODE_BITS}

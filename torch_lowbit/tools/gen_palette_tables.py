@@ -1,4 +1,4 @@
-"""Regenerates the NUQ/VQ Gaussian codebooks (formats/gaussian_codebooks.py says what they are),
+"""Regenerates the NUQ/VQ Gaussian codebooks (formats/palette_codebooks.py says what they are),
 bit for bit: `python -m torch_lowbit.tools.gen_palette_tables [--out FILE]`."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import torch
 from torch import Tensor
 
-from ..formats.gaussian_codebooks import DATA_FILE, NUQ_BITS, VQ_BITS, nuq_key, vq_entries, vq_key
+from ..formats.palette_codebooks import DATA_FILE, NUQ_BITS, VQ_BITS, nuq_key, vq_entries, vq_key
 
 _VQ_SEED = 20241101
 

@@ -1,6 +1,6 @@
 import torch, torch.nn as nn, traceback
 import torch_lowbit as tl
-from torch_lowbit.ops.library import cpu_extension
+from torch_lowbit.ops import cpu_extension
 torch.manual_seed(0)
 paths = list(cpu_extension().available_cpu_paths())
 print("available_cpu_paths:", paths)

@@ -1,7 +1,7 @@
 # Same seeds on both machines -> same nn.Linear and x; saves the cpu-backend outputs of every (format, layout, path).
 import sys, platform, torch, torch.nn as nn
 import torch_lowbit as tl
-from torch_lowbit.ops.library import cpu_extension
+from torch_lowbit.ops import cpu_extension
 torch.manual_seed(0)
 lin = nn.Linear(256, 40); x = torch.randn(5, 256)
 if len(sys.argv) > 2:  # take the inputs from another machine's file (torch.randn differs across ISAs)

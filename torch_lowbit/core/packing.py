@@ -15,6 +15,11 @@ from torch import Tensor
 
 GCB_SUBGROUP = 32  # weights per group-codebook sub-group byte (formats/gcb.py, the gcb kernels)
 
+# The code widths each packing and its ops take, defined here once and read by the layouts, the ops'
+# checks (torch_lowbit/ops/) and the Triton launchers (the C++ check of lut_i8_linear spells its sets
+# out and names these constants beside it: csrc/lut_i8_linear.cpp).
+STREAM_CODE_BITS = (1, 2, 3, 8)  # one stream per row: layout stream_rowmajor, ops lowbit_*
+GCB_CODE_BITS = (2, 3)  # group-codebook codes: gcb_rowmajor (ops gcb_*), gcb_i8_n16 (lut_i8_linear's sub_groups)
 
 STREAMS = 16  # a row's codes dealt round-robin to 16 bit streams (csrc/common/palette.h)
 
@@ -73,6 +78,7 @@ def unpack_streams(words: Tensor, bits: int, count: int) -> Tensor:
 TILE = 16
 # (width, shift) of each plane a b-bit code is split into, in storage order.
 PLANES = {8: ((8, 0),), 4: ((4, 0),), 3: ((2, 0), (1, 2)), 2: ((2, 0),), 1: ((1, 0),)}
+LUT_I8_CODE_BITS = tuple(sorted(PLANES))  # the tiles' widths: layouts lut{b}_i8_n16, op lut_i8_linear
 
 
 def pad_rows(t: Tensor, rows: int) -> Tensor:

@@ -26,12 +26,12 @@ from torch import Tensor
 from ..rotations import hadamard_transform, random_signs, supported_hadamard_size
 from . import tcq
 from .base import Format
-from .gaussian_codebooks import nuq_levels, vq_codebook, vq_entries, NUQ_BITS, VQ_BITS
+from .palette_codebooks import nuq_levels, vq_codebook, vq_entries, NUQ_BITS, VQ_BITS
 from .registry import register_format
 
 
 @dataclasses.dataclass(frozen=True)
-class GaussianFormat(Format):
+class PaletteFormat(Format):
     bits: float
     rotate: bool = True  # incoherence processing; False quantizes W as is (for ablations)
     seed: int = 0  # of the rotation's random signs
@@ -152,7 +152,7 @@ class GaussianFormat(Format):
 
 
 @dataclasses.dataclass(frozen=True)
-class NUQ(GaussianFormat):
+class NUQ(PaletteFormat):
     """nuq{b}: one code per weight, the b-bit Lloyd-Max levels of N(0, 1) on an int8 grid.
 
     The levels are rounded to integers t = round(127 * level / max level) (error ~1e-5 of the
@@ -197,7 +197,7 @@ VQ_INT_GRID = 64
 
 
 @dataclasses.dataclass(frozen=True)
-class VQ(GaussianFormat):
+class VQ(PaletteFormat):
     """vq{b}: one code per pair of consecutive weights, the nearest of 2^(2b) points of a 2-D
     k-means codebook of the standard Gaussian.
 
@@ -264,7 +264,7 @@ def _untiles(seqs: Tensor, n: int, k: int) -> Tensor:
 
 
 @dataclasses.dataclass(frozen=True)
-class TCQ(GaussianFormat):
+class TCQ(PaletteFormat):
     """tcq{b}: QTIP's bitshift trellis (L = 16, V = 2, tail-biting sequences of 256 weights), one
     sequence per 16 x 16 tile of W', Viterbi-encoded (torch_lowbit/formats/tcq.py holds the math and
     the packing). b in 1.5 .. 5 by 0.5. code "hyb": QTIP's hybrid quantlut_sym code (a table lookup per
@@ -308,7 +308,7 @@ class TCQ(GaussianFormat):
 
 
 @dataclasses.dataclass(frozen=True)
-class HalfTCQ(GaussianFormat):
+class HalfTCQ(PaletteFormat):
     """tcq{b} for b = 1.75, 2.25, .., 4.75 (Q-Palette's half-TCQ): the first half of the input
     features at b - 0.25 bits, the second at b + 0.25, each a TCQ code as above."""
 

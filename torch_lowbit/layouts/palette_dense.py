@@ -12,7 +12,7 @@ from typing import Optional
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..formats.gaussian import GaussianFormat
+from ..formats.palette import PaletteFormat
 from .base import Layout, register_layout
 
 
@@ -23,21 +23,21 @@ class PaletteDense(Layout):
     isa_paths = False
 
     def supports(self, fmt) -> bool:
-        return isinstance(fmt, GaussianFormat)
+        return isinstance(fmt, PaletteFormat)
 
-    def pack(self, fmt: GaussianFormat, q: dict[str, Tensor]) -> dict[str, Tensor]:
+    def pack(self, fmt: PaletteFormat, q: dict[str, Tensor]) -> dict[str, Tensor]:
         return {k: v.contiguous() for k, v in q.items()}
 
-    def unpack(self, fmt: GaussianFormat, buffers: dict[str, Tensor], out_features: int, in_features: int) -> dict[str, Tensor]:
+    def unpack(self, fmt: PaletteFormat, buffers: dict[str, Tensor], out_features: int, in_features: int) -> dict[str, Tensor]:
         return dict(buffers)
 
-    def buffer_shapes(self, fmt: GaussianFormat, out_features: int, in_features: int):
+    def buffer_shapes(self, fmt: PaletteFormat, out_features: int, in_features: int):
         return fmt.buffer_shapes(out_features, in_features)
 
-    def runtime_buffers(self, fmt: GaussianFormat) -> dict[str, Tensor]:
+    def runtime_buffers(self, fmt: PaletteFormat) -> dict[str, Tensor]:
         return fmt.decode_tables()
 
-    def linear(self, fmt: GaussianFormat, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
+    def linear(self, fmt: PaletteFormat, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
                backend: str, out_features: int) -> Tensor:
         # fp32 throughout (the rotation would otherwise round bf16/fp16 inputs a second time)
         xr = fmt.rotate_activations(x.float(), buffers.get("signs"))

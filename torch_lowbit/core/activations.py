@@ -1,8 +1,16 @@
-"""QuaRot's per-token symmetric activation codes and their block-scaled variants: the one definition,
-at the bottom layer because the op's CPU reference (ops/library.py) and the Triton integer-activation
-kernel (triton_kernels/int_act.py) round with it too; formats/activations.py re-exports it beside
-ggml's Q8_0 blocks."""
+"""Activation rounding, the one definition (pure torch, bottom layer: the ops' CPU references, the
+Triton integer-activation kernel, the layouts and nn/act_quant.py's wrapper all round with it):
+
+- QuaRot's per-token symmetric codes of `bits` bits and their block-scaled variants (blocks of 32, and
+  sub-blocks of 16 / 8 with two-level scales), as the int8 CPU kernels and the Triton kernel round;
+- asymmetric and wider-block fake quantization (rounded in torch before a layer runs) and the clip
+  ratio search (`fake_quantize_per_token`, `search_clip_ratio`);
+- ggml's Q8_0 activation blocks, the twins of csrc/common/act_q8.cpp: per token, per 32 consecutive
+  features, d = max|x| / 127 and q = round_half_even(x * (1 / d)).
+"""
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -93,3 +101,75 @@ def dequantize_act_codes(codes: Tensor, d: Tensor) -> Tensor:
         return codes.float() * d
     blocks = codes.float().reshape(*codes.shape[:-1], d.shape[-1], codes.shape[-1] // d.shape[-1])
     return (blocks * d.unsqueeze(-1)).reshape(codes.shape)
+
+
+CLIP_GRID = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))  # 1.0, 0.95, ..., 0.5
+
+
+def check_act_bits(bits: int) -> None:
+    if bits not in ACT_BITS:
+        raise ValueError(f"activation quantization: bits must be 2, 3, 4 or 8, got {bits!r}")
+
+
+def check_act_block(block: int, features: Optional[int] = None, bits: Optional[int] = None) -> None:
+    if not isinstance(block, int) or block < 0 or (block and block not in SUB_BLOCKS and block % KERNEL_ACT_BLOCK):
+        raise ValueError(f"activation quantization: block must be 0 (one scale per token), 16 or 8 (two-level scales "
+                         f"inside blocks of 32) or a multiple of 32; got {block!r}")
+    if block in SUB_BLOCKS and bits is not None and bits > 4:
+        raise ValueError(f"activation quantization: blocks of {block} need at most 4 bits (the int8 kernels hold "
+                         f"their codes times an integer sub-block scale); got {bits} bits: use block 32 or 0")
+    if block and features is not None and features % max(block, KERNEL_ACT_BLOCK):
+        raise ValueError(f"activation quantization: block {block} does not divide the layer's {features} input "
+                         "features into whole blocks of 32; pick a block dividing it (16 or 32) or block=0 (per token)")
+
+
+def fake_quantize_per_token(x: Tensor, bits: int, symmetric: bool = True, clip_ratio: float = 1.0,
+                            block: int = 0) -> Tensor:
+    """x [..., K] rounded per token (last dim; block > 0: per block of that many features of a token)
+    to `bits`; returns dequantized values in x's dtype."""
+    check_act_bits(bits)
+    if not 0 < clip_ratio <= 1:
+        raise ValueError(f"activation quantization: clip_ratio must be in (0, 1], got {clip_ratio}")
+    if block:
+        check_act_block(block, x.shape[-1], bits if symmetric else None)
+        if block in KERNEL_ACT_BLOCKS and symmetric:  # the codes the kernels take (act_codes)
+            return dequantize_act_codes(*quantize_act_codes(x, bits, clip_ratio, block)).to(x.dtype)
+        blocks = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
+        return fake_quantize_per_token(blocks, bits, symmetric, clip_ratio).reshape(x.shape)
+    xf = x.float()
+    if symmetric:
+        codes, d = quantize_per_token(xf, bits, clip_ratio)
+        return (codes.float() * d).to(x.dtype)
+    qmax = 2 ** bits - 1
+    hi, lo = xf.amax(-1, keepdim=True) * clip_ratio, xf.amin(-1, keepdim=True) * clip_ratio
+    d = (hi - lo) / qmax
+    d = torch.where(d > 0, d, torch.ones_like(d))
+    zero = torch.round(-lo / d)
+    return ((torch.clamp(torch.round(xf / d) + zero, 0, qmax) - zero) * d).to(x.dtype)
+
+
+def search_clip_ratio(samples: Tensor, bits: int, symmetric: bool = True, grid=CLIP_GRID, block: int = 0) -> float:
+    """The ratio of `grid` whose per-token (per-block) quantization of samples [T, K] has the least squared error."""
+    errors = [(fake_quantize_per_token(samples, bits, symmetric, c, block) - samples).float().square().sum().item()
+              for c in grid]
+    return float(grid[min(range(len(grid)), key=errors.__getitem__)])
+
+
+# ggml's Q8_0 activation blocks (the int8 kernels' dynamic activations)
+Q8_ACT_BLOCK = 32
+
+
+def quantize_q8_blocks(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x [..., K] (K % 32 == 0) -> (int8 codes [..., K], fp32 scales [..., K/32])."""
+    xb = x.float().reshape(*x.shape[:-1], x.shape[-1] // Q8_ACT_BLOCK, Q8_ACT_BLOCK)
+    d = xb.abs().amax(-1, keepdim=True) / 127.0
+    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.round(xb * inv)  # torch.round is half-to-even, as the kernels' rounding mode
+    return q.to(torch.int8).reshape(x.shape), d.squeeze(-1)
+
+
+def fake_quantize_q8_blocks(x: Tensor) -> Tensor:
+    """The fp32 activations an int8 kernel effectively multiplies with (q * d)."""
+    q, d = quantize_q8_blocks(x)
+    qb = q.float().reshape(*x.shape[:-1], x.shape[-1] // Q8_ACT_BLOCK, Q8_ACT_BLOCK)
+    return (qb * d.unsqueeze(-1)).reshape(x.shape)

@@ -1,0 +1,194 @@
+"""`python -m torch_lowbit bench ...`: the argument parser, the checks made before any work and the
+command itself (each WHAT's module does the measuring and formats its table)."""
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+from .table import markdown_table
+
+CPU_BENCH_SHAPES = ["4096x4096", "14336x4096", "4096x14336"]
+CPU_BENCH_FORMATS = ["q4_0", "iq4_nl", "int4_g32", "int4_g128"]
+
+
+def cmd_bench(args) -> None:
+    """Runs `python -m torch_lowbit bench WHAT` with the parsed arguments."""
+    if args.what == "cpu":
+        import torch
+
+        from .cpu import bench_cpu, format_table
+        from .machine import active_path, machine_line
+        from ..ops import cpu_model
+        formats = args.formats or CPU_BENCH_FORMATS
+        shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes or CPU_BENCH_SHAPES]
+        shapes = shapes[:1] if args.quick else shapes
+        ms = (1, 8) if args.quick else tuple(args.m)
+        paths = args.path or [active_path()]
+        machine = machine_line()
+        rows, bw = bench_cpu(shapes=shapes, ms=ms, threads=tuple(args.threads), formats=tuple(formats),
+                             layouts=tuple(args.layouts) if args.layouts else None, rotate_mib=args.rotate_mib,
+                             paths=paths)
+        print(formatmarkdown_table(rows, bw, machine))
+        if args.png:
+            from .plots import roofline_png
+            print(f"roofline: {roofline_png(rows, bw, args.png, max(args.threads))}")
+        where = f"CPU {cpu_model()}, active ISA path {active_path()}"
+        if args.decode:
+            from .cpu import bench_decode
+            print()
+            print(f"SmolLM2-135M greedy decode, batch 1, {torch.get_num_threads()} threads; {where}:")
+            print(markdown_table(["model", "path", "linear weights MB", "tok/s", "vs fp32"],
+                         bench_decode(tuple(formats[:1]), paths=paths)))
+        if args.prefill:
+            from .cpu import bench_prefill
+            n = args.prompt_tokens or 128
+            repeats = args.repeats or 5
+            print()
+            print(f"SmolLM2-135M prefill, eager, one forward pass over a {n}-token Wikipedia prompt, median of "
+                  f"{repeats}; {where}:")
+            print(markdown_table(["threads", "model", "path", "linear weights MB", "prefill tok/s", "vs fp32"],
+                         bench_prefill(tuple(formats), threads=tuple(args.threads), prompt_tokens=n,
+                                       repeats=repeats, paths=paths)))
+    elif args.what == "kv":
+        from .kv import KV_HEADERS, bench_kv
+        from .machine import machine_line
+        print(machine_line())
+        rows = args.query_rows
+        what = "decode attention, batch 1, one query row per head" if rows == 1 else \
+            f"prefill attention, batch 1, {rows} causal query rows per head"
+        print(f"{what}, caches streamed from DRAM (one layer shown):")
+        print(markdown_table(KV_HEADERS, bench_kv(tokens=args.prompt_tokens or 4096, threads=tuple(args.threads),
+                                          query_rows=rows)))
+    elif args.what == "gpu":
+        from . import gpu
+        gpu.require_cuda()
+        import torch
+        shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes] if args.shapes else gpu.GPU_BENCH_SHAPES
+        shapes = shapes[:1] if args.quick else shapes
+        ms = (1, 8) if args.quick else tuple(args.m)
+        rows = gpu.bench_gpu(shapes=shapes, ms=ms, formats=tuple(args.formats or gpu.GPU_BENCH_FORMATS),
+                             rotate_mib=args.rotate_mib)
+        print(gpu.format_gpumarkdown_table(rows, torch.cuda.get_device_name()))
+        print()
+        if args.profile:  # where each contender's eager call spends its host time (first shape, M = 1)
+            n, k = shapes[0]
+            x = torch.randn(1, k, device="cuda").half()
+            for name, (make, _, _) in gpu._contenders(n, k, tuple(args.formats or gpu.GPU_BENCH_FORMATS), 0,
+                                                     "cuda").items():
+                print(f"{name}, {n}x{k}, M = 1:")
+                print(gpu.host_profile(lambda: make(0)(x), sync=torch.cuda.synchronize))
+                print()
+        fht = gpu.fast_hadamard_transform_fn()
+        if fht is None:
+            print("fast_hadamard_transform is not installed: ours alone (pip install fast-hadamard-transform)")
+        print(gpu.format_hadamardmarkdown_table(gpu.bench_hadamard(ms, fht=fht)))
+        from .kv import KV_HEADERS, bench_kv
+        for tokens in ((args.prompt_tokens or 4096,) if args.quick or args.prompt_tokens else (4096, 32768)):
+            print(f"\ndecode attention, batch 1, one query row per head, {tokens} cached tokens, caches streamed "
+                  "from HBM (one layer shown; the Triton kv_attention kernel vs SDPA on an fp16 cache; µs eager, "
+                  "and replayed from a CUDA graph where the calls can be captured, the ratios from those):")
+            print(markdown_table(KV_HEADERS, bench_kv(tokens=tokens, device="cuda")))
+    elif args.what == "e2e":
+        from .e2e import E2E_HEADERS, E2E_VARIANTS, bench_e2e
+        from .machine import machine_line
+        threads = max(args.threads)
+        prompt_tokens, repeats = args.prompt_tokens or 256, args.repeats or 3
+        machine = machine_line()
+        rows, facts = bench_e2e(tuple(args.formats or E2E_VARIANTS), prompt_tokens=prompt_tokens,
+                                new_tokens=args.new_tokens, threads=threads, repeats=repeats,
+                                peers=not args.no_peers, modes=("eager",) if args.quick else ("eager", "compiled"))
+        print(machine)
+        print(f"SmolLM2-135M-Instruct, batch 1, {threads} threads, prompt {prompt_tokens} tokens, "
+              f"{args.new_tokens} new tokens greedy, median of {repeats}; llama.cpp: {facts['llama.cpp']}")
+        print(markdown_table(E2E_HEADERS, rows))
+    elif args.what == "roofline":
+        from .roofline import ROOFLINE_FORMATS, bench_roofline, format_roofline
+        n, k = (int(v) for v in (args.shapes or ["4096x4096"])[0].split("x"))
+        rows, machine = bench_roofline(tuple(args.formats or ROOFLINE_FORMATS), n=n, k=k,
+                                       threads=max(args.threads), rotate_mib=args.rotate_mib)
+        print(format_roofline(rows, machine, n, k))
+    elif args.what == "weights":
+        from .distortion import bench_weights
+        names = args.formats or ["int2_g64", "int2_sym_g64", "gcb2", "int3_g64", "gcb3"]
+        print(f"normalized weight MSE |W - Ŵ|² / |W|² over the {args.model} linear layers every listed format holds\n")
+        print(markdown_table(["format", "bits/weight", "layers", "normalized MSE"], bench_weights(args.model, names)))
+    elif args.what == "distortion":
+        from .distortion import bench_distortion, distortion_png, format_distortion_table
+        rows, cols = (int(v) for v in (args.shapes or ["4096x4096"])[0].split("x"))
+        table = bench_distortion(args.formats, rows=rows, cols=cols)
+        print(format_distortionmarkdown_table(table, f"{rows}x{cols}"))
+        if args.png:
+            print(f"plot: {distortion_png(table, args.png)}")
+
+
+def add_bench_parser(sub, cpu_paths: Callable[[], list[str]]) -> None:
+    """Adds the `bench` sub-command to the top-level parser's sub-parsers; cpu_paths() lists the CPU
+    kernel paths this machine can run (for --path's help)."""
+    sp = sub.add_parser("bench", help="benchmarks")
+    sp.add_argument("what", choices=["cpu", "e2e", "roofline", "gpu", "distortion", "weights", "kv"],
+                    help="cpu: kernels vs PyTorch, DRAM-streamed; e2e: SmolLM2 prefill and decode tok/s, eager and "
+                    "compiled, next to llama.cpp on the same GGUF (with the [peers] extra); --formats: fp32, bf16, gguf "
+                    "(the GGUF file imported: llama.cpp's weights), F or F+E (E: embedding and tied head); roofline: M=1 compute vs memory ceilings of the "
+                    "int8 CPU kernels (max --threads); gpu: Triton kernels vs fp16 F.linear, "
+                    "HBM-streamed (needs CUDA); distortion: palette formats on a Gaussian; weights: formats on a "
+                    "real model's linear weights (--model); kv: decode attention over a 4/8-bit KV cache vs fp32 "
+                    "(--prompt-tokens cached tokens, --threads)")
+    sp.add_argument("--quick", action="store_true", help="first shape only, M in {1, 8}; e2e: eager only")
+    sp.add_argument("--model", default="smollm2", choices=["smollm2", "minilm"],
+                    help="weights: whose linear layers (minilm: the all-MiniLM-L6-v2 encoder)")
+    sp.add_argument("--shapes", nargs="+", help="weights as NxK (out x in); cpu default: "
+                    f"{' '.join(CPU_BENCH_SHAPES)}; gpu default: 4096x4096 4096x14336; distortion default: "
+                    "4096x4096 (first shape only)")
+    sp.add_argument("--m", type=int, nargs="+", default=[1, 8, 64, 512])
+    sp.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    sp.add_argument("--formats", nargs="+", help=f"cpu default: {' '.join(CPU_BENCH_FORMATS)} (F+a8 / F+a4: with per-token int8 / int4 activations, QuaRot; F+a4b16: one scale per 16 features); e2e: fp32 bf16 gguf F F+E, "
+                    "each with @kv4 / @kv8 to generate on a quantized KV cache; gpu default: "
+                    "q4_0 int4_g128 iq4_nl nuq3 vq2 tcq2 int2_g64 gcb2 (each in its CUDA layout; palette formats: rotation timed too); distortion default: every palette format")
+    sp.add_argument("--layouts", nargs="+", help="CPU layouts to run where they hold the format (default: each "
+                    "format's CPU default; lut*_i8_n16: int8 activations, lut4_rowmajor: fp32 activations)")
+    sp.add_argument("--rotate-mib", type=int, default=512,
+                    help="total size of the weight copies each contender cycles through (> L3 / the GPU's L2 "
+                    "streams from DRAM / HBM)")
+    sp.add_argument("--path", nargs="+", metavar="PATH",
+                    help="cpu: the CPU ISA paths to time each torch_lowbit kernel on, side by side (this CPU: "
+                    f"{' '.join(cpu_paths())}; default: the active one; PyTorch's contenders run once); "
+                    "--decode / --prefill: the quantized models on each")
+    sp.add_argument("--decode", action="store_true", help="cpu: also SmolLM2 decode tok/s: fp32, bf16, first format")
+    sp.add_argument("--prefill", action="store_true", help="cpu: also SmolLM2 prefill tok/s of a 128-token prompt "
+                    "(one eager forward pass) at each --threads: fp32 and each format, vs fp32")
+    sp.add_argument("--prompt-tokens", type=int, help="e2e: prompt length (default 256); cpu --prefill: (default 128); "
+                    "kv: cached tokens (default 4096)")
+    sp.add_argument("--query-rows", type=int, default=1, help="kv: query rows per head (1: a decode step; more: "
+                    "a causal prefill block at the end of the cache, against torch's SDPA)")
+    sp.add_argument("--new-tokens", type=int, default=64, help="e2e: greedy new tokens (decode)")
+    sp.add_argument("--repeats", type=int, help="e2e: timed runs per row, median (default 3); cpu --prefill: "
+                    "forward passes per row, median (default 5)")
+    sp.add_argument("--no-peers", action="store_true", help="e2e: leave llama.cpp out even if installed")
+    sp.add_argument("--profile", action="store_true",
+                    help="gpu: also profile each contender's eager call on the host (cProfile, first shape, M = 1)")
+    sp.add_argument("--png", help="write the plot (cpu: roofline at the largest thread count; distortion: MSE "
+                    "vs bits) to this PNG file")
+    sp.set_defaults(fn=cmd_bench)
+
+
+def bench_format_names(p: argparse.ArgumentParser, args, cpu_paths: Callable[[], list[str]]) -> list[str]:
+    """The format names a bench command will quantize to (for the caller to check before any work); a
+    --path this CPU cannot run is an error on the parser."""
+    if args.what == "e2e":
+        from .e2e import variant_formats
+        try:
+            names = [f for v in args.formats or [] for f in variant_formats(v)]
+        except ValueError as e:
+            p.error(str(e))
+    else:
+        from .cpu import split_act_suffix
+        names = [split_act_suffix(f)[0] for f in args.formats or []]
+    if args.path:
+        if args.what != "cpu":
+            p.error("--path goes with bench cpu")
+        unknown = [name for name in args.path if name not in cpu_paths()]
+        if unknown:
+            from ..ops import cpu_model
+            p.error(f"--path {' '.join(unknown)}: not a kernel path this CPU ({cpu_model()}) can run; "
+                    f"choose from: {' '.join(cpu_paths())}")
+    return names

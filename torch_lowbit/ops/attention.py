@@ -1,0 +1,54 @@
+"""The attention ops: gqa_attention (grouped-query attention of compiled generation over a float
+cache; CPU only: csrc/attention.cpp) and kv_attention (the same over a group-wise quantized KV cache,
+codes dequantized in registers; CPU: csrc/kv_attention.cpp, CUDA: triton_kernels/kv_attention.py).
+Typed wrappers, fakes, the CUDA binding."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ._common import Backend, check, register_triton_cuda, route
+
+
+def gqa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: float, *,
+                  backend: Backend = "auto") -> Tensor:
+    """softmax(q kᵀ · scale + mask) v: q [B, H, S, D], k and v [B, Hkv, L, D] (H a multiple of Hkv);
+    [B, S, H, D] out."""
+    return route("gqa_attention", None, backend, q, k, v, mask, scale)
+
+
+def kv_attention(q: Tensor, k_codes: Tensor, k_scale: Tensor, k_min: Tensor, v_codes: Tensor, v_scale: Tensor,
+                 v_min: Tensor, mask: Optional[Tensor], scale: float, bits: int, k_recent: Optional[Tensor] = None,
+                 v_recent: Optional[Tensor] = None, recent_end: Optional[Tensor] = None, *,
+                 backend: Backend = "auto") -> Tensor:
+    """gqa_attention with k and v read from bits-bit codes [B, Hkv, L, D bits / 8] and their fp16 group
+    scales and mins; the most recent tokens exact from the rings k_recent / v_recent (ending at
+    recent_end) when given. [B, S, H, D] out in q's dtype."""
+    return route("kv_attention", "kv_attention", backend, q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, mask,
+                 scale, bits, k_recent, v_recent, recent_end)
+
+
+def _attention_out(op, q, k):
+    """The fake output [B, S, H, D] of q [B, H, S, D], after the grouped-heads check."""
+    check(k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0,
+          f"{op}: query heads {q.shape[1]} are not a multiple of KV heads {k.shape[1]}")
+    b, h, s, d = q.shape
+    return q.new_empty((b, s, h, d))
+
+
+@torch.library.register_fake("torch_lowbit::gqa_attention")
+def _gqa_attention_fake(q, k, v, mask, scale):
+    check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4, "gqa_attention: q, k, v must be 4-D")
+    return _attention_out("gqa_attention", q, k)
+
+
+@torch.library.register_fake("torch_lowbit::kv_attention")
+def _kv_attention_fake(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, mask, scale, bits, k_recent=None,
+                       v_recent=None, recent_end=None):
+    check(q.dim() == 4 and k_codes.dim() == 4, "kv_attention: q and k_codes must be 4-D")
+    return _attention_out("kv_attention", q, k_codes)
+
+
+register_triton_cuda("kv_attention", "kv_attention")
