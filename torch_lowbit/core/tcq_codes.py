@@ -1,5 +1,5 @@
 """TCQ's computed 1mad code: the constants and the kernels' table convention, at the bottom layer because
-the op checks (ops/library.py) and the Triton decoder (triton_kernels/palette.py) read them too;
+the op checks (ops/palette.py) and the Triton decoder (triton_kernels/palette.py) read them too;
 formats/tcq.py holds the rest of the TCQ math and re-exports these.
 
 Coordinate c of a 16-bit trellis state's value is (bytesum((A_c * state + B_c) mod 2**32) - 510) / 128
