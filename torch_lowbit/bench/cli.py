@@ -28,7 +28,7 @@ def cmd_bench(args) -> None:
         rows, bw = bench_cpu(shapes=shapes, ms=ms, threads=tuple(args.threads), formats=tuple(formats),
                              layouts=tuple(args.layouts) if args.layouts else None, rotate_mib=args.rotate_mib,
                              paths=paths)
-        print(formatmarkdown_table(rows, bw, machine))
+        print(format_table(rows, bw, machine))
         if args.png:
             from .plots import roofline_png
             print(f"roofline: {roofline_png(rows, bw, args.png, max(args.threads))}")
@@ -68,7 +68,7 @@ def cmd_bench(args) -> None:
         ms = (1, 8) if args.quick else tuple(args.m)
         rows = gpu.bench_gpu(shapes=shapes, ms=ms, formats=tuple(args.formats or gpu.GPU_BENCH_FORMATS),
                              rotate_mib=args.rotate_mib)
-        print(gpu.format_gpumarkdown_table(rows, torch.cuda.get_device_name()))
+        print(gpu.format_gpu_table(rows, torch.cuda.get_device_name()))
         print()
         if args.profile:  # where each contender's eager call spends its host time (first shape, M = 1)
             n, k = shapes[0]
@@ -81,7 +81,7 @@ def cmd_bench(args) -> None:
         fht = gpu.fast_hadamard_transform_fn()
         if fht is None:
             print("fast_hadamard_transform is not installed: ours alone (pip install fast-hadamard-transform)")
-        print(gpu.format_hadamardmarkdown_table(gpu.bench_hadamard(ms, fht=fht)))
+        print(gpu.format_hadamard_table(gpu.bench_hadamard(ms, fht=fht)))
         from .kv import KV_HEADERS, bench_kv
         for tokens in ((args.prompt_tokens or 4096,) if args.quick or args.prompt_tokens else (4096, 32768)):
             print(f"\ndecode attention, batch 1, one query row per head, {tokens} cached tokens, caches streamed "
@@ -116,7 +116,7 @@ def cmd_bench(args) -> None:
         from .distortion import bench_distortion, distortion_png, format_distortion_table
         rows, cols = (int(v) for v in (args.shapes or ["4096x4096"])[0].split("x"))
         table = bench_distortion(args.formats, rows=rows, cols=cols)
-        print(format_distortionmarkdown_table(table, f"{rows}x{cols}"))
+        print(format_distortion_table(table, f"{rows}x{cols}"))
         if args.png:
             print(f"plot: {distortion_png(table, args.png)}")
 

@@ -89,7 +89,7 @@ class GroupCodebook(Format):
 
     def __post_init__(self):
         if self.bits not in GCB_CODE_BITS:
-            raise ValueError(f"gcb: bits must be one of {GCB_CODE_BITS}, got {self.bits}")
+            raise ValueError(f"gcb: bits must be {' or '.join(map(str, GCB_CODE_BITS))}, got {self.bits}")
         if self.superblock <= 0 or self.superblock % SUBGROUP:
             raise ValueError(f"gcb: superblock must be a positive multiple of {SUBGROUP}, got {self.superblock}")
 

@@ -48,7 +48,7 @@ def learn_codebooks(weights: Iterable[Tensor], bits: int, count: int = 16, max_g
                     seed: int = 0) -> Tensor:
     """int8 [count, 2^bits] codebooks (each sorted) learned from weight matrices (see module doc)."""
     if bits not in GCB_CODE_BITS or count not in (4, 8, 16):
-        raise ValueError(f"gcb-learn: bits must be one of {GCB_CODE_BITS} and count 4, 8 or 16, "
+        raise ValueError(f"gcb-learn: bits must be {' or '.join(map(str, GCB_CODE_BITS))} and count 4, 8 or 16, "
                          f"got bits={bits} count={count}")
     gen = torch.Generator().manual_seed(seed)
     groups = normalized_subgroups(weights, max_groups, gen)
