@@ -25,6 +25,14 @@ def _fresh_seed(request):
     yield
 
 
+@pytest.fixture(scope="session")
+def smollm2():
+    """(model, tokenizer) of the real SmolLM2-135M-Instruct, fp32, loaded once per test run: read-only
+    (a test that changes the model quantizes or rotates a copy.deepcopy of it)."""
+    from torch_lowbit.eval import load_smollm2
+    return load_smollm2()
+
+
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401

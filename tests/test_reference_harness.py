@@ -60,12 +60,12 @@ CASES = [(fmt, backend, path, layout, shape_idx, bias, dtype)
          if backend != "triton" or (shape_idx % 2 == 0 or bias)  # interpreter is slow: thin it a little
          # 27 palette formats (nuq/vq/tcq/half-TCQ) share two Triton kernels that differ only in
          # constexprs, ~1 s a case under the interpreter: one dtype per bias setting (fp32 and bf16 both
-         # still meet GEMV and tl.dot); tests/test_triton_kernels.py covers their dtypes x paths
+         # still meet GEMV and tl.dot); tests/kernels/triton/ covers their dtypes x paths
          if backend != "triton" or layout != "palette_packed" or bias == (dtype == torch.bfloat16)
          # plain-torch layouts (one code path for all dtypes): bias and bf16 together suffice
          if get_layout(layout).isa_paths or bias == (dtype == torch.bfloat16)
          # one Triton kernel per sub-4-bit family whatever the group size: g64 and the gcb defaults there
-         # (tests/test_triton_kernels.py forces every kernel path for g32/g128 and other superblocks)
+         # (tests/kernels/triton/ forces every kernel path for g32/g128 and other superblocks)
          if backend != "triton" or layout not in ("stream_rowmajor", "gcb_rowmajor") or fmt.endswith("_g64")
          or fmt in ("gcb2", "gcb3", "q8_0")]
 

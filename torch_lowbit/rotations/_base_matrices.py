@@ -7,7 +7,7 @@ Provenance: k = 12, 20, 28, 36, 40, 52, 60, 108, 140, 156, 172 are the matrices 
 (github.com/spcl/QuaRot, fake_quant/hadamard_utils.py, which takes them from QuIP# and N. J. A. Sloane's
 library of Hadamard matrices). QuaRot has no order 44; H_44 is the Paley construction I for the prime
 q = 43 (H = I + S with S the skew conference matrix built from the quadratic residues mod 43).
-tests/test_hadamard.py checks H_k H_k^T = k I for every entry.
+tests/kernels/cpu/test_hadamard.py checks H_k H_k^T = k I for every entry.
 """
 
 BASE_HADAMARD_HEX: dict[int, tuple[str, ...]] = {

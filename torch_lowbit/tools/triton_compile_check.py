@@ -154,7 +154,7 @@ FORMATS = (("q4_0", 4096), ("int4_g128", 4096), ("iq4_nl", 4096), ("int3_g64", 4
            ("tcq2.25", 4096))
 
 
-# The test suite's subset (tests/test_triton_kernels.py): every kernel and decoder once — q4_0 (affine
+# The test suite's subset (tests/kernels/triton/test_triton_compile_check.py): every kernel and decoder once — q4_0 (affine
 # table, all activation dtypes), int3 (mins, straddling codes), gcb3 (codebook gathers), vq2 (codebook
 # kernel, pairs), half-TCQ.
 QUICK = (("q4_0", 4096), ("int3_g64", 4096), ("gcb3", 4096), ("vq2", 4096), ("tcq2.25", 4096))

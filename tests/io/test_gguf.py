@@ -401,10 +401,10 @@ def smollm2_imported():
 
 
 @pytest.mark.slow
-def test_smollm2_gguf_imports_losslessly(smollm2_imported):
-    from torch_lowbit.eval import load_smollm2, perplexity, wiki_text
+def test_smollm2_gguf_imports_losslessly(smollm2_imported, smollm2):
+    from torch_lowbit.eval import perplexity, wiki_text
     model, tok = smollm2_imported
-    ref, ref_tok = load_smollm2()  # transformers' own GGUF load: every tensor dequantized to fp32
+    ref, ref_tok = smollm2  # transformers' own GGUF load: every tensor dequantized to fp32
     ref_w = ref.state_dict()  # (with the tied head's name too)
     got = module_weights(model)
     assert sum(isinstance(m, tl.QuantLinear) for m in model.modules()) == 30 * 4 + 1  # + the tied head

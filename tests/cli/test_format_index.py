@@ -8,7 +8,7 @@ import torch_lowbit as tl
 from torch_lowbit.layouts import get_layout, layouts
 from torch_lowbit.tools.format_index import explain
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("fmt", tl.formats())
@@ -32,7 +32,7 @@ def test_q4_0_story_names_its_files():
     assert "lut4_i8_n16 [cpu default]" in text and "lut4_rowmajor [cuda default]" in text
     assert "op torch_lowbit::lut_i8_linear: CPU csrc/lut_i8_linear.cpp" in text
     assert "op torch_lowbit::lut4_linear: CPU csrc/lut4_linear.cpp; Triton triton_kernels/lut4.py" in text
-    assert "tests/test_formats.py" in text
+    assert "tests/formats/test_formats.py" in text
 
 
 def test_unknown_format_is_rejected():

@@ -6,11 +6,11 @@
 # int4_pc in lut4_i8_n16 / q4_4x4 / q4_8x8 bit-identical on every path; the same outputs as this x86 build.
 # Needs root (apt: dpkg --add-architecture arm64), qemu-user, g++-aarch64-linux-gnu, and the x86 project
 # installed ($PYTHON, default .venv/bin/python). Writes only under $ARMENV (default /tmp/armenv).
-#   bash tests/arm/extension/run.sh      -> exit 0 iff every check passes
+#   bash tests/kernels/arm/extension/run.sh      -> exit 0 iff every check passes
 set -euo pipefail
 A=${ARMENV:-/tmp/armenv}
 HERE=$(cd "$(dirname "$0")" && pwd)
-MAIN=$(cd "$HERE/../../.." && pwd)
+MAIN=$(cd "$HERE/../../../.." && pwd)
 PY=${PYTHON:-$MAIN/.venv/bin/python}
 PIP="$PY -m pip"
 mkdir -p $A/{debs,root,site,obj,pkg,wheels,cudastub,pyinc/aarch64-linux-gnu,scripts}

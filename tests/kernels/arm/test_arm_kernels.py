@@ -1,4 +1,4 @@
-"""ARM kernels without an ARM machine: cross-compile the standalone driver (tests/arm/kernels_driver.cpp
+"""ARM kernels without an ARM machine: cross-compile the standalone driver (tests/kernels/arm/kernels_driver.cpp
 with csrc/common/{lut_i8,q4x}_scalar.cpp and csrc/arm/*.cpp) with g++-aarch64-linux-gnu and run it under
 qemu-aarch64 on three CPU models: `max` (dotprod and i8mm), `cortex-a76` (dotprod, no i8mm) and
 `cortex-a53` (plain NEON). The int8-tile kernels (lut_i8) and the interleaved q4_RxS kernels (q4x:
@@ -24,7 +24,7 @@ from conftest import random_linear
 from torch_lowbit.core.activations import quantize_sub_blocks
 from torch_lowbit.core.activations import quantize_q8_blocks
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 CXX, QEMU = "aarch64-linux-gnu-g++", "qemu-aarch64"
 CPU_MODELS = {"max": (True, True), "cortex-a76": (True, False), "cortex-a53": (False, False)}  # dotprod, i8mm
 # (format, out N, in K, tokens M, bias[, per-token activation bits]): odd N (a ragged last tile), several
@@ -258,7 +258,7 @@ def _codebook_case_bytes(fmt, bits, dim, n, k, m, bias, gen) -> bytes:
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory):
     out = tmp_path_factory.mktemp("arm") / "kernels_driver"
-    sources = ["tests/arm/kernels_driver.cpp", "csrc/common/lut_i8_scalar.cpp", "csrc/arm/lut_i8_neon.cpp",
+    sources = ["tests/kernels/arm/kernels_driver.cpp", "csrc/common/lut_i8_scalar.cpp", "csrc/arm/lut_i8_neon.cpp",
                "csrc/arm/lut_i8_dotprod.cpp", "csrc/common/q4x_scalar.cpp", "csrc/arm/q4x_dotprod.cpp",
                "csrc/arm/q4x_i8mm.cpp", "csrc/arm/act_q8_neon.cpp", "csrc/common/palette_scalar.cpp",
                "csrc/arm/palette_neon.cpp", "csrc/arm/palette_codebook_neon.cpp", "csrc/common/hadamard_scalar.cpp", "csrc/arm/hadamard_neon.cpp",

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 import torch_lowbit as tl
 from torch_lowbit.hf import HF_FORMAT_VERSION, LowbitConfig, load_quantized_model, save_pretrained
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -315,7 +315,7 @@ def test_quantize_streaming_rtn_equals_quantize_(tmp_path):
 
 def test_quantize_streaming_gptq_is_sequential_gptq(float_dir, tmp_path):
     # reference: quantize_(sequential=True) in memory, each stage's statistics from a model whose layers
-    # and stages before it are already quantized (GPTQ's sequential mode; tests/test_sequential_calibration.py
+    # and stages before it are already quantized (GPTQ's sequential mode; tests/nn/test_sequential_calibration.py
     # checks that against full forwards)
     from torch_lowbit.hf import quantize_streaming
     calibration = [torch.randint(0, 256, (2, 16)) for _ in range(3)]

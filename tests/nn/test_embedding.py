@@ -1,5 +1,6 @@
 """QuantEmbedding and quantize_embeddings_: row gathers against the reference dequantizer, the tied
 head sharing the embedding's packed tensors, checkpoints and torch.compile, on a tiny random Llama."""
+import copy
 import json
 
 import pytest
@@ -189,16 +190,16 @@ def test_compile_fullgraph_equals_eager():
 
 
 @pytest.mark.slow
-def test_smollm2_tied_embedding_in_q8_0_is_the_gguf_token_embd():
+def test_smollm2_tied_embedding_in_q8_0_is_the_gguf_token_embd(smollm2):
     """SmolLM2's GGUF stores token_embd in Q8_0; its dequantized values (the cached fp32 model) quantize
     back to exactly those blocks, the GGUF tensors build the same module without re-quantizing, and
     the model with the shared q8_0 embedding/head stays close to fp32."""
     import numpy as np
     from gguf import GGUFReader
 
-    from torch_lowbit.eval.assets import load_smollm2, smollm2_gguf, wiki_text
+    from torch_lowbit.eval.assets import smollm2_gguf, wiki_text
 
-    model, tok = load_smollm2()
+    model, tok = copy.deepcopy(smollm2[0]), smollm2[1]  # the session's model, unchanged
     emb_weight = model.model.embed_tokens.weight
     assert model.lm_head.weight is emb_weight
     raw = next(t for t in GGUFReader(str(smollm2_gguf())).tensors if t.name == "token_embd.weight")

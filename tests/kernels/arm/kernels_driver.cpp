@@ -1,5 +1,5 @@
 // Standalone check of the ARM int8-weight kernels (no Python, no torch library: runs under
-// qemu-aarch64). Reads test vectors written by tests/test_arm_kernels.py (weights packed by the
+// qemu-aarch64). Reads test vectors written by tests/kernels/arm/test_arm_kernels.py (weights packed by the
 // Python layouts, activations quantized by the Python twin of the kernels' quantizer, and the
 // output of the x86 scalar kernel): first the int8-tile cases (lut_i8: scalar, NEON and, where HWCAP
 // says so, dotprod), then the interleaved q4_RxS cases (q4x: scalar, dotprod for S = 4, i8mm for S = 8),

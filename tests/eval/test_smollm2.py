@@ -17,12 +17,6 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    from torch_lowbit.eval import load_smollm2
-    return load_smollm2()
-
-
-@pytest.fixture(scope="module")
 def text():
     from torch_lowbit.eval import wiki_text
     return wiki_text(400)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # small arguments where a script takes them: the point is that it runs, not its numbers
 ARGS = {"lm_eval_run.py": ["--docs", "4", "--limit", "4"], "gguf_import.py": ["--tokens", "512"]}
 

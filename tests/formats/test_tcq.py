@@ -250,5 +250,5 @@ def test_module_imports_standalone():
 
     code = "from torch_lowbit.formats.tcq import tcq_encode, tcq_decode; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=os.path.dirname(os.path.dirname(__file__)))
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert out.stdout.strip() == "ok", out.stderr

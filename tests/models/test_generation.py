@@ -100,7 +100,7 @@ def test_bench_e2e_rows_on_a_tiny_model(monkeypatch):
     assert [r[:2] for r in rows] == [["fp32", "eager"], ["q4_0", "eager"], ["q4_0, 4-bit KV cache", "eager"]]
     assert rows[0][-1] == "1.00x" and rows[0][-2] == "-"
     assert float(rows[1][2]) < float(rows[0][2])  # the q4_0 model is smaller
-    assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in rows)
+    assert all(float(r[3]) >= 0 and float(r[4]) >= 0 for r in rows)  # timed: any value
     assert facts["llama.cpp"] == "not asked"
     with pytest.raises(ValueError, match="@kv4 or @kv8"):
         e2e.variant_formats("q4_0@kv3")
