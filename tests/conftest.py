@@ -12,16 +12,20 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
-def stable_seed(nodeid: str) -> int:
+def stable_seed(nodeid: str, seed_file: str | None = None) -> int:
     # crc32 of the test id: the same in every process and on every machine (Python's hash() of a
-    # str changes with PYTHONHASHSEED), so a failure reproduces with the same data.
-    return zlib.crc32(nodeid.encode())
+    # str changes with PYTHONHASHSEED), so a failure reproduces with the same data. The id is taken
+    # as "tests/<file name>::<test>" whatever folder the file is in, so moving a file between
+    # tests/<area>/ folders keeps its tests' data; a module split out of another file names the file
+    # its tests came from in SEED_FILE (their seeds, and so their data, stay those of that file).
+    path, _, test = nodeid.partition("::")
+    return zlib.crc32(f"tests/{seed_file or path.rsplit('/', 1)[-1]}::{test}".encode())
 
 
 @pytest.fixture(autouse=True)
 def _fresh_seed(request):
     # A different but reproducible seed per test: random data, never zeros, never the same for all.
-    torch.manual_seed(stable_seed(request.node.nodeid))
+    torch.manual_seed(stable_seed(request.node.nodeid, getattr(request.module, "SEED_FILE", None)))
     yield
 
 

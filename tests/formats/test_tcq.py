@@ -1,4 +1,5 @@
-"""TCQ (QTIP bitshift trellis + hybrid code): tables, packing, encoder correctness and quality."""
+"""TCQ (QTIP bitshift trellis + hybrid code): tables, packing, encoder correctness and quality. The
+encoder kernel's ISA paths and op checks: tests/kernels/cpu/test_tcq_viterbi.py."""
 import os
 
 import pytest
@@ -6,22 +7,6 @@ import torch
 
 from torch_lowbit.formats import tcq
 from torch_lowbit.tools import gen_tcq_tables
-
-
-def _cpu_paths():
-    from torch_lowbit.ops import cpu_extension
-
-    return cpu_extension().available_cpu_paths()
-
-
-@pytest.fixture
-def cpu_path():
-    """Sets the CPU kernel path for the test, restoring automatic choice afterwards."""
-    from torch_lowbit.ops import cpu_extension
-
-    ext = cpu_extension()
-    yield ext.set_cpu_path
-    ext.set_cpu_path("auto")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,19 +139,6 @@ def test_fast_viterbi_matches_reference(bits):
     assert (states == ref_states).all(dim=1).sum() >= 6
 
 
-@pytest.mark.parametrize("bits", [1.5, 2.0, 3.0, 4.0, 5.0])
-@pytest.mark.parametrize("path", ["avx512", "avx2"])
-def test_vector_viterbi_equals_scalar(bits, path, cpu_path):
-    if path not in _cpu_paths():
-        pytest.skip(f"CPU path {path} not available on this CPU")
-    x = torch.randn(15, 256)  # one full batch of 8 and a remainder of 7 (AVX2: 4 + 4, 4 + 3)
-    cpu_path("scalar")
-    scalar = tcq.tcq_viterbi(x, bits)
-    cpu_path(path)
-    vector = tcq.tcq_viterbi(x, bits)
-    assert torch.equal(scalar[0], vector[0]) and torch.equal(scalar[1], vector[1])
-
-
 @pytest.mark.parametrize("bits", [1.5, 2.5, 4.0, 5.0])
 def test_decoded_error_is_the_viterbi_error_and_tail_biting_holds(bits):
     s = tcq.tcq_shift_bits(bits)
@@ -225,23 +197,6 @@ def test_bad_inputs_are_rejected():
         tcq.tcq_shift_bits(6)
     with pytest.raises(ValueError, match=r"codes must be \[R, 1, 24\]"):
         tcq.tcq_decode(torch.zeros(2, 1, 8, dtype=torch.int32), 3.0, 256)
-
-
-def test_op_checks_its_arguments():
-    op = tcq._extension_viterbi  # loads the extension
-    values = tcq.tcq_state_values(2.0)
-    op(torch.randn(1, 256), 2.0, "hyb")
-    viterbi = torch.ops.torch_lowbit.tcq_viterbi
-    with pytest.raises(RuntimeError, match="shift_bits must be in 3..10"):
-        viterbi(torch.randn(1, 256), values, 11)
-    with pytest.raises(RuntimeError, match=r"sequences must be fp32 \[N, 256\]"):
-        viterbi(torch.randn(1, 128), values, 4)
-    with pytest.raises(RuntimeError, match="state_values must be fp32"):
-        viterbi(torch.randn(1, 256), values[:100], 4)
-    bad = torch.randn(2, 256)
-    bad[0, 0] = float("inf")
-    with pytest.raises(RuntimeError, match="non-finite"):
-        viterbi(bad, values, 4)
 
 
 def test_module_imports_standalone():

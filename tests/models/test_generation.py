@@ -106,31 +106,3 @@ def test_bench_e2e_rows_on_a_tiny_model(monkeypatch):
         e2e.variant_formats("q4_0@kv3")
     with pytest.raises(ValueError, match="fewer prompt tokens"):
         e2e.bench_e2e(("fp32",), prompt_tokens=64, modes=("eager",), peers=False, progress=lambda msg: None)
-
-
-@pytest.mark.parametrize("mask_kind", ["none", "bool", "additive"])
-@pytest.mark.parametrize("b,h,hkv,s,length,d", [(1, 9, 3, 1, 37, 64), (2, 4, 4, 5, 11, 16), (1, 6, 2, 7, 7, 32)])
-def test_gqa_attention_matches_repeated_kv_softmax(b, h, hkv, s, length, d, mask_kind):
-    gen = torch.Generator().manual_seed(b * 1000 + h * 100 + s * 10 + length)
-    q, k, v = (torch.randn(b, n, m, d, generator=gen) for n, m in ((h, s), (hkv, length), (hkv, length)))
-    keep = torch.rand(b, 1, s, length, generator=gen) > 0.3
-    keep[..., 0] = True  # every query sees at least one key
-    mask = {"none": None, "bool": keep,
-            "additive": torch.where(keep, 0.0, torch.finfo(torch.float32).min)}[mask_kind]
-    scale = d ** -0.5
-    got = torch.ops.torch_lowbit.gqa_attention(q, k, v, mask, scale)
-    kr, vr = (t.repeat_interleave(h // hkv, dim=1).double() for t in (k, v))  # transformers' repeat_kv order
-    scores = q.double() @ kr.transpose(-1, -2) * scale
-    if mask is not None:
-        scores = scores.masked_fill(~keep, float("-inf"))
-    want = (scores.softmax(-1) @ vr).transpose(1, 2)
-    assert got.shape == (b, s, h, d)
-    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
-    fake = torch.library.opcheck(torch.ops.torch_lowbit.gqa_attention.default, (q, k, v, mask, scale))
-    assert all(v == "SUCCESS" for v in fake.values()), fake
-
-
-def test_gqa_attention_rejects_bad_heads():
-    q, k = torch.randn(1, 5, 1, 8), torch.randn(1, 2, 3, 8)
-    with pytest.raises(RuntimeError, match="not a multiple of KV heads"):
-        torch.ops.torch_lowbit.gqa_attention(q, k, k, None, 1.0)

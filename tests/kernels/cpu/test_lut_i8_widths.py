@@ -19,23 +19,14 @@ def _lut_i8_args(bits: int, sub_groups: bool):
     return args
 
 
-@pytest.mark.parametrize("bits", range(0, 11))
-def test_cpp_lut_i8_widths_are_LUT_I8_CODE_BITS(bits):
+@pytest.mark.parametrize("sub_groups,bits", [(False, b) for b in range(0, 11)] + [(True, b) for b in LUT_I8_CODE_BITS])
+def test_cpp_lut_i8_widths_are_the_python_sets(sub_groups, bits):
+    """Plain tables: exactly LUT_I8_CODE_BITS; group codebooks (sub_groups): exactly GCB_CODE_BITS."""
     cpu_extension()
-    call = lambda: torch.ops.torch_lowbit.lut_i8_linear(**_lut_i8_args(bits, False))  # noqa: E731
-    if bits in LUT_I8_CODE_BITS:
+    allowed, error = (GCB_CODE_BITS, "need 2- or 3-bit codes") if sub_groups else (LUT_I8_CODE_BITS, "code_bits must be")
+    call = lambda: torch.ops.torch_lowbit.lut_i8_linear(**_lut_i8_args(bits, sub_groups))  # noqa: E731
+    if bits in allowed:
         assert call().shape == (2, 16)
     else:
-        with pytest.raises(RuntimeError, match="code_bits must be"):
-            call()
-
-
-@pytest.mark.parametrize("bits", LUT_I8_CODE_BITS)
-def test_cpp_group_codebook_widths_are_GCB_CODE_BITS(bits):
-    cpu_extension()
-    call = lambda: torch.ops.torch_lowbit.lut_i8_linear(**_lut_i8_args(bits, True))  # noqa: E731
-    if bits in GCB_CODE_BITS:
-        assert call().shape == (2, 16)
-    else:
-        with pytest.raises(RuntimeError, match="need 2- or 3-bit codes"):
+        with pytest.raises(RuntimeError, match=error):
             call()

@@ -7,6 +7,8 @@ from triton_helpers import (
     check_palette, fresh_gen, lowbit_args, lowbit_kernels, lowbit_module, lut4_kernels, matmul_module,
     palette_linear, palette_weights, quantized_lut4, run_lut4)
 
+SEED_FILE = "test_triton_kernels.py"  # split out of tests/test_triton_kernels.py: its seeds (conftest.stable_seed)
+
 pytestmark = pytest.mark.skipif(not triton_available(), reason="triton not installed")
 
 

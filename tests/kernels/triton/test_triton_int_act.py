@@ -8,6 +8,8 @@ import torch_lowbit as tl
 from conftest import assert_matches_product, triton_available
 from triton_helpers import fresh_gen, on_cuda, quantized_lut4
 
+SEED_FILE = "test_triton_kernels.py"  # split out of tests/test_triton_kernels.py: its seeds (conftest.stable_seed)
+
 pytestmark = pytest.mark.skipif(not triton_available(), reason="triton not installed")
 
 

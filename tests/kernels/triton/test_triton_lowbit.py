@@ -9,6 +9,8 @@ from triton_helpers import (
     DOT_CONFIGS, DTYPES, GEMV_CONFIGS, check_palette, compiled_on_meta, fresh_gen, lowbit_args, lowbit_kernels,
     lowbit_module, needs_interpreter_on_cpu, on_cuda)
 
+SEED_FILE = "test_triton_kernels.py"  # split out of tests/test_triton_kernels.py: its seeds (conftest.stable_seed)
+
 pytestmark = pytest.mark.skipif(not triton_available(), reason="triton not installed")
 
 

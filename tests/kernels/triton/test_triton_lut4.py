@@ -12,9 +12,12 @@ from triton_helpers import (
     CountLaunches, DOT_CONFIGS, DTYPES, GEMV_CONFIGS, LUT4_FORMATS, check_lut4, compiled_on_meta, fresh_gen,
     lut4_kernels, matmul_module, needs_interpreter_on_cpu, on_cuda, quantized_lut4, run_lut4)
 
+SEED_FILE = "test_triton_kernels.py"  # split out of tests/test_triton_kernels.py: its seeds (conftest.stable_seed)
+
 pytestmark = pytest.mark.skipif(not triton_available(), reason="triton not installed")
 
 
+# M = 1, 3: GEMV (M <= GEMV_MAX_M = 4); 17, 33: tl.dot with a ragged M tile. K: 3 groups (not a
 # multiple of 64 for g32, of 128 for g64); N odd or ragged against the 32/64-row tiles.
 _MS = ((1, 97), (3, 61), (17, 45), (33, 130))
 

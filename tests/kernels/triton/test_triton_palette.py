@@ -11,6 +11,8 @@ from triton_helpers import (
     CountLaunches, DOT_CONFIGS, DTYPES, GEMV_CONFIGS, check_palette, compiled_on_meta, fresh_gen,
     needs_interpreter_on_cpu, on_cuda, palette_kernels, palette_linear, palette_weights)
 
+SEED_FILE = "test_triton_kernels.py"  # split out of tests/test_triton_kernels.py: its seeds (conftest.stable_seed)
+
 pytestmark = pytest.mark.skipif(not triton_available(), reason="triton not installed")
 
 

@@ -59,9 +59,6 @@ def fresh_gen():
     return torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
 
 
-# M = 1, 3: GEMV (M <= GEMV_MAX_M = 4); 17, 33: tl.dot with a ragged M tile. K: 3 groups (not a
-
-
 # -- stream_rowmajor (int1/2/3) and gcb_rowmajor: triton_kernels/lowbit.py ------------------------
 def lowbit_kernels():
     from torch_lowbit.triton_kernels import lowbit
