@@ -26,7 +26,12 @@ def stable_seed(nodeid: str, seed_file: str | None = None) -> int:
 def _fresh_seed(request):
     # A different but reproducible seed per test: random data, never zeros, never the same for all.
     torch.manual_seed(stable_seed(request.node.nodeid, getattr(request.module, "SEED_FILE", None)))
+    threads = torch.get_num_threads()
     yield
+    # a test (or a benchmark it runs in-process) that changes torch's thread count must not slow the
+    # tests after it, whichever order they run in
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -53,6 +53,7 @@ def bench_kv(tokens: int = 4096, threads=(1, 2), bits=(4, 8), group: int = 64, r
     if not 1 <= query_rows <= tokens:
         raise ValueError(f"bench_kv: query_rows must be 1..tokens ({tokens}), got {query_rows}")
     dtype, base_label, attend = _attend(device, query_rows)
+    previous_threads = torch.get_num_threads()  # each row set runs at its --threads; restored at the end
     graph_us = None
     if device != "cpu":
         from .gpu import cuda_event_us, cuda_graph_us
@@ -100,6 +101,7 @@ def bench_kv(tokens: int = 4096, threads=(1, 2), bits=(4, 8), group: int = 64, r
                     copies)
                 rows.append([shape, tokens, t, f"int{b} cache, dequantize + {base_label.split(', ')[1]}",
                              f"{nbytes / 2**20:.2f}", ref_cell, f"{base / ref:.2f}x", f"{nbytes / base_bytes:.2f}x"])
+    torch.set_num_threads(previous_threads)
     return rows
 
 
