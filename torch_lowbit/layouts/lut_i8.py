@@ -23,8 +23,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..core.activations import KERNEL_ACT_BLOCKS
-from ..core.activations import fake_quantize_q8_blocks
+from ..core.activations import KERNEL_ACT_BLOCKS, fake_quantize_q8_blocks
 from ..formats.palette import NUQ, VQ
 from ..formats.scalar import ScalarCodebookFormat
 from ..core.packing import LUT_I8_CODE_BITS, TILE, pack_codes, pad_rows, tile_rows_codes, unpack_codes

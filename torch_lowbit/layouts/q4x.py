@@ -19,8 +19,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..core.activations import KERNEL_ACT_BLOCKS
-from ..core.activations import fake_quantize_q8_blocks
+from ..core.activations import KERNEL_ACT_BLOCKS, fake_quantize_q8_blocks
 from ..formats.scalar import ScalarCodebookFormat
 from ..core.packing import deinterleave_nibble_rows, interleave_nibble_rows, interleaved_rows_codes, pad_rows
 from ..ops.q4x import q4x_linear

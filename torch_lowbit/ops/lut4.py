@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ..core.activations import ACT_BITS, dequantize_act_codes, quantize_act_codes
-from ._common import (FLOAT_ACTS, Backend, check, check_act_args, linear_out, register_linear_fakes,
+from ._common import (FLOAT_ACTS, Backend, check, check_act_args, register_linear_fakes,
                       register_triton_cuda, route)
 
 
