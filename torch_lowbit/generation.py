@@ -68,6 +68,22 @@ def _register_attention() -> None:
     AttentionMaskInterface.register(ATTENTION, eager_mask)  # an explicit causal mask, never "skip it"
 
 
+def _wait_for(device: torch.device) -> None:
+    """Wait for the device's queued work, so a phase's wall time includes it (CUDA runs asynchronously;
+    per-token times stay the host's time to enqueue a step)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter or buffer (CPU for a model with neither)."""
+    for t in model.parameters():
+        return t.device
+    for t in model.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
 @contextlib.contextmanager
 def _bind_kv_layers(model: nn.Module, cache, enabled: bool):
     """While generating: each attention module of a model with a QuantizedKVCache gets its cache
@@ -98,7 +114,8 @@ def _skip_guards(skip: bool):
 
 @dataclass
 class GenerationTimes:
-    """Wall-clock seconds of the last generate() call, split where users feel them."""
+    """Wall-clock seconds of the last generate() call, split where users feel them (on CUDA the prefill
+    and decode totals include the device's work; per_token_s is the host's time per step)."""
     prompt_tokens: int = 0
     new_tokens: int = 0
     prefill_s: float = 0.0
@@ -131,11 +148,18 @@ class CompiledGenerator:
     kv_bits (4 or 8): keep the cache in a QuantizedKVCache instead (kv_group channels per scale,
     the last kv_residual tokens also exact, keys Hadamard-rotated; torch_lowbit/kv_cache.py).
     Default: the model's recorded setting (QuaRot(kv=...) or a loaded checkpoint), else float.
+
+    cuda_graphs: replay the compiled decode step from a CUDA graph (inductor's
+    mode="reduce-overhead"; the static cache's buffers keep their addresses, the quantized ops'
+    Triton launches are captured inside), so a decode step costs one graph launch of host time
+    instead of hundreds of kernel launches and custom-op dispatches. Default: on when compiling a
+    model whose parameters are on CUDA. Each step's token is copied out of the graph's output buffer,
+    which the next replay overwrites.
     """
 
     def __init__(self, model: nn.Module, *, max_cache_len: int = 1024, compile: bool = True,
                  attn_implementation: Optional[str] = ATTENTION, kv_bits: Optional[int] = None, kv_group: int = 64,
-                 kv_residual: int = 128):
+                 kv_residual: int = 128, cuda_graphs: Optional[bool] = None):
         from transformers import StaticCache
         if not hasattr(model, "config") or not callable(getattr(model, "forward", None)):
             raise TypeError(f"CompiledGenerator needs a transformers causal LM, got {type(model).__name__}")
@@ -161,15 +185,29 @@ class CompiledGenerator:
         self._cache = None
         self._cache_batch = None
         self.times = GenerationTimes()
+        if cuda_graphs is None:
+            cuda_graphs = compile and _device_of(model).type == "cuda"
+        if cuda_graphs and not compile:
+            raise ValueError("cuda_graphs=True replays the compiled decode step: it needs compile=True")
+        self.cuda_graphs = bool(cuda_graphs)
         # two functions, two dynamo caches: the prefill graph (dynamic length) never evicts the decode one
         self._prefill = torch.compile(self._prefill_step, fullgraph=True, dynamic=True) if compile else self._step
-        self._decode = torch.compile(self._decode_step, fullgraph=True, dynamic=False) if compile else self._step
+        self._decode = torch.compile(self._decode_step, fullgraph=True, dynamic=False,
+                                     mode="reduce-overhead" if self.cuda_graphs else None) if compile else self._step
 
     def _prefill_step(self, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
         return self._step(input_ids, cache_position, cache)
 
     def _decode_step(self, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
         return self._step(input_ids, cache_position, cache)
+
+    def _decode_once(self, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
+        """One decode step; from a CUDA graph, the token copied out of the graph's output buffer (the
+        next replay overwrites it), each replay marked as a new step."""
+        if not self.cuda_graphs:
+            return self._decode(input_ids, cache_position, cache)
+        torch.compiler.cudagraph_mark_step_begin()
+        return self._decode(input_ids, cache_position, cache).clone()
 
     def _step(self, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
         out = self.model(input_ids=input_ids, position_ids=cache_position.unsqueeze(0).expand(input_ids.shape[0], -1),
@@ -216,8 +254,9 @@ class CompiledGenerator:
         times = GenerationTimes(prompt_tokens=n * input_ids.shape[0], new_tokens=max_new_tokens)
         t0 = time.perf_counter()
         # a one-token prompt is a decode step (dynamic shapes specialize sizes 0 and 1: no own graph)
-        first_step = self._decode if n == 1 else self._prefill
+        first_step = self._decode_once if n == 1 else self._prefill
         token = first_step(input_ids, torch.arange(n, device=device), cache)
+        _wait_for(device)
         times.prefill_s = time.perf_counter() - t0
         tokens = [token]
         done = token.eq(eos_token_id) if eos_token_id is not None else None
@@ -229,11 +268,12 @@ class CompiledGenerator:
             # after the first step has passed every guard, nothing they check can change until this
             # loop ends (same model, cache, shapes): skip their evaluation (ms per token on small models)
             with _skip_guards(self.compiled and i > 0):
-                token = self._decode(token, torch.tensor([n + i], device=device), cache)
+                token = self._decode_once(token, torch.tensor([n + i], device=device), cache)
             tokens.append(token)
             times.per_token_s.append(time.perf_counter() - t)
             if done is not None:
                 done |= token.eq(eos_token_id)
+        _wait_for(device)
         times.decode_s = time.perf_counter() - t_decode
         times.new_tokens = len(tokens)
         self.times = times

@@ -28,12 +28,13 @@ from torch_lowbit.core.packing import GCB_CODE_BITS, STREAM_CODE_BITS
 from torch_lowbit.core.packing import GCB_SUBGROUP as SUBGROUP  # weights per gcb sub-group byte
 
 from .matmul import (WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _bits_at, _epilogue, _fma_or_dot,
-                     _group_dequant_kernel, _k_slice, _lookup, _tiles, _unit_words, _window,
-                     check_device, check_x, dequant_launch, derived, linear_launch, table_form)
+                     _gemv_epilogue, _group_dequant_kernel, _k_slice, _lookup, _tiles, _unit_words, _window, _word_fma,
+                     check_device, check_x, dequant_launch, derived, linear_launch, quad_tiles, table_form)
 
 _SUBGROUP = tl.constexpr(SUBGROUP)  # jit code reads only constexpr globals (the interpreter does not check)
 # (BLOCK_N, BLOCK_K, num_warps) of the lowbit GEMV: the x a thread loads serves the rows it holds
 _GEMV_TILES = ((32, 256, 4), (64, 256, 4), (32, 512, 4), (64, 512, 8), (128, 256, 8))
+
 
 
 # -- decoders --------------------------------------------------------------------------------------
@@ -178,6 +179,95 @@ def _lowbit_linear_kernel(x_ptr, words_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr
     _epilogue(_acc_total(acc, GEMV), offs_m, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
 
 
+@triton.jit
+def _word_total(t, xs, scale, low, ONE: tl.constexpr, AFFINE: tl.constexpr, LUT_A: tl.constexpr,
+                LUT_B: tl.constexpr, HAS_MIN: tl.constexpr):
+    """[BLOCK_N, QUADS]: each quad's sum of x * weight over its 4 words (in the thread). AFFINE: values
+    were 1 + c / 2^BITS, so sum x lut[c] = A 2^BITS t + (B - A 2^BITS) sum x; times each word's scale
+    (and min) before the sum."""
+    if AFFINE:
+        t = (LUT_A * ONE) * t + (LUT_B - LUT_A * ONE) * xs
+    total = t * scale
+    if HAS_MIN:
+        total += xs * low
+    return tl.sum(total, axis=2)
+
+
+@triton.jit
+def _lowbit_gemv_kernel(x_ptr, words_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, ROW_WORDS,
+                        GROUP_WORDS, SUB_WORDS, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BITS: tl.constexpr,
+                        G: tl.constexpr, GROUP: tl.constexpr, HAS_MIN: tl.constexpr, AFFINE: tl.constexpr,
+                        LUT_A: tl.constexpr, LUT_B: tl.constexpr, CODEBOOKS: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The GEMV kind (M <= 4) of _lowbit_linear_kernel's formats whose codes never straddle a word
+    (BITS 1, 2, 8: G = 1; C = 32 / BITS codes a word), laid out for the memory system as
+    lut4._lut4_gemv_kernel is: a thread owns 4 consecutive words of a row (one 16-byte load),
+    consecutive threads the next 4, the warps and repeats the rows; each code position i of the words
+    is one [BLOCK_N, QUADS, 4] value tile times x at columns word * C + i, loaded in the words' layout
+    (matmul._word_fma); a word's scale (and min, or gcb's sub-group byte and superblock scale) is read per
+    word through runtime divisors (GROUP_WORDS, SUB_WORDS words per group and sub-group: a compile-time
+    divisor lets Triton give those loads a layout of their own, converted through shared memory).
+    Up to 4 x rows share each decoded word. No shared memory or barrier in the K loop (sm_90 cubins)."""
+    tl.static_assert(G == 1, "codes straddling words (3 bits) take _lowbit_linear_kernel's GEMV")
+    C: tl.constexpr = 32 // BITS
+    QUADS: tl.constexpr = BLOCK_K // (4 * C)
+    ONE: tl.constexpr = 1 << BITS
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = (offs_n < N)[:, None, None]
+    # slices end at whole quads or the row's end: ROW_WORDS (= K / C), not K // C, so that where Triton
+    # knows it divisible by 16 the mask is constant over a quad and the word loads vectorize
+    slice_words = tl.cdiv(ROW_WORDS, SPLIT_K * 4 * QUADS) * 4 * QUADS
+    w_begin = pid_k * slice_words
+    w_end = tl.minimum(w_begin + slice_words, ROW_WORDS)
+    rows = offs_n[:, None, None].to(tl.int64)
+    quad = tl.arange(0, QUADS)[None, :, None] * 4 + tl.arange(0, 4)[None, None, :]  # [1, QUADS, 4]
+    acc0 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)  # one accumulator per x row
+    acc1 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)
+    for w0 in range(w_begin, w_end, 4 * QUADS):
+        w = w0 + quad
+        w_ok = w < w_end
+        ok = n_ok & w_ok
+        words = tl.load(words_ptr + rows * ROW_WORDS + w, mask=ok, other=0,
+                        eviction_policy="evict_first").to(tl.uint32, bitcast=True)  # [BLOCK_N, QUADS, 4]
+        low = tl.zeros((BLOCK_N, QUADS, 4), dtype=tl.float32)
+        if CODEBOOKS:  # s_ptr: sub-group bytes c << 4 | s [N, K / 32]; mn_ptr: superblock scales [N, K / GROUP]
+            sub = tl.load(s_ptr + rows * (K // _SUBGROUP) + w // SUB_WORDS, mask=ok, other=0).to(tl.int32)
+            d = tl.load(mn_ptr + rows * (K // GROUP) + w // GROUP_WORDS, mask=ok, other=0.0).to(tl.float32)
+            scale = (sub & 15).to(tl.float32) * d
+            book = (sub >> 4) << BITS
+        else:
+            g_off = rows * (K // GROUP) + w // GROUP_WORDS
+            scale = tl.load(s_ptr + g_off, mask=ok, other=0.0).to(tl.float32)
+            book = 0
+            if HAS_MIN:
+                low = tl.load(mn_ptr + g_off, mask=ok, other=0.0).to(tl.float32)
+        zero = tl.zeros((BLOCK_N, QUADS, 4), dtype=tl.float32)
+        zero_x = tl.zeros((1, QUADS, 4), dtype=tl.float32)
+        t0, xs0, t1, xs1, t2, xs2, t3, xs3 = zero, zero_x, zero, zero_x, zero, zero_x, zero, zero_x
+        for i in tl.static_range(C):
+            if AFFINE:
+                f = _code_float(words, words, i * BITS, BITS)
+            else:
+                f = _lookup(lut_ptr, book + _bits_at(words, words, i * BITS, BITS).to(tl.int32))
+            col = w * C + i
+            t0, xs0 = _word_fma(f, x_ptr, 0, K, M, col, w_ok, t0, xs0)
+            if BLOCK_M > 1:
+                t1, xs1 = _word_fma(f, x_ptr, 1, K, M, col, w_ok, t1, xs1)
+            if BLOCK_M > 2:
+                t2, xs2 = _word_fma(f, x_ptr, 2, K, M, col, w_ok, t2, xs2)
+                t3, xs3 = _word_fma(f, x_ptr, 3, K, M, col, w_ok, t3, xs3)
+        acc0 += _word_total(t0, xs0, scale, low, ONE, AFFINE, LUT_A, LUT_B, HAS_MIN)
+        if BLOCK_M > 1:
+            acc1 += _word_total(t1, xs1, scale, low, ONE, AFFINE, LUT_A, LUT_B, HAS_MIN)
+        if BLOCK_M > 2:
+            acc2 += _word_total(t2, xs2, scale, low, ONE, AFFINE, LUT_A, LUT_B, HAS_MIN)
+            acc3 += _word_total(t3, xs3, scale, low, ONE, AFFINE, LUT_A, LUT_B, HAS_MIN)
+    _gemv_epilogue(acc0, acc1, acc2, acc3, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K, BLOCK_M)
+
 # -- input checks ----------------------------------------------------------------------------------
 def stream_words(in_features: int, code_bits: int) -> int:
     """int32 words per row of one MSB-first code stream (layouts.palette_packed.pack_stream)."""
@@ -256,8 +346,15 @@ def _word_launches(weights, code_bits, words, **consts) -> dict:
     launch = KernelLaunch(_lowbit_linear_kernel, weights, dict(BITS=code_bits, G=unit_words, **consts), (words,))
     dot = dict(tiles=_GCB_DOT_TILES, default=(128, 256, 8, 1)) if consts["CODEBOOKS"] else \
         dict(tiles=WORD_DOT_TILES, default=(64, 256, 8, 2))
-    return {"gemv": replace(launch, tiles=_GEMV_TILES, default=(64, 256, 4), k_unit=codes_per_unit),
-            "dot": replace(launch, k_unit=16 * codes_per_unit, **dot)}
+    if unit_words == 1:  # codes never straddle words: the 16-byte-load GEMV; the runtime divisors (words
+        # per group, per gcb sub-group) keep Triton from giving the scale loads a layout of their own
+        tiles = quad_tiles(4 * codes_per_unit)
+        gemv = KernelLaunch(_lowbit_gemv_kernel, weights, dict(BITS=code_bits, G=1, **consts),
+                            (words, consts["GROUP"] // codes_per_unit, max(1, SUBGROUP // codes_per_unit)),
+                            kind_flags=False, tiles=tiles, default=tiles[0], k_unit=4 * codes_per_unit)
+    else:
+        gemv = replace(launch, tiles=_GEMV_TILES, default=(64, 256, 4), k_unit=codes_per_unit)
+    return {"gemv": gemv, "dot": replace(launch, k_unit=16 * codes_per_unit, **dot)}
 
 
 def lowbit_linear(x, codes, code_bits, scales, mins, lut, group_size, bias=None, *, config=None):

@@ -3,21 +3,21 @@ with W[n, k] = lut[code] * scale[n, k // group] (+ min), decoded in registers ri
 
 Layout (torch_lowbit/layouts/lut4.py): qweight [N, K/2] uint8, within each run of 32 codes byte j
 holds code j (low nibble) and code j+16 (high nibble).
-_lut4_linear_kernel serves both kernel kinds by M (split-K GEMV, tiled tl.dot) reading the codes as
-int32 words; _lut4_dequant_kernel writes W (large M: dequantize + cuBLAS, and tests) from the same
-words, cut by run_codes (which int_act.py's integer kernel uses too). Split-K, configs and the launcher
-are matmul.py's.
+Kernel kinds by M (matmul.kernel_kind): _lut4_gemv_kernel (M <= 4, CUDA cores: a thread owns whole
+runs, one 16-byte load each, x loaded in the words' register layout: no shared memory or barrier in
+its K loop) and _lut4_linear_kernel (tiled tl.dot), both reading the codes as int32 words;
+_lut4_dequant_kernel writes W (large M: dequantize + cuBLAS, and tests) from the same words, cut by
+run_codes (which int_act.py's integer kernel uses too). Split-K, configs and the launcher are
+matmul.py's.
 """
 from __future__ import annotations
-
-from dataclasses import replace
 
 import torch
 import triton
 import triton.language as tl
 
-from .matmul import WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _epilogue, _fma_or_dot, _k_slice, _tiles, \
-    check_device, check_x, dequant_launch, linear_launch, table_form
+from .matmul import WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _epilogue, _fma_or_dot, _gemv_epilogue, \
+    _k_slice, _tiles, _word_fma, check_device, check_x, dequant_launch, linear_launch, table_form
 
 
 @triton.jit
@@ -101,18 +101,17 @@ def _lut4_linear_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_
                         HAS_MIN: tl.constexpr, AFFINE: tl.constexpr, LUT_A: tl.constexpr, LUT_B: tl.constexpr,
                         GEMV: tl.constexpr, DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """y = x @ W.T + bias, both kinds, over the lut4_rowmajor bytes read as int32 words (8 codes each:
-    word w of a 32-code run holds bytes 4w .. 4w+3, byte j the codes of columns 4w + j (low nibble)
-    and 4w + j + 16 (high)); every byte position j is one column of each word, so a K step is 8
-    slices of WORDS = BLOCK_K / 8 columns (x loaded in the same order). The group scale (and min)
-    is read once per word and row (GROUP >= 32 columns share it).
-    Values (_byte_values): AFFINE tables (lut[c] = LUT_A c + LUT_B: q4_0, int4_g*; fp16/bf16
-    activations) come from _affine_pair's bit trick; other tables (iq4_nl, and any under fp32
-    activations) gathered from lut_ptr.
-    GEMV: per word and row t = sum x * value in fp32 FMAs, scaled once per word (AFFINE: sum x c =
-    t - sum x with x pre-scaled by 256 / 16); the cross-thread sum runs once after the K loop.
-    tl.dot: each slice's weights are value * a + b with per-word a, b (scale, min and the affine
-    form folded in: one FMA per weight), then one tl.dot per slice (WORDS >= 16)."""
+    """y = x @ W.T + bias, the tl.dot kind (M > GEMV_MAX_M; the GEMV kind is _lut4_gemv_kernel), over
+    the lut4_rowmajor bytes read as int32 words (8 codes each: word w of a 32-code run holds bytes
+    4w .. 4w+3, byte j the codes of columns 4w + j (low nibble) and 4w + j + 16 (high)); every byte
+    position j is one column of each word, so a K step is 8 slices of WORDS = BLOCK_K / 8 columns (x
+    loaded in the same order). The group scale (and min) is read once per word and row (GROUP >= 32
+    columns share it). Values (_byte_values): AFFINE tables (lut[c] = LUT_A c + LUT_B: q4_0, int4_g*;
+    fp16/bf16 activations) come from _affine_pair's bit trick; other tables (iq4_nl, and any under
+    fp32 activations) gathered from lut_ptr. Each slice's weights are value * a + b with per-word a, b
+    (scale, min and the affine form folded in: one FMA per weight), then one tl.dot per slice
+    (WORDS >= 16)."""
+    tl.static_assert(not GEMV, "the GEMV kind of lut4_rowmajor is _lut4_gemv_kernel")
     pid_m, pid_n, pid_k, offs_m, offs_n = _tiles(GEMV, BLOCK_M, BLOCK_N)
     k_begin, k_end = _k_slice(pid_k, K, SPLIT_K, BLOCK_K)
     WORDS: tl.constexpr = BLOCK_K // 8
@@ -133,40 +132,128 @@ def _lut4_linear_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_
         low = tl.zeros((BLOCK_N, WORDS), dtype=tl.float32)  # the min, or 0
         if HAS_MIN:
             low = tl.load(mn_ptr + g_off, mask=n_ok & w_ok, other=0.0).to(tl.float32)
-        if GEMV:
-            t = tl.zeros((BLOCK_M, BLOCK_N, WORDS), dtype=tl.float32)
-            x_sum = tl.zeros((BLOCK_M, WORDS), dtype=tl.float32)  # sum of x over each word's 8 columns
-            x_pre = tl.zeros((BLOCK_M, WORDS), dtype=tl.float32)  # the same of the pre-scaled x (AFFINE)
-        else:  # value -> weight: A value + B folded with the scale and the min (AFFINE: value = 1 + c / 2^e)
-            a_lo = scale * (256.0 * LUT_A if AFFINE else 1.0)
-            a_hi = scale * (16.0 * LUT_A if AFFINE else 1.0)
-            b_lo = scale * (LUT_B - 256.0 * LUT_A if AFFINE else 0.0) + low
-            b_hi = scale * (LUT_B - 16.0 * LUT_A if AFFINE else 0.0) + low
+        # value -> weight: A value + B folded with the scale and the min (AFFINE: value = 1 + c / 2^e)
+        a_lo = scale * (256.0 * LUT_A if AFFINE else 1.0)
+        a_hi = scale * (16.0 * LUT_A if AFFINE else 1.0)
+        b_lo = scale * (LUT_B - 256.0 * LUT_A if AFFINE else 0.0) + low
+        b_hi = scale * (LUT_B - 16.0 * LUT_A if AFFINE else 0.0) + low
         for j in tl.static_range(4):
             x_col = x_ptr + x_rows + (k0 + col0 + j)[None, :]
             x_lo = tl.load(x_col, mask=m_ok & w_ok, other=0.0)
             x_hi = tl.load(x_col + 16, mask=m_ok & w_ok, other=0.0)
             f_lo, f_hi = _byte_values(words, j, lut_ptr, AFFINE)
-            if GEMV:
-                x_lo = x_lo.to(tl.float32)
-                x_hi = x_hi.to(tl.float32)
-                x_sum += x_lo + x_hi
-                if AFFINE:
-                    x_lo = x_lo * 256.0
-                    x_hi = x_hi * 16.0
-                    x_pre += x_lo + x_hi
-                t += f_lo[None, :, :] * x_lo[:, None, :]
-                t += f_hi[None, :, :] * x_hi[:, None, :]
-            else:
-                acc = _fma_or_dot(acc, x_lo, f_lo * a_lo + b_lo, False, DOT_FP32)
-                acc = _fma_or_dot(acc, x_hi, f_hi * a_hi + b_hi, False, DOT_FP32)
-        if GEMV:
-            if AFFINE:  # sum x lut[c] = A (t - x_pre) + B x_sum
-                t = LUT_A * t + (LUT_B * x_sum - LUT_A * x_pre)[:, None, :]
-            acc += t * scale[None, :, :]
-            if HAS_MIN:
-                acc += x_sum[:, None, :] * low[None, :, :]
+            acc = _fma_or_dot(acc, x_lo, f_lo * a_lo + b_lo, False, DOT_FP32)
+            acc = _fma_or_dot(acc, x_hi, f_hi * a_hi + b_hi, False, DOT_FP32)
     _epilogue(_acc_total(acc, GEMV), offs_m, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def _byte_fma(f_lo, f_hi, x_ptr, ROW: tl.constexpr, K, M, run, B: tl.constexpr, r_ok, t_lo, t_hi, xs_lo, xs_hi):
+    """One x row's products with byte B's values (f_lo, f_hi [BLOCK_N, RUNS, 4]): word q's low nibble
+    is column 4 q + B of its run, its high nibble 16 + 4 q + B; accumulated per nibble half, with that
+    row's sums of x over the same columns."""
+    col = run[None, :, None] * 32 + 4 * tl.arange(0, 4)[None, None, :] + B
+    ok = r_ok[None, :, None]
+    t_lo, xs_lo = _word_fma(f_lo, x_ptr, ROW, K, M, col, ok, t_lo, xs_lo)
+    t_hi, xs_hi = _word_fma(f_hi, x_ptr, ROW, K, M, col + 16, ok, t_hi, xs_hi)
+    return t_lo, t_hi, xs_lo, xs_hi
+
+
+@triton.jit
+def _run_total(t_lo, t_hi, xs_lo, xs_hi, scale, low, AFFINE: tl.constexpr, LUT_A: tl.constexpr,
+               LUT_B: tl.constexpr, HAS_MIN: tl.constexpr):
+    """[BLOCK_N, RUNS]: sum over each run's 32 columns of x * weight. AFFINE: the values were
+    1 + c / 256 (low nibbles) and 1 + c / 16 (high), so sum x c = 256 (t_lo - sum x_lo) + 16 (t_hi -
+    sum x_hi) and sum x lut[c] = LUT_A sum x c + LUT_B sum x; else t holds sum x lut[c] already.
+    The x sums join the products before the sum over each thread's 4 words: a sum of the x tile alone
+    would come out in another layout and cost a shared-memory conversion (and barrier) per step."""
+    if AFFINE and HAS_MIN:  # the min joins the x sums' coefficients (a separate sum of x * min: barriers)
+        c_lo = scale * (LUT_B - 256.0 * LUT_A) + low
+        c_hi = scale * (LUT_B - 16.0 * LUT_A) + low
+        inner = ((256.0 * LUT_A) * t_lo + (16.0 * LUT_A) * t_hi) * scale[:, :, None] \
+            + c_lo[:, :, None] * xs_lo + c_hi[:, :, None] * xs_hi
+        total = tl.sum(inner, axis=2)
+    elif AFFINE:
+        inner = (256.0 * LUT_A) * t_lo + (16.0 * LUT_A) * t_hi \
+            + ((LUT_B - 256.0 * LUT_A) * xs_lo + (LUT_B - 16.0 * LUT_A) * xs_hi)
+        total = tl.sum(inner, axis=2) * scale
+    else:
+        total = tl.sum(t_lo + t_hi, axis=2) * scale
+        if HAS_MIN:
+            total += tl.sum((xs_lo + xs_hi) * low[:, :, None], axis=2)
+    return total
+
+
+@triton.jit
+def _lut4_gemv_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, ROW_WORDS, ROW_GROUPS,
+                      GROUP_RUNS,
+                      HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, GROUP: tl.constexpr, HAS_MIN: tl.constexpr,
+                      AFFINE: tl.constexpr, LUT_A: tl.constexpr, LUT_B: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y = x @ W.T + bias for M <= 4 rows of x (BLOCK_M 1, 2 or 4) on the CUDA cores, laid out for the
+    memory system: a thread owns whole 32-code runs (4 int32 words: one 16-byte load per row and run,
+    consecutive threads on consecutive runs of a row, so a warp's loads are contiguous), decodes each
+    word's bytes with _byte_values (AFFINE: the mantissa trick, else the table) and multiplies them
+    with x loaded in the words' own register layout (_x_byte_columns): no shared memory, no barrier in
+    the K loop (sm_90 cubin: tools/triton_compile_check). The group scale (and min) is applied once
+    per row and run (GROUP >= 32), the sum across threads once after the loop. A K step is BLOCK_K / 32
+    runs; split-K slices are whole steps (matmul._epilogue's partials)."""
+    RUNS: tl.constexpr = BLOCK_K // 32
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    runs_total = K // 32
+    slice_runs = tl.cdiv(runs_total, SPLIT_K * RUNS) * RUNS
+    r_begin = pid_k * slice_runs
+    r_end = tl.minimum(r_begin + slice_runs, runs_total)
+    n_ok = offs_n < N
+    word_rows = offs_n[:, None, None].to(tl.int64) * ROW_WORDS
+    group_rows = offs_n[:, None].to(tl.int64) * ROW_GROUPS
+    quad = tl.arange(0, 4)[None, None, :]
+    acc0 = tl.zeros((BLOCK_N, RUNS), dtype=tl.float32)  # one accumulator per x row
+    acc1 = tl.zeros((BLOCK_N, RUNS), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_N, RUNS), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_N, RUNS), dtype=tl.float32)
+    for r0 in range(r_begin, r_end, RUNS):
+        run = r0 + tl.arange(0, RUNS)
+        r_ok = run < r_end
+        words = tl.load(qw_ptr + word_rows + (run * 4)[None, :, None] + quad,
+                        mask=n_ok[:, None, None] & r_ok[None, :, None], other=0, eviction_policy="evict_first")
+        g_off = group_rows + (run // GROUP_RUNS)[None, :]  # a runtime divisor, see the launcher
+        g_ok = n_ok[:, None] & r_ok[None, :]
+        scale = tl.load(s_ptr + g_off, mask=g_ok, other=0.0).to(tl.float32)
+        low = scale
+        if HAS_MIN:
+            low = tl.load(mn_ptr + g_off, mask=g_ok, other=0.0).to(tl.float32)
+        zero = tl.zeros((BLOCK_N, RUNS, 4), dtype=tl.float32)
+        zero_x = tl.zeros((1, RUNS, 4), dtype=tl.float32)
+        t_lo0, t_hi0, xs_lo0, xs_hi0 = zero, zero, zero_x, zero_x
+        t_lo1, t_hi1, xs_lo1, xs_hi1 = zero, zero, zero_x, zero_x
+        t_lo2, t_hi2, xs_lo2, xs_hi2 = zero, zero, zero_x, zero_x
+        t_lo3, t_hi3, xs_lo3, xs_hi3 = zero, zero, zero_x, zero_x
+        for b in tl.static_range(4):
+            f_lo, f_hi = _byte_values(words, b, lut_ptr, AFFINE)
+            t_lo0, t_hi0, xs_lo0, xs_hi0 = _byte_fma(f_lo, f_hi, x_ptr, 0, K, M, run, b, r_ok,
+                                                     t_lo0, t_hi0, xs_lo0, xs_hi0)
+            if BLOCK_M > 1:
+                t_lo1, t_hi1, xs_lo1, xs_hi1 = _byte_fma(f_lo, f_hi, x_ptr, 1, K, M, run, b, r_ok,
+                                                         t_lo1, t_hi1, xs_lo1, xs_hi1)
+            if BLOCK_M > 2:
+                t_lo2, t_hi2, xs_lo2, xs_hi2 = _byte_fma(f_lo, f_hi, x_ptr, 2, K, M, run, b, r_ok,
+                                                         t_lo2, t_hi2, xs_lo2, xs_hi2)
+                t_lo3, t_hi3, xs_lo3, xs_hi3 = _byte_fma(f_lo, f_hi, x_ptr, 3, K, M, run, b, r_ok,
+                                                         t_lo3, t_hi3, xs_lo3, xs_hi3)
+        acc0 += _run_total(t_lo0, t_hi0, xs_lo0, xs_hi0, scale, low, AFFINE, LUT_A, LUT_B, HAS_MIN)
+        if BLOCK_M > 1:
+            acc1 += _run_total(t_lo1, t_hi1, xs_lo1, xs_hi1, scale, low, AFFINE, LUT_A, LUT_B, HAS_MIN)
+        if BLOCK_M > 2:
+            acc2 += _run_total(t_lo2, t_hi2, xs_lo2, xs_hi2, scale, low, AFFINE, LUT_A, LUT_B, HAS_MIN)
+            acc3 += _run_total(t_lo3, t_hi3, xs_lo3, xs_hi3, scale, low, AFFINE, LUT_A, LUT_B, HAS_MIN)
+    _gemv_epilogue(acc0, acc1, acc2, acc3, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K, BLOCK_M)
+
+# The GEMV's (BLOCK_N, BLOCK_K, num_warps) space: BLOCK_K / 32 runs a K step and thread; up to 16 runs a
+# step the x tiles share the words' layout (32 put a conversion through shared memory back, sm_90).
+GEMV_RUN_TILES = ((16, 512, 4), (32, 512, 4), (32, 256, 4), (64, 256, 4), (64, 512, 8), (128, 256, 8))
 
 
 def _check_args(op, ref_name, ref, qweight, scales, mins, lut, group_size):
@@ -206,10 +293,18 @@ def lut4_linear(x, qweight, scales, mins, lut, group_size, bias=None, *, config=
     # The bit trick's GEMV sums are exact to ~1e-5 relative: far below an fp16/bf16 output's rounding,
     # not an fp32 one's, so fp32 activations take exact table lookups.
     form = table_form(lut) if x.dtype != torch.float32 else None
-    launch = KernelLaunch(_lut4_linear_kernel, (weights[0].view(torch.int32),) + weights[1:],  # 8 codes a word
-                          dict(GROUP=group_size, HAS_MIN=mins is not None, AFFINE=form is not None,
-                               LUT_A=form[0] if form else 1.0, LUT_B=form[1] if form else 0.0))
-    launches = {"gemv": launch, "dot": replace(launch, tiles=WORD_DOT_TILES, default=(64, 128, 4, 2), k_unit=128)}
+    words = (weights[0].view(torch.int32),) + weights[1:]  # 8 codes a word
+    consts = dict(GROUP=group_size, HAS_MIN=mins is not None, AFFINE=form is not None,
+                  LUT_A=form[0] if form else 1.0, LUT_B=form[1] if form else 0.0)
+    # ROW_WORDS, ROW_GROUPS as arguments: Triton specializes them on divisibility by 16, which is what
+    # lets the GEMV's row loads be 16-byte vectors. GROUP_RUNS (runs per group) too: a compile-time
+    # divisor > 1 lets Triton see runs sharing a scale and load the scales in a layout of their own,
+    # converted through shared memory (a barrier) every K step (sm_90 cubin of int4_g128)
+    launches = {"gemv": KernelLaunch(_lut4_gemv_kernel, words, consts,
+                                     sizes=(k // 8, k // group_size, group_size // 32),
+                                     kind_flags=False, tiles=GEMV_RUN_TILES, default=(32, 256, 4), k_unit=32),
+                "dot": KernelLaunch(_lut4_linear_kernel, words, consts, tiles=WORD_DOT_TILES, default=(64, 128, 4, 2),
+                                    k_unit=128)}
     return linear_launch(op, x, n, launches, bias, f"g{group_size}", config,
                          lambda dtype: lut4_dequantize(qweight, scales, mins, lut, group_size, dtype=dtype))
 

@@ -169,6 +169,35 @@ def _epilogue(acc, offs_m, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS: 
 
 
 @triton.jit
+def _word_fma(f, x_ptr, ROW: tl.constexpr, K, M, col, ok, t, xs):
+    """The 16-byte-load GEMVs' multiply-accumulate: x row ROW at columns col (shaped like the kernel's
+    [BLOCK_N, ., 4] word tile with one row, so the load takes the words' register layout and
+    broadcasts over the rows in registers — a 1-D or differently shaped x tile, or a sum of the x tile
+    alone, costs a shared-memory layout conversion and a barrier every K step, sm_90 cubins) times the
+    values f, accumulated into t; that row's x summed into xs."""
+    x = tl.load(x_ptr + ROW * K.to(tl.int64) + col, mask=ok & (tl.full((1, 1, 1), ROW, tl.int32) < M),
+                other=0.0).to(tl.float32)
+    return t + f * x, xs + x
+
+
+@triton.jit
+def _gemv_epilogue(acc0, acc1, acc2, acc3, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS: tl.constexpr,
+                   SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr):
+    """_epilogue of the 16-byte-load GEMVs' per-row accumulators [BLOCK_N, steps] (x rows 0..BLOCK_M-1),
+    each summed across its threads once."""
+    row = tl.arange(0, 1)
+    _epilogue(tl.sum(acc0, axis=1)[None, :], row, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K)
+    if BLOCK_M > 1:
+        _epilogue(tl.sum(acc1, axis=1)[None, :], row + 1, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS,
+                  SPLIT_K)
+    if BLOCK_M > 2:
+        _epilogue(tl.sum(acc2, axis=1)[None, :], row + 2, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS,
+                  SPLIT_K)
+        _epilogue(tl.sum(acc3, axis=1)[None, :], row + 3, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS,
+                  SPLIT_K)
+
+
+@triton.jit
 def _splitk_reduce_kernel(ws_ptr, b_ptr, y_ptr, MN, N, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
                           BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -217,6 +246,19 @@ _DOT_TILES = ((16, 64, 128, 4), (16, 128, 64, 4), (32, 64, 64, 4), (32, 128, 64,
 # shared memory, so the wide tiles take 1; BLOCK_K rounds up to each kernel's k_unit.
 WORD_DOT_TILES = ((16, 64, 128, 4, 2), (16, 128, 128, 8, 1), (32, 64, 128, 4, 2), (64, 64, 128, 4, 1),
                   (64, 128, 128, 8, 1), (128, 128, 128, 8, 1))
+# The tiles of the 16-byte-load GEMVs of whole-word codes (lowbit._lowbit_gemv_kernel,
+# palette._codebook_gemv_kernel; lut4's has its own, in runs) as (BLOCK_N, quads of 4 words a row and K step, num_warps): 4-16
+# quads (with 32 the x tiles get a layout of their own again, converted through shared memory); the x
+# of a quad serves every row a thread holds: 2-4 rows a thread, fewer where 4 x rows' accumulators
+# would spill. quad_tiles turns them into (BLOCK_N, BLOCK_K, num_warps) for a kernel's columns per quad.
+QUAD_GEMV_TILES = ((64, 4, 4), (128, 4, 4), (64, 8, 4), (128, 8, 8), (32, 4, 4), (128, 16, 8))
+
+
+def quad_tiles(cols_per_quad: int) -> tuple:
+    """QUAD_GEMV_TILES with BLOCK_K in columns (a quad of 4 words holds cols_per_quad columns)."""
+    return tuple((bn, quads * cols_per_quad, w) for bn, quads, w in QUAD_GEMV_TILES)
+
+
 _SPLITS = (1, 2, 4, 8)
 DEQUANT_ROUTE = {"ROUTE": "dequant"}
 

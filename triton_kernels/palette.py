@@ -44,9 +44,9 @@ import triton.language as tl
 
 from torch_lowbit.core import tcq_codes as tcq
 
-from .matmul import (WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _epilogue, _fma_or_dot, _k_slice, _lookup, _store_tile,
-                     _tiles, _unit_words, _window, _bits_at, check_device, check_x, dequant_launch, derived, linear_launch,
-                     pair_table)
+from .matmul import (WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _bits_at, _epilogue, _fma_or_dot,
+                     _gemv_epilogue, _k_slice, _lookup, _store_tile, _tiles, _unit_words, _window, _word_fma,
+                     check_device, check_x, dequant_launch, derived, linear_launch, pair_table, quad_tiles)
 
 # The 1mad code's constants (torch_lowbit/core/tcq_codes.py); jit code reads only constexpr globals.
 _MAD_A0, _MAD_A1 = (tl.constexpr(a) for a in tcq.MAD_MULTIPLIERS)
@@ -212,6 +212,83 @@ def _codebook_linear_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_p
                 acc = _fma_or_dot(acc, x1, w1, GEMV, DOT_FP32)
     _scaled_epilogue(_acc_total(acc, GEMV), offs_m, offs_n, pid_k, M, N, s_ptr, b_ptr, y_ptr, ws_ptr, HAS_BIAS,
                      SPLIT_K)
+
+
+@triton.jit
+def _field_fma(v0, v1, x_ptr, ROW: tl.constexpr, K, M, col0, col1, TWO: tl.constexpr, w_ok, t, xs):
+    """One x row's products with a lookup field's value(s): v0 at columns col0, and with TWO v1 at
+    col1 (vq's pair, or nuq's second code), columns past K (the streams' padding) masked."""
+    t, xs = _word_fma(v0, x_ptr, ROW, K, M, col0, w_ok & (col0 < K), t, xs)
+    if TWO:
+        t, xs = _word_fma(v1, x_ptr, ROW, K, M, col1, w_ok & (col1 < K), t, xs)
+    return t, xs
+
+
+@triton.jit
+def _codebook_gemv_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, ROW_WORDS,
+                          HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr,
+                          G: tl.constexpr, PAIR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr):
+    """The GEMV kind (M <= 4) of nuq/vq codes whose units are single words (BITS dividing 32: nuq1/2/4,
+    vq1/2/4), laid out for the memory system as lowbit._lowbit_gemv_kernel is: a thread owns 4
+    consecutive row words (one 16-byte load; word w is stream w % 16 of group w // 16, so its code i
+    holds column (w // 16) GROUP_COLS + 16 D P i + (w % 16) D), each lookup field of the words is a
+    value tile times x loaded in the words' layout (matmul._word_fma), the row scale once at the end.
+    No shared memory or barrier in the K loop (sm_90 cubins)."""
+    tl.static_assert(G == 1, "multi-word units (nuq3, vq1.5, vq2.5, vq5) take _codebook_linear_kernel's GEMV")
+    CODES: tl.constexpr = 32 // BITS
+    P: tl.constexpr = 2 if PAIR else 1  # codes per lookup
+    F: tl.constexpr = P * BITS  # bits per lookup
+    TWO: tl.constexpr = PAIR or D == 2  # two values per lookup
+    GROUP_COLS: tl.constexpr = 16 * CODES * D
+    QUADS: tl.constexpr = BLOCK_K // (4 * CODES * D)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = (offs_n < N)[:, None, None]
+    slice_words = tl.cdiv(ROW_WORDS, SPLIT_K * 4 * QUADS) * 4 * QUADS
+    w_begin = pid_k * slice_words
+    w_end = tl.minimum(w_begin + slice_words, ROW_WORDS)
+    rows = offs_n[:, None, None].to(tl.int64)
+    quad = tl.arange(0, QUADS)[None, :, None] * 4 + tl.arange(0, 4)[None, None, :]  # [1, QUADS, 4]
+    acc0 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)  # one accumulator per x row
+    acc1 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)
+    for w0 in range(w_begin, w_end, 4 * QUADS):
+        w = w0 + quad
+        w_ok = w < w_end
+        words = tl.load(words_ptr + rows * ROW_WORDS + w, mask=n_ok & w_ok, other=0,
+                        eviction_policy="evict_first").to(tl.uint32, bitcast=True)  # [BLOCK_N, QUADS, 4]
+        col_base = (w // 16) * GROUP_COLS + (w % 16) * D
+        zero = tl.zeros((BLOCK_N, QUADS, 4), dtype=tl.float32)
+        zero_x = tl.zeros((1, QUADS, 4), dtype=tl.float32)
+        t0, xs0, t1, xs1, t2, xs2, t3, xs3 = zero, zero_x, zero, zero_x, zero, zero_x, zero, zero_x
+        for i in tl.static_range(CODES // P):
+            code = _bits_at(words, words, i * F, F).to(tl.int32)
+            if TWO:  # two fp32 values in one int64 table entry
+                v0, v1 = _pair_at(tbl_ptr, code)
+            else:
+                v0 = tl.load(tbl_ptr + code, eviction_policy="evict_last")
+                v1 = v0
+            col0 = col_base + 16 * D * P * i
+            col1 = col0 + (16 if PAIR else 1)
+            t0, xs0 = _field_fma(v0, v1, x_ptr, 0, K, M, col0, col1, TWO, w_ok, t0, xs0)
+            if BLOCK_M > 1:
+                t1, xs1 = _field_fma(v0, v1, x_ptr, 1, K, M, col0, col1, TWO, w_ok, t1, xs1)
+            if BLOCK_M > 2:
+                t2, xs2 = _field_fma(v0, v1, x_ptr, 2, K, M, col0, col1, TWO, w_ok, t2, xs2)
+                t3, xs3 = _field_fma(v0, v1, x_ptr, 3, K, M, col0, col1, TWO, w_ok, t3, xs3)
+        acc0 += tl.sum(t0, axis=2)
+        if BLOCK_M > 1:
+            acc1 += tl.sum(t1, axis=2)
+        if BLOCK_M > 2:
+            acc2 += tl.sum(t2, axis=2)
+            acc3 += tl.sum(t3, axis=2)
+    # the row scale is linear: each K slice's partial takes it before the split-K reduction adds bias
+    scale = tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[:, None]
+    _gemv_epilogue(acc0 * scale, acc1 * scale, acc2 * scale, acc3 * scale, offs_n, pid_k, M, N, b_ptr, y_ptr,
+                   ws_ptr, HAS_BIAS, SPLIT_K, BLOCK_M)
 
 
 @triton.jit
@@ -410,8 +487,15 @@ def codebook_linear(x, codes, code_bits, table, row_scales, bias=None, *, config
     launch = KernelLaunch(_codebook_linear_kernel, (codes, entries, row_scales),
                           dict(BITS=code_bits, D=d, G=unit_words, PAIR=pair), (words,),
                           k_unit=STREAMS * (32 * unit_words // code_bits) * d)
-    launches = {"gemv": replace(launch, tiles=_CODEBOOK_GEMV_TILES, default=(64, 256, 4)),
-                "dot": replace(launch, tiles=WORD_DOT_TILES, default=(64, 256, 4, 2))}
+    if unit_words == 1:  # single-word units: the 16-byte-load GEMV
+        cols_per_quad = 4 * (32 // code_bits) * d
+        tiles = quad_tiles(cols_per_quad)
+        gemv = KernelLaunch(_codebook_gemv_kernel, (codes, entries, row_scales),
+                            dict(BITS=code_bits, D=d, G=1, PAIR=pair), (words,), kind_flags=False, tiles=tiles,
+                            default=tiles[0], k_unit=cols_per_quad)
+    else:
+        gemv = replace(launch, tiles=_CODEBOOK_GEMV_TILES, default=(64, 256, 4))
+    launches = {"gemv": gemv, "dot": replace(launch, tiles=WORD_DOT_TILES, default=(64, 256, 4, 2))}
     return linear_launch(op, x, n, launches, bias, f"b{code_bits}_d{d}", config,
                          lambda dtype: codebook_dequantize(codes, code_bits, table, row_scales, x.shape[-1], dtype=dtype))
 

@@ -210,3 +210,20 @@ def test_bench_cpu_times_per_token_activation_variants():
     names = [r.name for r in rows]
     assert any("q4_0+a4" in n and "int4 per-token act" in n for n in names) and all(r.us >= 0 for r in rows)
     assert any("q4_0+a4b16" in n and "int4 act, blocks of 16" in n for n in names)
+
+
+def test_e2e_cuda_models_and_errors(monkeypatch):
+    """bench e2e --device cuda: the 1B-shaped model has Llama-3.2-1B's shapes (built on the meta device
+    here), an unknown model name and a machine without CUDA are errors naming the fix."""
+    from torch_lowbit.bench import e2e_cuda
+    model = e2e_cuda.llama_1b_shaped(device="meta")
+    layer = model.model.layers[0]
+    assert (layer.self_attn.q_proj.weight.shape, layer.self_attn.k_proj.weight.shape,
+            layer.mlp.gate_proj.weight.shape) == ((2048, 2048), (512, 2048), (8192, 2048))
+    assert len(model.model.layers) == 16 and model.lm_head.weight is model.model.embed_tokens.weight
+    assert 1.2e9 < sum(p.numel() for p in model.parameters()) < 1.3e9 and model.dtype == torch.float16
+    with pytest.raises(ValueError, match="unknown model 'llama-8b'"):
+        e2e_cuda._base("llama-8b", "meta")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        e2e_cuda.bench_e2e_cuda()

@@ -88,6 +88,16 @@ def cmd_bench(args) -> None:
                   "from HBM (one layer shown; the Triton kv_attention kernel vs SDPA on an fp16 cache; µs eager, "
                   "and replayed from a CUDA graph where the calls can be captured, the ratios from those):")
             print(markdown_table(KV_HEADERS, bench_kv(tokens=tokens, device="cuda")))
+    elif args.what == "e2e" and args.device == "cuda":
+        from .e2e_cuda import CUDA_E2E_HEADERS, CUDA_E2E_MODELS, CUDA_E2E_VARIANTS, bench_e2e_cuda
+        from .machine import gpu_line
+        prompt_tokens, repeats = args.prompt_tokens or 512, args.repeats or 3
+        rows = bench_e2e_cuda(tuple(args.formats or CUDA_E2E_VARIANTS), tuple(args.models or CUDA_E2E_MODELS),
+                              prompt_tokens=prompt_tokens, new_tokens=args.new_tokens, repeats=repeats)
+        print(gpu_line())
+        print(f"batch 1, prompt {prompt_tokens} tokens, {args.new_tokens} new tokens greedy, CompiledGenerator "
+              f"(decode replayed from a CUDA graph), fp16 activations, median of {repeats}")
+        print(markdown_table(CUDA_E2E_HEADERS, rows))
     elif args.what == "e2e":
         from .e2e import E2E_HEADERS, E2E_VARIANTS, bench_e2e
         from .machine import machine_line
@@ -164,6 +174,11 @@ def add_bench_parser(sub, cpu_paths: Callable[[], list[str]]) -> None:
     sp.add_argument("--repeats", type=int, help="e2e: timed runs per row, median (default 3); cpu --prefill: "
                     "forward passes per row, median (default 5)")
     sp.add_argument("--no-peers", action="store_true", help="e2e: leave llama.cpp out even if installed")
+    sp.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="e2e: cuda: fp16 vs formats in their CUDA layouts on SmolLM2 and a Llama-3.2-1B-shaped "
+                    "model (--formats default: fp16 q4_0 iq4_nl int2_g64)")
+    sp.add_argument("--models", nargs="+", choices=["smollm2", "llama-1b"],
+                    help="e2e --device cuda: which models (default both)")
     sp.add_argument("--profile", action="store_true",
                     help="gpu: also profile each contender's eager call on the host (cProfile, first shape, M = 1)")
     sp.add_argument("--png", help="write the plot (cpu: roofline at the largest thread count; distortion: MSE "
@@ -174,7 +189,9 @@ def add_bench_parser(sub, cpu_paths: Callable[[], list[str]]) -> None:
 def bench_format_names(p: argparse.ArgumentParser, args, cpu_paths: Callable[[], list[str]]) -> list[str]:
     """The format names a bench command will quantize to (for the caller to check before any work); a
     --path this CPU cannot run is an error on the parser."""
-    if args.what == "e2e":
+    if args.what == "e2e" and args.device == "cuda":
+        names = [f for f in args.formats or [] if f != "fp16"]
+    elif args.what == "e2e":
         from .e2e import variant_formats
         try:
             names = [f for v in args.formats or [] for f in variant_formats(v)]

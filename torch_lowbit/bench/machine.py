@@ -56,3 +56,25 @@ def machine_line() -> str:
     return (f"CPU: {cpu_model()}; ISA path: {active_path()} (available: {' '.join(available_paths())}); "
             f"date: {datetime.date.today().isoformat()}; torch_lowbit {__version__}"
             f"{f' commit {commit}' if commit else ''}; torch {torch.__version__}")
+
+
+def gpu_line() -> str:
+    """One line: the CUDA GPU, its driver (from nvidia-smi where it runs), date, commit, torch, triton."""
+    import torch
+
+    from ..version import __version__
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        driver = smi.stdout.strip().splitlines()[0] if smi.returncode == 0 and smi.stdout.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        driver = "unknown"
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "not installed"
+    commit = git_commit()
+    return (f"GPU: {torch.cuda.get_device_name()}; driver {driver}; date: {datetime.date.today().isoformat()}; "
+            f"torch_lowbit {__version__}{f' commit {commit}' if commit else ''}; torch {torch.__version__}; "
+            f"triton {triton_version}")

@@ -38,16 +38,22 @@ class Resources:
     loop: SASS instructions of the longest loop body (the K loop of a matmul kernel); per_weight:
     that over the weights one thread decodes per iteration (BLOCK_N * BLOCK_K / threads) — the
     static cost model of a memory-bound decode kernel (an H100 issues ~5 thread-instructions per
-    q4_0 weight streamed at HBM speed)."""
+    q4_0 weight streamed at HBM speed). barriers: BAR.SYNCs in that loop (a layout conversion through
+    shared memory each: the warps wait for each other, and loads are not hoisted across them);
+    widest_load: the widest global load in it, in bytes (16: LDG.128, what streams weights at HBM
+    speed with few loads in flight per thread)."""
     shared: int
     regs: int
     stack: int
     loop: int
     per_weight: Optional[float]
+    barriers: int = 0
+    widest_load: int = 0
 
     def __str__(self):
         cost = f", loop {self.loop} instr" + (f" = {self.per_weight:.1f}/weight" if self.per_weight else "")
-        return f"shared {self.shared} B, {self.regs} regs, stack {self.stack} B{cost}"
+        return (f"shared {self.shared} B, {self.regs} regs, stack {self.stack} B{cost}, {self.barriers} barriers, "
+                f"loads up to {self.widest_load} B")
 
 
 def _cuobjdump(cubin: bytes, flag: str) -> str:
@@ -59,25 +65,39 @@ def _cuobjdump(cubin: bytes, flag: str) -> str:
         return subprocess.run([tool, flag, f.name], check=True, capture_output=True, text=True).stdout
 
 
-def longest_loop(sass: str) -> int:
-    """Instructions in the longest loop of a SASS listing: a branch back to an earlier address."""
-    longest = 0
+def loop_body(sass: str) -> list[str]:
+    """The instructions of the longest loop of a SASS listing (a branch back to an earlier address)."""
+    span = (0, -1)
     for addr, target in re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?BRA\s+(?:`?\(?)?0x([0-9a-f]+)", sass):
         addr, target = int(addr, 16), int(target, 16)
-        if target < addr:
-            longest = max(longest, (addr - target) // 16 + 1)
-    return longest
+        if target < addr and addr - target > span[1] - span[0]:
+            span = (target, addr)
+    return [op for addr, op in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]+);", sass)
+            if span[0] <= int(addr, 16) <= span[1]]
+
+
+_LOAD_BYTES = {"64": 8, "128": 16, "U8": 1, "S8": 1, "U16": 2, "S16": 2}
+
+
+def _load_bytes(op: str) -> int:
+    """Bytes of one thread's global load (LDG.E.128 -> 16; plain LDG.E -> 4)."""
+    widths = [_LOAD_BYTES[w] for w in op.split()[0].split(".")[1:] if w in _LOAD_BYTES]
+    return max(widths) if widths else 4
 
 
 def resources(kernel, constexprs: dict) -> Resources:
     usage = _cuobjdump(kernel.asm["cubin"], "-res-usage")
     regs, stack = (int(v) for v in re.search(r"REG:(\d+) STACK:(\d+)", usage).groups())
-    loop = longest_loop(_cuobjdump(kernel.asm["cubin"], "-sass"))
+    body = loop_body(_cuobjdump(kernel.asm["cubin"], "-sass"))
+    ops = [re.sub(r"^@!?U?P\w+\s+", "", op).strip() for op in body]
+    loop = len(body)
+    barriers = sum(op.startswith("BAR.SYNC") for op in ops)
+    widest = max((_load_bytes(op) for op in ops if op.startswith("LDG")), default=0)
     per_weight = None
     if "BLOCK_N" in constexprs and "BLOCK_K" in constexprs and loop:
         per_thread = constexprs["BLOCK_N"] * constexprs["BLOCK_K"] / (32 * kernel.metadata.num_warps)
         per_weight = loop / per_thread
-    return Resources(kernel.metadata.shared, regs, stack, loop, per_weight)
+    return Resources(kernel.metadata.shared, regs, stack, loop, per_weight, barriers, widest)
 
 
 class _CompileOnly:
@@ -102,22 +122,25 @@ class Checker:
         from triton.compiler import ASTSource
         bound = dict(zip(fn.arg_names, args), **kwargs)
         options = {k: bound.pop(k) for k in ("num_warps", "num_stages", "enable_fp_fusion") if k in bound}
-        signature, constexprs = {}, {}
-        for p in fn.params:
+        signature, constexprs, attrs = {}, {}, {}
+        for i, p in enumerate(fn.params):
             value = bound[p.name]
             if p.is_constexpr:
                 signature[p.name], constexprs[p.name] = "constexpr", value
             elif isinstance(value, torch.Tensor):
                 signature[p.name] = "*" + _TYPES[value.dtype]
+                attrs[(i,)] = [["tt.divisibility", 16]]  # as a launch specializes CUDA allocations (256-B aligned)
             elif isinstance(value, float):
                 signature[p.name] = "fp32"
             else:
                 signature[p.name] = "i32"
+                if value % 16 == 0:  # as a launch specializes integers divisible by 16
+                    attrs[(i,)] = [["tt.divisibility", 16]]
         key = f"{fn.__name__} {sorted((k, getattr(v, '__name__', v)) for k, v in constexprs.items())} " \
-              f"{sorted(signature.items())} {sorted(options.items())}"
+              f"{sorted(signature.items())} {sorted(options.items())} {sorted(attrs)}"
         if key not in self.done:
             t0 = time.time()
-            kernel = triton.compile(ASTSource(fn, signature, constexprs=constexprs), target=self.target,
+            kernel = triton.compile(ASTSource(fn, signature, constexprs=constexprs, attrs=attrs), target=self.target,
                                     options=options)
             res = resources(kernel, constexprs)
             self.done[key] = res
@@ -155,9 +178,9 @@ FORMATS = (("q4_0", 4096), ("int4_g128", 4096), ("iq4_nl", 4096), ("int3_g64", 4
 
 
 # The test suite's subset (tests/kernels/triton/test_triton_compile_check.py): every kernel and decoder once — q4_0 (affine
-# table, all activation dtypes), int3 (mins, straddling codes), gcb3 (codebook gathers), vq2 (codebook
-# kernel, pairs), half-TCQ.
-QUICK = (("q4_0", 4096), ("int3_g64", 4096), ("gcb3", 4096), ("vq2", 4096), ("tcq2.25", 4096))
+# table, all activation dtypes), int3 (mins, straddling codes), int2 (the 16-byte-load GEMV of whole-word
+# codes), gcb3 (codebook gathers), vq2 (codebook kernels, pairs; its GEMV the 16-byte-load one), half-TCQ.
+QUICK = (("q4_0", 4096), ("int3_g64", 4096), ("int2_g64", 4096), ("gcb3", 4096), ("vq2", 4096), ("tcq2.25", 4096))
 
 
 def _variants(candidates, default, every: bool) -> list:

@@ -20,7 +20,7 @@ _LOWBIT_CASES = [("int3_g64", 320), ("int2_sym_g32", 320), ("int2_g128", 384), (
 
 
 @pytest.mark.parametrize("fmt,k", _LOWBIT_CASES)
-@pytest.mark.parametrize("m,config", [(1, GEMV_CONFIGS[0]), (4, GEMV_CONFIGS[1]), (5, DOT_CONFIGS[0]),
+@pytest.mark.parametrize("m,config", [(1, GEMV_CONFIGS[0]), (2, GEMV_CONFIGS[0]), (4, GEMV_CONFIGS[1]), (5, DOT_CONFIGS[0]),
                                       (33, DOT_CONFIGS[1])])
 def test_lowbit_forced_configs_match_reference(fmt, k, m, config):
     """Every kernel kind with split-K (empty slices included); int*: affine values (fp16) and table

@@ -190,8 +190,8 @@ def test_fused_projections_run_as_one_launch_with_view_outputs(monkeypatch):
 
 def test_fused_module_gemv_is_one_launch(monkeypatch):
     lut4 = lut4_kernels()
-    counter = CountLaunches(lut4._lut4_linear_kernel)
-    monkeypatch.setattr(lut4, "_lut4_linear_kernel", counter)
+    counter = CountLaunches(lut4._lut4_gemv_kernel)
+    monkeypatch.setattr(lut4, "_lut4_gemv_kernel", counter)
     gen = fresh_gen()
     lins = [torch.nn.Linear(128, n) for n in (64, 32, 32)]
     fused = tl.QuantLinear.from_linears(lins, "int4_g64", layout="lut4_rowmajor")

@@ -50,7 +50,9 @@ def test_palette_gemv_kernels_every_path(fmt, n, k):
     pal = palette_kernels()
     gen = fresh_gen()
     f, b, w = palette_weights(fmt, n, k, gen)
-    name = "_tcq_linear_kernel" if fmt.startswith("tcq") else "_codebook_linear_kernel"
+    # codes of single-word units (nuq2, nuq4) take the 16-byte-load GEMV, multi-word ones (vq1.5, vq3) the other
+    name = "_tcq_linear_kernel" if fmt.startswith("tcq") else \
+        "_codebook_gemv_kernel" if fmt in ("nuq2", "nuq4") else "_codebook_linear_kernel"
     counter = CountLaunches(getattr(pal, name))
     configs = (dict(BLOCK_N=16, BLOCK_K=16, SPLIT_K=3, num_warps=4, num_stages=2),
                dict(BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=2),
