@@ -229,43 +229,60 @@ def _codebook_gemv_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_ptr
                           HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr,
                           G: tl.constexpr, PAIR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr):
-    """The GEMV kind (M <= 4) of nuq/vq codes whose units are single words (BITS dividing 32: nuq1/2/4,
-    vq1/2/4), laid out for the memory system as lowbit._lowbit_gemv_kernel is: a thread owns 4
-    consecutive row words (one 16-byte load; word w is stream w % 16 of group w // 16, so its code i
-    holds column (w // 16) GROUP_COLS + 16 D P i + (w % 16) D), each lookup field of the words is a
-    value tile times x loaded in the words' layout (matmul._word_fma), the row scale once at the end.
+    """The GEMV kind (M <= 4) of nuq/vq codes with units of G <= 4 words (every width but vq2.5 and
+    vq5), laid out for the memory system as lowbit._lowbit_gemv_kernel is: a thread owns one unit of 4
+    consecutive streams l of a group g — unit word j of stream l is row word 16 (g G + j) + l, so the
+    4 streams' word j is one 16-byte load (G of them) — and cuts every lookup field of its units at
+    compile-time offsets (a field straddling words j, j + 1 joins them); field i of stream l holds
+    column g GROUP_COLS + 16 D P i + l D. Each field's value tile times x loaded in the words' layout
+    (matmul._word_fma), columns past K (the streams' padding) masked; the row scale once at the end.
     No shared memory or barrier in the K loop (sm_90 cubins)."""
-    tl.static_assert(G == 1, "multi-word units (nuq3, vq1.5, vq2.5, vq5) take _codebook_linear_kernel's GEMV")
-    CODES: tl.constexpr = 32 // BITS
+    tl.static_assert(G <= 4, "units of 5 words (vq2.5, vq5) take _codebook_linear_kernel's GEMV")
+    CODES: tl.constexpr = 32 * G // BITS
     P: tl.constexpr = 2 if PAIR else 1  # codes per lookup
     F: tl.constexpr = P * BITS  # bits per lookup
     TWO: tl.constexpr = PAIR or D == 2  # two values per lookup
     GROUP_COLS: tl.constexpr = 16 * CODES * D
-    QUADS: tl.constexpr = BLOCK_K // (4 * CODES * D)
+    QUADS: tl.constexpr = BLOCK_K // (4 * CODES * D)  # 4 streams' units a quad, 4 quads a group
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = (offs_n < N)[:, None, None]
-    slice_words = tl.cdiv(ROW_WORDS, SPLIT_K * 4 * QUADS) * 4 * QUADS
-    w_begin = pid_k * slice_words
-    w_end = tl.minimum(w_begin + slice_words, ROW_WORDS)
-    rows = offs_n[:, None, None].to(tl.int64)
-    quad = tl.arange(0, QUADS)[None, :, None] * 4 + tl.arange(0, 4)[None, None, :]  # [1, QUADS, 4]
+    stream_words = ROW_WORDS // 16  # a stream's words: its last unit may be cut short (K ragged)
+    row_quads = tl.cdiv(stream_words, G) * 4
+    slice_quads = tl.cdiv(row_quads, SPLIT_K * QUADS) * QUADS
+    q_begin = pid_k * slice_quads
+    q_end = tl.minimum(q_begin + slice_quads, row_quads)
+    rows = offs_n[:, None, None].to(tl.int64) * ROW_WORDS
+    lane = tl.arange(0, 4)[None, None, :]
     acc0 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)  # one accumulator per x row
     acc1 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)
     acc3 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)
-    for w0 in range(w_begin, w_end, 4 * QUADS):
-        w = w0 + quad
-        w_ok = w < w_end
-        words = tl.load(words_ptr + rows * ROW_WORDS + w, mask=n_ok & w_ok, other=0,
-                        eviction_policy="evict_first").to(tl.uint32, bitcast=True)  # [BLOCK_N, QUADS, 4]
-        col_base = (w // 16) * GROUP_COLS + (w % 16) * D
+    for qd0 in range(q_begin, q_end, QUADS):
+        qd = qd0 + tl.arange(0, QUADS)[None, :, None]
+        q_ok = qd < q_end  # constant over a quad's 4 streams: the loads vectorize
+        g = qd // 4
+        stream = (qd % 4) * 4 + lane  # [1, QUADS, 4]
+        unit = words_ptr + rows + g * (16 * G) + stream  # each stream's unit word 0
+        a0 = _unit_word(unit, 0, n_ok & q_ok & (g * G < stream_words))
+        a1, a2, a3 = a0, a0, a0
+        if G > 1:
+            a1 = _unit_word(unit, 16, n_ok & q_ok & (g * G + 1 < stream_words))
+        if G > 2:
+            a2 = _unit_word(unit, 32, n_ok & q_ok & (g * G + 2 < stream_words))
+        if G > 3:
+            a3 = _unit_word(unit, 48, n_ok & q_ok & (g * G + 3 < stream_words))
+        col_base = g * GROUP_COLS + stream * D
         zero = tl.zeros((BLOCK_N, QUADS, 4), dtype=tl.float32)
         zero_x = tl.zeros((1, QUADS, 4), dtype=tl.float32)
         t0, xs0, t1, xs1, t2, xs2, t3, xs3 = zero, zero_x, zero, zero_x, zero, zero_x, zero, zero_x
         for i in tl.static_range(CODES // P):
-            code = _bits_at(words, words, i * F, F).to(tl.int32)
+            cur = _pick(a0, a1, a2, a3, (i * F) // 32)
+            nxt = cur
+            if (i * F) % 32 + F > 32:  # the field straddles into the next word
+                nxt = _pick(a0, a1, a2, a3, (i * F) // 32 + 1)
+            code = _bits_at(cur, nxt, (i * F) % 32, F).to(tl.int32)
             if TWO:  # two fp32 values in one int64 table entry
                 v0, v1 = _pair_at(tbl_ptr, code)
             else:
@@ -273,12 +290,12 @@ def _codebook_gemv_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_ptr
                 v1 = v0
             col0 = col_base + 16 * D * P * i
             col1 = col0 + (16 if PAIR else 1)
-            t0, xs0 = _field_fma(v0, v1, x_ptr, 0, K, M, col0, col1, TWO, w_ok, t0, xs0)
+            t0, xs0 = _field_fma(v0, v1, x_ptr, 0, K, M, col0, col1, TWO, q_ok, t0, xs0)
             if BLOCK_M > 1:
-                t1, xs1 = _field_fma(v0, v1, x_ptr, 1, K, M, col0, col1, TWO, w_ok, t1, xs1)
+                t1, xs1 = _field_fma(v0, v1, x_ptr, 1, K, M, col0, col1, TWO, q_ok, t1, xs1)
             if BLOCK_M > 2:
-                t2, xs2 = _field_fma(v0, v1, x_ptr, 2, K, M, col0, col1, TWO, w_ok, t2, xs2)
-                t3, xs3 = _field_fma(v0, v1, x_ptr, 3, K, M, col0, col1, TWO, w_ok, t3, xs3)
+                t2, xs2 = _field_fma(v0, v1, x_ptr, 2, K, M, col0, col1, TWO, q_ok, t2, xs2)
+                t3, xs3 = _field_fma(v0, v1, x_ptr, 3, K, M, col0, col1, TWO, q_ok, t3, xs3)
         acc0 += tl.sum(t0, axis=2)
         if BLOCK_M > 1:
             acc1 += tl.sum(t1, axis=2)
@@ -289,6 +306,12 @@ def _codebook_gemv_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_ptr
     scale = tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[:, None]
     _gemv_epilogue(acc0 * scale, acc1 * scale, acc2 * scale, acc3 * scale, offs_n, pid_k, M, N, b_ptr, y_ptr,
                    ws_ptr, HAS_BIAS, SPLIT_K, BLOCK_M)
+
+
+@triton.jit
+def _unit_word(unit, OFFSET: tl.constexpr, ok):
+    """Word OFFSET (compile-time) past each stream's unit word 0, as uint32 (0 where not ok)."""
+    return tl.load(unit + OFFSET, mask=ok, other=0, eviction_policy="evict_first").to(tl.uint32, bitcast=True)
 
 
 @triton.jit
@@ -487,11 +510,11 @@ def codebook_linear(x, codes, code_bits, table, row_scales, bias=None, *, config
     launch = KernelLaunch(_codebook_linear_kernel, (codes, entries, row_scales),
                           dict(BITS=code_bits, D=d, G=unit_words, PAIR=pair), (words,),
                           k_unit=STREAMS * (32 * unit_words // code_bits) * d)
-    if unit_words == 1:  # single-word units: the 16-byte-load GEMV
-        cols_per_quad = 4 * (32 // code_bits) * d
+    if unit_words <= 4:  # the 16-byte-load GEMV (units of up to 4 words: every width but vq2.5, vq5)
+        cols_per_quad = 4 * (32 * unit_words // code_bits) * d
         tiles = quad_tiles(cols_per_quad)
         gemv = KernelLaunch(_codebook_gemv_kernel, (codes, entries, row_scales),
-                            dict(BITS=code_bits, D=d, G=1, PAIR=pair), (words,), kind_flags=False, tiles=tiles,
+                            dict(BITS=code_bits, D=d, G=unit_words, PAIR=pair), (words,), kind_flags=False, tiles=tiles,
                             default=tiles[0], k_unit=cols_per_quad)
     else:
         gemv = replace(launch, tiles=_CODEBOOK_GEMV_TILES, default=(64, 256, 4))

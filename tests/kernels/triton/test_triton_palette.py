@@ -50,9 +50,8 @@ def test_palette_gemv_kernels_every_path(fmt, n, k):
     pal = palette_kernels()
     gen = fresh_gen()
     f, b, w = palette_weights(fmt, n, k, gen)
-    # codes of single-word units (nuq2, nuq4) take the 16-byte-load GEMV, multi-word ones (vq1.5, vq3) the other
-    name = "_tcq_linear_kernel" if fmt.startswith("tcq") else \
-        "_codebook_gemv_kernel" if fmt in ("nuq2", "nuq4") else "_codebook_linear_kernel"
+    # codebook units of up to 4 words take the 16-byte-load GEMV (5-word ones: test_codebook_gemv_reads_wide_scalar_codes)
+    name = "_tcq_linear_kernel" if fmt.startswith("tcq") else "_codebook_gemv_kernel"
     counter = CountLaunches(getattr(pal, name))
     configs = (dict(BLOCK_N=16, BLOCK_K=16, SPLIT_K=3, num_warps=4, num_stages=2),
                dict(BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=2),
@@ -68,7 +67,8 @@ def test_palette_gemv_kernels_every_path(fmt, n, k):
 
 
 def test_codebook_gemv_reads_wide_scalar_codes():
-    """nuq-style codes wider than the pair tables take (5 bits, d = 1): one fp32 lookup per code."""
+    """nuq-style codes wider than the pair tables take (5 bits, d = 1): one fp32 lookup per code, in
+    units of 5 words (_codebook_linear_kernel's GEMV)."""
     from torch_lowbit.core.packing import pack_streams
     gen = fresh_gen()
     n, k, bits = 23, 700, 5
