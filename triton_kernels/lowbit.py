@@ -218,9 +218,7 @@ def _lowbit_gemv_kernel(x_ptr, words_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, 
     n_ok = (offs_n < N)[:, None, None]
     # slices end at whole quads or the row's end: ROW_WORDS (= K / C), not K // C, so that where Triton
     # knows it divisible by 16 the mask is constant over a quad and the word loads vectorize
-    slice_words = tl.cdiv(ROW_WORDS, SPLIT_K * 4 * QUADS) * 4 * QUADS
-    w_begin = pid_k * slice_words
-    w_end = tl.minimum(w_begin + slice_words, ROW_WORDS)
+    w_begin, w_end = _k_slice(pid_k, ROW_WORDS, SPLIT_K, 4 * QUADS)  # in words
     rows = offs_n[:, None, None].to(tl.int64)
     quad = tl.arange(0, QUADS)[None, :, None] * 4 + tl.arange(0, 4)[None, None, :]  # [1, QUADS, 4]
     acc0 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)  # one accumulator per x row

@@ -202,10 +202,7 @@ def _lut4_gemv_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_pt
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    runs_total = K // 32
-    slice_runs = tl.cdiv(runs_total, SPLIT_K * RUNS) * RUNS
-    r_begin = pid_k * slice_runs
-    r_end = tl.minimum(r_begin + slice_runs, runs_total)
+    r_begin, r_end = _k_slice(pid_k, K // 32, SPLIT_K, RUNS)  # in runs
     n_ok = offs_n < N
     word_rows = offs_n[:, None, None].to(tl.int64) * ROW_WORDS
     group_rows = offs_n[:, None].to(tl.int64) * ROW_GROUPS

@@ -115,7 +115,8 @@ def _tiles(GEMV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _k_slice(pid_k, K, SPLIT_K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[begin, end) of this program's K slice: whole BLOCK_K blocks, only the last meets K's edge."""
+    """[begin, end) of this program's K slice: whole BLOCK_K blocks, only the last meets K's edge (K
+    and BLOCK_K in columns, or in the GEMVs' runs, words or quads)."""
     k_len = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
     k_begin = pid_k * k_len
     return k_begin, tl.minimum(k_begin + k_len, K)

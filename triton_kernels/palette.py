@@ -250,9 +250,7 @@ def _codebook_gemv_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_ptr
     n_ok = (offs_n < N)[:, None, None]
     stream_words = ROW_WORDS // 16  # a stream's words: its last unit may be cut short (K ragged)
     row_quads = tl.cdiv(stream_words, G) * 4
-    slice_quads = tl.cdiv(row_quads, SPLIT_K * QUADS) * QUADS
-    q_begin = pid_k * slice_quads
-    q_end = tl.minimum(q_begin + slice_quads, row_quads)
+    q_begin, q_end = _k_slice(pid_k, row_quads, SPLIT_K, QUADS)  # in quads
     rows = offs_n[:, None, None].to(tl.int64) * ROW_WORDS
     lane = tl.arange(0, 4)[None, None, :]
     acc0 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)  # one accumulator per x row
