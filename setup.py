@@ -3,6 +3,9 @@
 One build runs on any x86-64 (or aarch64): ISA-specific kernels carry per-function `target` attributes
 (or a per-file target pragma) and are chosen at run time from CPU features (see csrc/common/dispatch.h),
 so no global -march is used.
+
+TORCH_LOWBIT_BUILD_EXT=0 installs without the extension (no C++ compiler needed): CUDA runs the Triton
+kernels, CPU ops run pure-torch references (docs/install.md).
 """
 import glob
 import os
@@ -22,6 +25,12 @@ elif platform.machine() in ("aarch64", "arm64"):
     # dotprod kernel's file carries its own target pragma, chosen at run time from HWCAP
     cxx_flags.append("-ffp-contract=off")
 
+BUILD_EXT_ENV = "TORCH_LOWBIT_BUILD_EXT"
+build_ext_flag = os.environ.get(BUILD_EXT_ENV, "1").strip().lower()
+if build_ext_flag not in ("0", "1", "false", "true", "no", "yes", ""):
+    raise SystemExit(f"{BUILD_EXT_ENV}={build_ext_flag!r}: use 1 (build the C++ extension, the default) or 0 (skip it)")
+BUILD_EXT = build_ext_flag not in ("0", "false", "no")
+
 packages = [p for p in find_packages(include=["torch_lowbit", "torch_lowbit.*"])]
 packages.append("torch_lowbit.triton_kernels")
 
@@ -39,6 +48,6 @@ setup(
             extra_compile_args={"cxx": cxx_flags},
             extra_link_args=["-fopenmp"],
         )
-    ],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    ] if BUILD_EXT else [],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)} if BUILD_EXT else {},
 )

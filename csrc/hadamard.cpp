@@ -6,7 +6,7 @@
 // For the block mix, forward uses H_k^T and inverse H_k (out block c = sum_a mix[c, a] * block a).
 //
 // The base matrices H_k live in one table, in Python (torch_lowbit/rotations/_base_matrices.py);
-// torch_lowbit.rotations registers each one here at import through _hadamard_register_base, which
+// torch_lowbit.rotations registers each one here at import through _C.register_hadamard_base, which
 // checks it is a Hadamard matrix before accepting it.
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -42,17 +42,17 @@ bool is_power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
 }  // namespace
 
-// Bound to the op _hadamard_register_base in the op table (csrc/ops.cpp).
-void register_base(const at::Tensor& base) {
+// Bound as _C.register_hadamard_base (csrc/ops.cpp): registry setup, not an op.
+void register_hadamard_base(const at::Tensor& base) {
   TORCH_CHECK(base.dim() == 2 && base.size(0) == base.size(1),
-              "_hadamard_register_base: base must be a square matrix, got shape ", base.sizes());
+              "register_hadamard_base: base must be a square matrix, got shape ", base.sizes());
   const int64_t k = base.size(0);
-  TORCH_CHECK(k >= 4 && k % 4 == 0, "_hadamard_register_base: order ", k,
+  TORCH_CHECK(k >= 4 && k % 4 == 0, "register_hadamard_base: order ", k,
               " is not a multiple of 4 (every Hadamard order above 2 is)");
   const at::Tensor h64 = base.to(at::kDouble).contiguous();
-  TORCH_CHECK(at::all(at::abs(h64) == 1).item<bool>(), "_hadamard_register_base: entries must be +-1");
+  TORCH_CHECK(at::all(at::abs(h64) == 1).item<bool>(), "register_hadamard_base: entries must be +-1");
   TORCH_CHECK(at::equal(at::mm(h64, h64.t()), at::eye(k, h64.options()) * static_cast<double>(k)),
-              "_hadamard_register_base: H H^T != k I for k = ", k);
+              "register_hadamard_base: H H^T != k I for k = ", k);
   auto entry = std::make_shared<BaseHadamard>();
   entry->k = k;
   const at::Tensor h32 = h64.to(at::kFloat), ht32 = h32.t().contiguous();

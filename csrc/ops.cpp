@@ -1,6 +1,6 @@
-// Registration of the torch_lowbit custom ops (schemas + CPU kernels) and the small Python module.
-// CUDA implementations (Triton) and fake (meta) implementations are registered from Python in
-// torch_lowbit/ops/.
+// The C++ CPU kernels of the torch_lowbit custom ops (bound to the schemas of torch_lowbit/ops/schemas.py)
+// and the small Python module. CUDA implementations (Triton) and fake (meta) implementations are
+// registered from Python in torch_lowbit/ops/.
 #include <torch/extension.h>
 #include <torch/version.h>
 
@@ -38,60 +38,17 @@ at::Tensor kv_attention_cpu(const at::Tensor& q, const at::Tensor& k_codes, cons
                             const c10::optional<at::Tensor>& v_recent, const c10::optional<at::Tensor>& recent_end);
 at::Tensor gqa_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const c10::optional<at::Tensor>& mask, double scale);
-void register_base(const at::Tensor& base);  // csrc/hadamard.cpp
+void register_hadamard_base(const at::Tensor& base);  // csrc/hadamard.cpp
 int64_t read_probe(const at::Tensor& buf);
 int64_t clock_probe(int64_t adds);
 }  // namespace torch_lowbit
 
-// The op table: every torch_lowbit op's schema, here and nowhere else. CPU kernels are bound below
-// and in hadamard.cpp / tcq_viterbi.cpp; fake (meta) impls, CUDA (Triton) impls and the CPU impls of
-// the ops that have no C++ kernel (lowbit_*, gcb_*: the layout's reference decoder, tcq_half_linear:
-// two tcq_linear calls) are registered from Python, one module per op family: torch_lowbit/ops/<family>.py
-// (lut4, lut_i8, q4x, palette, lowbit, gcb, attention; hadamard_transform: torch_lowbit/rotations/ops.py).
-TORCH_LIBRARY(torch_lowbit, m) {
-  m.def("lut4_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int group_size, "
-        "Tensor? bias) -> Tensor");
-  m.def("lut_i8_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int code_bits, "
-        "int group_size, int out_features, Tensor? bias, Tensor? sub_groups=None, int act_bits=0, "
-        "float act_clip=1.0, int act_block=0) -> Tensor");
-  // the interleaved ARM layouts q4_{R}x{S} (common/q4x.h, layouts/q4x.py)
-  m.def("q4x_linear(Tensor x, Tensor qweight, Tensor scales, Tensor lut, int rows, int chunk, int group_size, "
-        "int out_features, Tensor? bias, int act_bits=0, float act_clip=1.0, int act_block=0) -> Tensor");
-  m.def("lut4_dequantize(Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int group_size) -> Tensor");
-  // integer activations (x rounded per token, act_block 0, or per 32 features, act_block 32 / 16 / 8:
-  // act_codes.quantize_act_codes) x lut4_rowmajor weights (int8 table): fp32 [M, N]; CUDA: Triton's integer
-  // tl.dot (triton_kernels/int_act.py), CPU: the reference in Python
-  m.def("lut4_int_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int group_size, "
-        "Tensor? bias, int act_bits, float act_clip, int act_block=0) -> Tensor");
-  m.def("codebook_linear(Tensor x, Tensor codes, int code_bits, Tensor table, Tensor row_scales, Tensor? bias) -> Tensor");
-  m.def("codebook_dequantize(Tensor codes, int code_bits, Tensor table, Tensor row_scales, int in_features) -> Tensor");
-  m.def("tcq_linear(Tensor x, Tensor codes, Tensor table, int table_bits, int shift_bits, Tensor row_scales, "
-        "Tensor? bias) -> Tensor");
-  m.def("tcq_dequantize(Tensor codes, Tensor table, int table_bits, int shift_bits, Tensor row_scales) -> Tensor");
-  // half-TCQ as one op, so a CUDA model runs both halves of K in one Triton launch
-  m.def("tcq_half_linear(Tensor x, Tensor codes_lo, Tensor table_lo, int table_bits_lo, int shift_bits_lo, "
-        "Tensor codes_hi, Tensor table_hi, int table_bits_hi, int shift_bits_hi, Tensor row_scales, "
-        "Tensor? bias) -> Tensor");
-  // the off-CPU layouts of the sub-4-bit group formats (layouts/stream_rowmajor.py, layouts/gcb.py gcb_rowmajor)
-  m.def("lowbit_linear(Tensor x, Tensor codes, int code_bits, Tensor scales, Tensor? mins, Tensor lut, "
-        "int group_size, Tensor? bias) -> Tensor");
-  m.def("lowbit_dequantize(Tensor codes, int code_bits, Tensor scales, Tensor? mins, Tensor lut, "
-        "int group_size) -> Tensor");
-  m.def("gcb_linear(Tensor x, Tensor codes, int code_bits, Tensor sub_groups, Tensor super_scales, "
-        "Tensor codebooks, Tensor? bias) -> Tensor");
-  m.def("gcb_dequantize(Tensor codes, int code_bits, Tensor sub_groups, Tensor super_scales, "
-        "Tensor codebooks) -> Tensor");
-  m.def("hadamard_transform(Tensor x, Tensor? signs, bool inverse) -> Tensor");
-  m.def("_hadamard_register_base(Tensor base) -> ()", &torch_lowbit::register_base);
-  m.def("tcq_viterbi(Tensor sequences, Tensor state_values, int shift_bits) -> (Tensor states, Tensor errors)");
-  // grouped-query attention of compiled generation (torch_lowbit/generation.py), [B, S, H, D] out
-  m.def("gqa_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor");
-  // the same over a group-wise quantized KV cache (torch_lowbit/kv_cache.py), [B, S, H, D] out
-  m.def("kv_attention(Tensor q, Tensor k_codes, Tensor k_scale, Tensor k_min, Tensor v_codes, Tensor v_scale, "
-        "Tensor v_min, Tensor? mask, float scale, int bits, Tensor? k_recent=None, Tensor? v_recent=None, "
-        "Tensor? recent_end=None) -> Tensor");
-}
-
+// The op table (every torch_lowbit schema) is defined in Python, torch_lowbit/ops/schemas.py, so the ops
+// exist on installs without this extension. Here only the C++ CPU kernels are bound (also in
+// hadamard.cpp / tcq_viterbi.cpp): the dispatcher accepts them whether the .so loads before or after the
+// Python definitions, and checks each kernel's signature against its schema. Fake (meta) impls, CUDA
+// (Triton) impls and the CPU impls of the ops with no C++ kernel are registered from Python, one module
+// per op family: torch_lowbit/ops/<family>.py (hadamard_transform: torch_lowbit/rotations/ops.py).
 TORCH_LIBRARY_IMPL(torch_lowbit, CPU, m) {
   m.impl("lut4_linear", &torch_lowbit::lut4_linear_cpu);
   m.impl("lut4_dequantize", &torch_lowbit::lut4_dequantize_cpu);
@@ -111,6 +68,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_cpu_path", &torch_lowbit::set_cpu_path, "Force a CPU kernel path: auto, scalar, avx2, avxvnni, avx512");
   m.def("read_probe", &torch_lowbit::read_probe, "Streams a buffer with all threads (bandwidth probe)");
   m.def("clock_probe", &torch_lowbit::clock_probe, "Runs N dependent one-cycle steps (clock probe)");
+  m.def("register_hadamard_base", &torch_lowbit::register_hadamard_base,
+        "Checks a Hadamard base matrix H_k and adds it to the CPU kernel's table (torch_lowbit/rotations/ops.py)");
   m.def("get_cpu_path", &torch_lowbit::get_cpu_path, "The CPU kernel path in use");
   m.def("built_torch_version", []() { return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR); },
         "The torch major.minor this extension was compiled against (its ABI)");

@@ -80,7 +80,10 @@ _PATH_NEEDS = {
 
 def cpu_paths_report():
     """Which CPU kernel paths this machine tests and which it skips, and why (printed once per run)."""
-    from torch_lowbit.ops import cpu_extension, cpu_model
+    from torch_lowbit.ops import cpu_extension, cpu_model, has_cpu_extension
+    if not has_cpu_extension():
+        return [f"torch_lowbit: CPU {cpu_model()}; the C++ extension is not loaded (TORCH_LOWBIT_NO_EXTENSION or not "
+                "built): CPU ops run the pure-torch references, tests of the CPU kernels skip or fail"]
     ext = cpu_extension()
     paths = ext.available_cpu_paths()
     lines = [f"torch_lowbit: CPU {cpu_model()}; kernel paths tested here: {', '.join(paths)} "

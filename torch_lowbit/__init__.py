@@ -14,7 +14,7 @@
     tl.quantize_(model, tl.QuaRot.parse("W4A4KV4"), calibration=batches)  # rotation + W4 + A4 + KV4
 """
 from . import layouts as _layouts  # noqa: F401  (registers layouts)
-from . import ops as _ops  # noqa: F401  (loads the C++ extension, registers fake/CUDA impls)
+from . import ops as _ops  # noqa: F401  (the op table, the C++ extension where built, fake/CUDA impls)
 from .formats import (IQ4_NL, NUQ, VQ, Format, PaletteFormat, Int4, IntAsym, IntSym, Q4_0, Q8_0, ScalarCodebookFormat,
                       format_from_json, formats, get_format, register_format)
 from .generation import CompiledGenerator

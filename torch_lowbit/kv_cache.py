@@ -25,6 +25,7 @@ from torch import Tensor
 from transformers.cache_utils import Cache, StaticLayer, get_layer_types_and_kwargs
 
 from .formats.kv import check_kv_config, dequantize_kv, kv_bytes_per_token_head, quantize_kv
+from .ops.attention import overlay_recent
 from .rotations.ops import hadamard_transform
 
 
@@ -84,10 +85,7 @@ class QuantizedKVLayer(StaticLayer):
             x = hadamard_transform(x, inverse=True)
         x = x.to(self.dtype)
         if self.residual_length:
-            r = self.residual_length
-            positions = torch.arange(self.max_cache_len, device=self.device)
-            recent = (positions >= self.cumulative_length - r) & (positions < self.cumulative_length)
-            x = torch.where(recent[:, None], store["recent"][:, :, positions % r], x)
+            x = overlay_recent(x, store["recent"], self.cumulative_length)
         return x
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:

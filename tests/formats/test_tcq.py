@@ -115,8 +115,8 @@ def test_gpu_route_runs_the_reference_in_bounded_slices(bits, monkeypatch):
     whole = tcq.tcq_viterbi_reference(x, bits)
     monkeypatch.setattr(tcq, "VITERBI_DEVICE_BYTES", 3 * tcq.viterbi_bytes_per_sequence(bits))
     calls = []
-    reference = tcq.tcq_viterbi_reference
-    monkeypatch.setattr(tcq, "tcq_viterbi_reference", lambda xs, b, code="hyb": calls.append(len(xs)) or reference(xs, b, code))
+    viterbi = tcq._tail_biting_viterbi
+    monkeypatch.setattr(tcq, "_tail_biting_viterbi", lambda xs, values, s: calls.append(len(xs)) or viterbi(xs, values, s))
     sliced = tcq._reference_in_slices(x, bits)
     assert calls == [3, 3, 2]
     assert torch.equal(sliced[0], whole[0]) and torch.equal(sliced[1], whole[1])

@@ -173,3 +173,23 @@ def fake_quantize_q8_blocks(x: Tensor) -> Tensor:
     q, d = quantize_q8_blocks(x)
     qb = q.float().reshape(*x.shape[:-1], x.shape[-1] // Q8_ACT_BLOCK, Q8_ACT_BLOCK)
     return (qb * d.unsqueeze(-1)).reshape(x.shape)
+
+
+def fake_quantize_q8_pair_blocks(x: Tensor) -> Tensor:
+    """fake_quantize_q8_blocks in the pair-split order of the 2-D codebook kernels (lut_i8's pair mode,
+    vq_i8_n16): per 64 features, the 32 first coordinates of the pairs form one block, the 32 second
+    ones the next."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    split = x.reshape(*lead, k // 64, 32, 2).transpose(-1, -2).reshape(*lead, k)
+    q = fake_quantize_q8_blocks(split)
+    return q.reshape(*lead, k // 64, 2, 32).transpose(-1, -2).reshape(*lead, k)
+
+
+def int8_kernel_activations(x: Tensor, act_bits: int = 0, act_clip: float = 1.0, act_block: int = 0,
+                            pairs: bool = False) -> Tensor:
+    """The fp32 activations the int8-weight CPU kernels (lut_i8_linear, q4x_linear) multiply, as they take
+    them: act_bits 0, their own Q8_0 blocks (pairs: in pair-split order); else x rounded to act_bits per
+    token (act_block 0) or per block (quantize_act_codes)."""
+    if act_bits == 0:
+        return fake_quantize_q8_pair_blocks(x) if pairs else fake_quantize_q8_blocks(x)
+    return dequantize_act_codes(*quantize_act_codes(x, act_bits, act_clip, act_block))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..ops.attention import register_kv_reference_cpu_impl
 from .uniform import minmax_params, nearest_affine_codes
 
 KV_BITS = (4, 8)
@@ -45,6 +46,9 @@ def dequantize_kv(codes: Tensor, scale: Tensor, mn: Tensor, bits: int, dtype: to
     qg = q.float().reshape(*q.shape[:-1], groups, q.shape[-1] // groups)
     x = qg * scale.float().unsqueeze(-1) + mn.float().unsqueeze(-1)
     return x.reshape(q.shape).to(dtype)
+
+
+register_kv_reference_cpu_impl(dequantize_kv)
 
 
 def kv_bytes_per_token_head(head_dim: int, bits: int, group: int) -> float:

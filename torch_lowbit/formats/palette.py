@@ -131,7 +131,7 @@ class PaletteFormat(Format):
 
     def dequantize_rotated(self, q: dict[str, Tensor]) -> Tensor:
         """fp32 W' as the codes give it, still in the rotated basis (what kernels multiply x' with)."""
-        return self.decode_unit(q) * q["row_scales"].float()[:, None]
+        return scale_rows(self.decode_unit(q), q["row_scales"])
 
     def dequantize(self, q: dict[str, Tensor]) -> Tensor:
         w = self.dequantize_rotated(q)
@@ -185,7 +185,7 @@ class NUQ(PaletteFormat):
         return {"nuq_table": self.code_values()}
 
     def decode_unit(self, q: dict[str, Tensor]) -> Tensor:
-        return self._table(q, "nuq_table", q["codes"].device)[q["codes"].long()]
+        return codebook_decode(q["codes"], self._table(q, "nuq_table", q["codes"].device))
 
     def code_shapes(self, out_features: int, in_features: int) -> dict[str, tuple]:
         return {"codes": ((out_features, in_features), torch.uint8)}
@@ -245,12 +245,29 @@ class VQ(PaletteFormat):
         return {"vq_codebook": self.code_values()}
 
     def decode_unit(self, q: dict[str, Tensor]) -> Tensor:
-        codes = q["codes"]
-        cb = self._table(q, "vq_codebook", codes.device)
-        return cb[codes.long()].reshape(codes.shape[0], codes.shape[1] * 2)
+        return codebook_decode(q["codes"], self._table(q, "vq_codebook", q["codes"].device))
 
     def code_shapes(self, out_features: int, in_features: int) -> dict[str, tuple]:
         return {"codes": ((out_features, in_features // 2), self.code_dtype())}
+
+
+def codebook_decode(codes: Tensor, table: Tensor) -> Tensor:
+    """fp32 [N, K]: each code's codebook value (nuq: a 1-D table or [2^b, 1]; vq: [2^b, 2], a pair of
+    features per code), before the row scale."""
+    return table[codes.long()].reshape(codes.shape[0], -1)
+
+
+def tcq_decode_tiles(codes: Tensor, state_values: Tensor, bits: float) -> Tensor:
+    """fp32 [N, K] from TCQ codes int32 [N/16, K/16, 4 s] (a sequence per 16 x 16 tile) and the value of
+    every state [2**L, 2], before the row scale."""
+    n, k = codes.shape[0] * 16, codes.shape[1] * 16
+    values = state_values[tcq.tcq_unpack_states(codes, bits).long()]
+    return _untiles(values.reshape(codes.shape[0], -1), n, k)
+
+
+def scale_rows(unit: Tensor, row_scales: Tensor) -> Tensor:
+    """fp32 W' = the decoded values times each row's fp16 scale."""
+    return unit * row_scales.float()[:, None]
 
 
 def _tiles(x: Tensor) -> Tensor:
@@ -298,10 +315,7 @@ class TCQ(PaletteFormat):
         return {"tcq_values": tcq.tcq_state_values(self.bits)}
 
     def decode_unit(self, q: dict[str, Tensor]) -> Tensor:
-        codes = q["codes"]
-        n, k = codes.shape[0] * 16, codes.shape[1] * 16
-        values = self._table(q, "tcq_values", codes.device)[tcq.tcq_unpack_states(codes, self.bits).long()]
-        return _untiles(values.reshape(codes.shape[0], -1), n, k)
+        return tcq_decode_tiles(q["codes"], self._table(q, "tcq_values", q["codes"].device), self.bits)
 
     def code_shapes(self, out_features: int, in_features: int) -> dict[str, tuple]:
         return {"codes": ((out_features // 16, in_features // 16, 4 * tcq.tcq_shift_bits(self.bits)), torch.int32)}

@@ -52,6 +52,7 @@ from torch import Tensor
 
 from ..core.tcq_codes import (MAD_INCREMENTS, MAD_MULTIPLIERS, MAD_OFFSET, MAD_TABLE_BITS, MAD_UNIT,  # noqa: F401
                          kernel_table_shape)
+from ..ops.palette import register_viterbi_reference
 
 TCQ_L = 16
 TCQ_V = 2
@@ -179,6 +180,15 @@ def tcq_kernel_table_bits(bits: float, code: str = "hyb") -> int:
     return MAD_TABLE_BITS if _check_code(code) == "1mad" else tcq_table_bits(bits)
 
 
+def tcq_kernel_state_values(table: Tensor, table_bits: int) -> Tensor:
+    """fp32 [2**L, 2]: each state's value as the decode kernels compute it from their table argument
+    (tcq_kernel_table): the hybrid code's from the signed table's first half (tcq_scaled_table), the 1mad
+    code's in its own units (table_bits MAD_TABLE_BITS: no table; as TCQ.decode_tables)."""
+    if table_bits == MAD_TABLE_BITS:
+        return _mad_values().to(table.device)
+    return hybrid_code_values(table[:1 << table_bits], table_bits)
+
+
 def tcq_kernel_table(bits: float, code: str = "hyb") -> Tensor:
     """The table the decode kernels take: the signed table for the hybrid code; an empty [0, 2] one
     for the 1mad code, which the kernels compute."""
@@ -267,9 +277,9 @@ def _viterbi_pass(steps: Tensor, values: Tensor, s: int, overlap: Tensor | None)
     return path
 
 
-def _tail_biting_viterbi(x_seq: Tensor, bits: float, code: str) -> tuple[Tensor, Tensor]:
-    s = tcq_shift_bits(bits)
-    values = _state_values(bits, code).to(x_seq.device)
+def _tail_biting_viterbi(x_seq: Tensor, values: Tensor, s: int) -> tuple[Tensor, Tensor]:
+    """The Viterbi of sequences x_seq [B, 256] over state values [2**L, 2] with s bits shifted per step."""
+    values = values.to(x_seq.device)
     steps = x_seq.float().reshape(-1, TCQ_STEPS, TCQ_V)
     half = TCQ_STEPS // 2
     first = _viterbi_pass(torch.roll(steps, half, dims=1), values, s, None)
@@ -284,9 +294,13 @@ def tcq_viterbi_reference(x_seq: Tensor, bits: float, code: str = "hyb") -> tupl
 
     Returns (states int32 [B, 128], squared error fp32 [B] of decoding those states)."""
     _check_bits(bits)
+    _check_sequences(x_seq)
+    return _tail_biting_viterbi(x_seq, _state_values(bits, _check_code(code)), tcq_shift_bits(bits))
+
+
+def _check_sequences(x_seq: Tensor) -> None:
     if x_seq.dim() != 2 or x_seq.shape[1] != TCQ_T:
         raise ValueError(f"TCQ: sequences must be [B, {TCQ_T}], got {tuple(x_seq.shape)}")
-    return _tail_biting_viterbi(x_seq, bits, _check_code(code))
 
 
 def _extension_viterbi(x_seq: Tensor, bits: float, code: str) -> tuple[Tensor, Tensor]:
@@ -308,16 +322,29 @@ def tcq_viterbi(x_seq: Tensor, bits: float, code: str = "hyb") -> tuple[Tensor, 
 def viterbi_bytes_per_sequence(bits: float) -> int:
     """The reference Viterbi's working set per sequence: ~6 fp32 [2**L] temporaries per step and the
     [128, 2**(L-s)] int16 back-pointers."""
-    return 6 * 4 * (1 << TCQ_L) + 2 * TCQ_STEPS * (1 << (TCQ_L - tcq_shift_bits(bits)))
+    return _viterbi_bytes(tcq_shift_bits(bits))
+
+
+def _viterbi_bytes(s: int) -> int:
+    return 6 * 4 * (1 << TCQ_L) + 2 * TCQ_STEPS * (1 << (TCQ_L - s))
 
 
 def _reference_in_slices(x_seq: Tensor, bits: float, code: str = "hyb") -> tuple[Tensor, Tensor]:
+    return _viterbi_in_slices(x_seq, _state_values(bits, code), tcq_shift_bits(bits))
+
+
+def _viterbi_in_slices(x_seq: Tensor, values: Tensor, s: int) -> tuple[Tensor, Tensor]:
     """The reference Viterbi over slices of the batch. Each sequence holds [2**L] fp32 costs per step
     and [128, 2**(L-s)] int16 choices: all at once, a 4096-row matrix would need tens of GiB of GPU
-    memory; a slice stays within VITERBI_DEVICE_BYTES."""
-    chunk = max(1, VITERBI_DEVICE_BYTES // viterbi_bytes_per_sequence(bits))
-    parts = [tcq_viterbi_reference(x_seq[i:i + chunk], bits, code) for i in range(0, x_seq.shape[0], chunk)]
+    memory; a slice stays within VITERBI_DEVICE_BYTES. Also the tcq_viterbi op's CPU reference where the
+    extension is absent."""
+    _check_sequences(x_seq)
+    chunk = max(1, VITERBI_DEVICE_BYTES // _viterbi_bytes(s))
+    parts = [_tail_biting_viterbi(x_seq[i:i + chunk], values, s) for i in range(0, x_seq.shape[0], chunk)]
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+register_viterbi_reference(_viterbi_in_slices)
 
 
 def tcq_encode(x: Tensor, bits: float, code: str = "hyb") -> Tensor:

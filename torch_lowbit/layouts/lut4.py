@@ -13,10 +13,10 @@ import torch
 from torch import Tensor
 
 from ..core.activations import KERNEL_ACT_BLOCKS
-from ..formats.scalar import ScalarCodebookFormat
+from ..formats.scalar import ScalarCodebookFormat, dequantize_groups
 from ..core.packing import pack_nibbles, unpack_nibbles
 from ..ops import Backend
-from ..ops.lut4 import lut4_int_linear, lut4_linear
+from ..ops.lut4 import lut4_int_linear, lut4_linear, register_reference_cpu_impls
 from .base import register_layout
 from .lut_i8 import int8_table
 from .scalar_rowmajor import ScalarRowMajor
@@ -69,4 +69,10 @@ class Lut4RowMajor(ScalarRowMajor):
         return super().kernel_ops(fmt) + ((("lut4_int_linear", "int_act"),) if int8_table(fmt) is not None else ())
 
 
+def _decode(in_features, qweight, scales, mins, lut, group_size):
+    """The reference decode of this layout's buffers (the lut4 ops' CPU references without the extension)."""
+    return dequantize_groups(lut, unpack_nibbles(qweight), scales, mins, group_size)
+
+
+register_reference_cpu_impls(_decode)
 LUT4_ROWMAJOR = register_layout(Lut4RowMajor(), default_for="lut4")

@@ -23,11 +23,12 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..core.activations import KERNEL_ACT_BLOCKS, fake_quantize_q8_blocks
+from ..core.activations import KERNEL_ACT_BLOCKS, fake_quantize_q8_blocks, fake_quantize_q8_pair_blocks
+from ..formats.gcb import dequantize_subgroups
 from ..formats.palette import NUQ, VQ
-from ..formats.scalar import ScalarCodebookFormat
+from ..formats.scalar import ScalarCodebookFormat, dequantize_groups
 from ..core.packing import LUT_I8_CODE_BITS, TILE, pack_codes, pad_rows, tile_rows_codes, unpack_codes
-from ..ops.lut_i8 import lut_i8_linear
+from ..ops.lut_i8 import lut_i8_linear, register_reference_cpu_impls
 from ..rotations import hadamard_transform
 from .base import Layout, register_cpu_preference, register_layout
 
@@ -38,6 +39,11 @@ def int8_table(fmt) -> Optional[Tensor]:
     if bool((v == v.round()).all()) and v.min() >= -128 and v.max() <= 127 and v.max() - v.min() <= 255:
         return v.round().to(torch.int8)
     return None
+
+
+def untile_rows(t: Tensor, out_features: int) -> Tensor:
+    """Per-row parameters [N, G] of tiled ones [N/16, G, 16] (scales, mins, sub-group bytes)."""
+    return t.permute(0, 2, 1).reshape(t.shape[0] * TILE, -1)[:out_features]
 
 
 class LutI8Tiled(Layout):
@@ -70,10 +76,9 @@ class LutI8Tiled(Layout):
         return out
 
     def unpack(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], out_features: int, in_features: int) -> dict[str, Tensor]:
-        tiles = buffers["qweight"].shape[0]
         q = {"codes": unpack_codes(buffers["qweight"], self.bits, out_features)}
         for name in ("scales", "mins") if fmt.has_mins else ("scales",):
-            q[name] = buffers[name].permute(0, 2, 1).reshape(tiles * TILE, -1)[:out_features]
+            q[name] = untile_rows(buffers[name], out_features)
         return q
 
     def gather_rows(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], rows: Tensor) -> dict[str, Tensor]:
@@ -221,12 +226,26 @@ class VqI8Tiled(NuqI8Tiled):
         return {"lut_i8": fmt.code_values().T.contiguous().to(torch.int8)}  # [2, 2^b]: one table per coordinate
 
     def _kernel_activations(self, x: Tensor) -> Tensor:
-        lead, k = x.shape[:-1], x.shape[-1]
-        split = x.reshape(*lead, k // 64, 32, 2).transpose(-1, -2).reshape(*lead, k)
-        q = fake_quantize_q8_blocks(split)
-        return q.reshape(*lead, k // 64, 2, 32).transpose(-1, -2).reshape(*lead, k)
+        return fake_quantize_q8_pair_blocks(x)
 
 
+def _decode_tiles(qweight, scales, mins, lut, code_bits, group_size, out_features, sub_groups):
+    """The reference decode of the lut_i8 tiles, fp32 W [N, K] (lut_i8_linear's CPU reference without the
+    extension): the scalar formats' groups (nuq: one group of K), vq's pair codebooks (one table per
+    coordinate) or gcb's sub-group codebooks."""
+    codes = unpack_codes(qweight, code_bits, out_features)
+    row_scales = untile_rows(scales, out_features)
+    if sub_groups is not None:
+        s = untile_rows(sub_groups, out_features).to(torch.int32)
+        return dequantize_subgroups(codes, s >> 4, s & 15, row_scales, lut.reshape(-1, 2 ** code_bits))
+    if lut.dim() == 2:  # [2, 2^b]: a code per pair of features, coordinate c from table c
+        pairs = lut.float().T[codes.long()].reshape(out_features, -1)
+        return pairs * row_scales.float().repeat_interleave(group_size, dim=1)
+    row_mins = untile_rows(mins, out_features) if mins is not None else None
+    return dequantize_groups(lut.float(), codes, row_scales, row_mins, group_size)
+
+
+register_reference_cpu_impls(_decode_tiles)
 LUT_I8 = {b: register_layout(LutI8Tiled(b), default_for=f"lut{b}", device="cpu") for b in LUT_I8_CODE_BITS}
 NUQ_I8 = register_layout(NuqI8Tiled(), default_for="nuq", device="cpu")
 VQ_I8 = register_layout(VqI8Tiled())

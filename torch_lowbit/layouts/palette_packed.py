@@ -22,10 +22,10 @@ import torch
 from torch import Tensor
 
 from ..formats import tcq
-from ..formats.palette import NUQ, TCQ, VQ, PaletteFormat, HalfTCQ
+from ..formats.palette import NUQ, TCQ, VQ, PaletteFormat, HalfTCQ, codebook_decode, scale_rows, tcq_decode_tiles
 from ..core.packing import pack_streams, stream_words, unpack_streams
 from ..ops import Backend
-from ..ops.palette import codebook_linear, tcq_half_linear, tcq_linear
+from ..ops.palette import codebook_linear, register_reference_cpu_impls, tcq_half_linear, tcq_linear
 from ..rotations import hadamard_transform
 from .base import Layout, register_layout
 
@@ -157,6 +157,21 @@ class PalettePacked(Layout):
         return op, list(args[1:-2])
 
 
+def _decode_codebook(codes, code_bits, table, row_scales, in_features):
+    """The reference decode of nuq/vq codes in this layout's streams (codebook ops' CPU references without
+    the extension): fp32 W' [N, K]."""
+    per_row = in_features // table.shape[1]
+    return scale_rows(codebook_decode(unpack_streams(codes, code_bits, per_row), table), row_scales)
+
+
+def _decode_tcq(in_features, codes, table, table_bits, shift_bits, row_scales):
+    """The reference decode of TCQ codes from the kernels' table (tcq ops' CPU references without the
+    extension): fp32 W' [N, K]."""
+    values = tcq.tcq_kernel_state_values(table, table_bits)
+    return scale_rows(tcq_decode_tiles(codes, values, shift_bits / 2), row_scales)
+
+
+register_reference_cpu_impls(_decode_codebook, _decode_tcq)
 PALETTE_PACKED = register_layout(PalettePacked(), default_for="palette", device="cpu")
 # On CUDA too (the Triton kernels): nuq's CPU default is nuq_i8_n16, palette_dense stays the portable one.
 register_layout(PALETTE_PACKED, default_for="palette", device="cuda")

@@ -20,9 +20,9 @@ import torch
 from torch import Tensor
 
 from ..core.activations import KERNEL_ACT_BLOCKS, fake_quantize_q8_blocks
-from ..formats.scalar import ScalarCodebookFormat
+from ..formats.scalar import ScalarCodebookFormat, dequantize_groups
 from ..core.packing import deinterleave_nibble_rows, interleave_nibble_rows, interleaved_rows_codes, pad_rows
-from ..ops.q4x import q4x_linear
+from ..ops.q4x import q4x_linear, register_reference_cpu_impls
 from .base import Layout, register_cpu_preference, register_layout
 from .lut_i8 import int8_table
 
@@ -34,8 +34,18 @@ def _toggled(fmt: ScalarCodebookFormat) -> bool:
     """Whether the layout stores fmt's nibbles toggled (its table is c - 8). Decided once per format
     outside any traced graph (compile cannot read a table's values); traced code reads the cache."""
     if fmt not in _TOGGLED:
-        _TOGGLED[fmt] = bool(torch.equal(fmt.code_values(), torch.arange(16, dtype=torch.float32) - 8))
+        _TOGGLED[fmt] = _is_toggled_table(fmt.code_values())
     return _TOGGLED[fmt]
+
+
+def _is_toggled_table(values: Tensor) -> bool:
+    """Whether a 4-bit table is c - 8 (the layout stores such codes with the nibble's top bit toggled)."""
+    return bool(torch.equal(values.float(), torch.arange(16, dtype=torch.float32) - 8))
+
+
+def _untile(scales: Tensor, out_features: int) -> Tensor:
+    """Per-row scales [N, G] of the interleaved [N/R, G, R]."""
+    return scales.permute(0, 2, 1).reshape(-1, scales.shape[1])[:out_features]
 
 
 class Q4xInterleaved(Layout):
@@ -67,8 +77,7 @@ class Q4xInterleaved(Layout):
     def unpack(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], out_features: int,
                in_features: int) -> dict[str, Tensor]:
         codes = deinterleave_nibble_rows(buffers["qweight"], self.rows, self.chunk, _toggled(fmt), out_features)
-        scales = buffers["scales"].permute(0, 2, 1).reshape(-1, buffers["scales"].shape[1])[:out_features]
-        return {"codes": codes, "scales": scales}
+        return {"codes": codes, "scales": _untile(buffers["scales"], out_features)}
 
     def gather_rows(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor], rows: Tensor) -> dict[str, Tensor]:
         # no _check: it reads the table's values, which compile cannot trace (pack checked the format)
@@ -111,6 +120,14 @@ class Q4xInterleaved(Layout):
         return self._run(fmt, buffers, x, bias, backend, out_features, bits, clip, block)
 
 
+def _decode_interleaved(qweight, scales, lut, rows, chunk, group_size, out_features):
+    """The reference decode of these layouts' buffers, fp32 W [N, K] (q4x_linear's CPU reference without the
+    extension); the int8 table says whether the nibbles are stored toggled."""
+    codes = deinterleave_nibble_rows(qweight, rows, chunk, _is_toggled_table(lut), out_features)
+    return dequantize_groups(lut.float(), codes, _untile(scales, out_features), None, group_size)
+
+
+register_reference_cpu_impls(_decode_interleaved)
 Q4X = {(r, s): register_layout(Q4xInterleaved(r, s)) for r, s in ((4, 4), (4, 8), (8, 8))}
 
 
@@ -118,7 +135,9 @@ def _arm_choice(fmt) -> Optional[Layout]:
     """The interleaved layout of this CPU's best ARM path, or None (x86, plain NEON). By the instruction counts of
     docs/kernels/arm.md: i8mm -> q4_8x8 (0.18 instructions per weight and token in token pairs, 0.28 for one
     token), dotprod -> q4_4x4 (0.28)."""
-    from ..ops import cpu_extension
+    from ..ops import cpu_extension, has_cpu_extension
+    if not has_cpu_extension():
+        return None  # no ARM kernels to pick a layout for: the portable default runs its reference
     paths = cpu_extension().available_cpu_paths()
     for path, key in (("i8mm", (8, 8)), ("dotprod", (4, 4))):
         if path in paths and Q4X[key].supports(fmt):

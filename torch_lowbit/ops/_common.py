@@ -2,8 +2,10 @@
 the generic registrations (fakes of a <name>_linear / <name>_dequantize pair, dense reference CPU
 impls, Triton CUDA impls) and `route`, the one path from a typed wrapper to a kernel.
 
-Importing this module loads the C++ extension: the op table (every schema, csrc/ops.cpp) and the C++
-CPU kernels, which the family modules then register their Python impls on.
+Importing this module defines the op table (every schema, ops/schemas.py) and loads the C++ CPU kernels
+when the extension is there; the family modules then register their Python impls on it, and, where the
+extension is absent, the pure-torch references of the ops that have a C++ kernel
+(register_reference_cpu_impl).
 """
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ import torch
 from torch import Tensor
 
 from ..core.activations import ACT_BITS, KERNEL_ACT_BLOCKS, SUB_BLOCKS
-from .extension import cpu_extension
+from .extension import has_cpu_extension, warn_reference_cpu_kernels
+from .schemas import CPU_KERNEL_OPS
 
-cpu_extension()  # the op table the family modules register on
+has_cpu_extension()  # loads the C++ kernels (after the op table: ops/extension.py imports it first)
 
 FLOAT_ACTS = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -65,10 +68,33 @@ def register_linear_fakes(name: str, check_weights: Callable) -> None:
     torch.library.register_fake(f"torch_lowbit::{name}_dequantize")(dequantize_fake)
 
 
+def dense_linear(x: Tensor, w: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """x @ w.T + bias in fp32 (the decoded fp32 weight w), returned in x's dtype: the matmul of the CPU
+    references, as the C++ kernels accumulate in fp32."""
+    return torch.nn.functional.linear(x.float(), w, bias.float() if bias is not None else None).to(x.dtype)
+
+
+def register_reference_cpu_impl(op: str, reference: Callable) -> None:
+    """The CPU impl of torch_lowbit::<op>, an op with a C++ kernel, where the extension is absent: the
+    pure-torch `reference` behind a one-time warning (warn_reference_cpu_kernels). Nothing where the
+    extension is loaded: its kernel is the CPU impl."""
+    if op not in CPU_KERNEL_OPS:
+        raise ValueError(f"torch_lowbit::{op} has no C++ kernel to stand in for; register its CPU impl directly")
+    if has_cpu_extension():
+        return
+
+    def impl(*args):
+        warn_reference_cpu_kernels()
+        return reference(*args)
+    impl.__name__ = f"_{op}_cpu_reference"
+    torch.library.impl(f"torch_lowbit::{op}", "CPU")(impl)
+
+
 def register_dense_cpu_impls(name: str, check_weights: Callable, decode: Callable) -> None:
-    """CPU impls of <name>_dequantize / <name>_linear for ops with no C++ kernel: the weights checked,
-    then decode(in_features, *weights) -> fp32 [N, K] (the format's reference decoder, handed in by the
-    layout that owns the op, so this layer imports no format) and a dense float matmul."""
+    """CPU impls of <name>_dequantize / <name>_linear: the weights checked, then decode(in_features,
+    *weights) -> fp32 [N, K] (the format's reference decoder, handed in by the layout that owns the op,
+    so this layer imports no format) and a dense float matmul. For ops with no C++ kernel the impls; for
+    ops with one (lut4, codebook, tcq) the references that stand in where the extension is absent."""
     def dequantize_cpu(*weights):
         _, k = check_weights(*weights)
         return decode(k, *weights)
@@ -77,10 +103,13 @@ def register_dense_cpu_impls(name: str, check_weights: Callable, decode: Callabl
         *weights, bias = args
         w = dequantize_cpu(*weights)
         linear_out(f"{name}_linear", x, w.shape[0], w.shape[1], bias)
-        return torch.nn.functional.linear(x.float(), w, bias.float() if bias is not None else None).to(x.dtype)
+        return dense_linear(x, w, bias)
 
-    torch.library.impl(f"torch_lowbit::{name}_dequantize", "CPU")(dequantize_cpu)
-    torch.library.impl(f"torch_lowbit::{name}_linear", "CPU")(linear_cpu)
+    for op, impl in ((f"{name}_dequantize", dequantize_cpu), (f"{name}_linear", linear_cpu)):
+        if op in CPU_KERNEL_OPS:
+            register_reference_cpu_impl(op, impl)
+        else:
+            torch.library.impl(f"torch_lowbit::{op}", "CPU")(impl)
 
 
 def triton_function(kernels: str, name: str) -> Callable:

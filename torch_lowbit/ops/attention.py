@@ -1,15 +1,16 @@
 """The attention ops: gqa_attention (grouped-query attention of compiled generation over a float
 cache; CPU only: csrc/attention.cpp) and kv_attention (the same over a group-wise quantized KV cache,
 codes dequantized in registers; CPU: csrc/kv_attention.cpp, CUDA: triton_kernels/kv_attention.py).
-Typed wrappers, fakes, the CUDA binding."""
+Typed wrappers, fakes, the CUDA binding, the attention reference the kernels are tested against, and
+the CPU references that stand in for the C++ kernels where the extension is absent."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
-from ._common import Backend, check, register_triton_cuda, route
+from ._common import Backend, check, register_reference_cpu_impl, register_triton_cuda, route
 
 
 def gqa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: float, *,
@@ -28,6 +29,29 @@ def kv_attention(q: Tensor, k_codes: Tensor, k_scale: Tensor, k_min: Tensor, v_c
     recent_end) when given. [B, S, H, D] out in q's dtype."""
     return route("kv_attention", "kv_attention", backend, q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, mask,
                  scale, bits, k_recent, v_recent, recent_end)
+
+
+def attention_reference(q: Tensor, keys: Tensor, values: Tensor, mask: Optional[Tensor], scale: float,
+                        dtype: torch.dtype = torch.float32) -> Tensor:
+    """softmax(q kᵀ scale + mask) v computed in `dtype`, K/V heads repeated for grouped-query attention:
+    q [B, H, S, D], keys and values [B, Hkv, L, D], mask bool (True: attend) or additive, broadcastable to
+    [B, H, S, L]; [B, S, H, D] out in `dtype` (a row that sees no key: NaN, as softmax of all -inf)."""
+    g = q.shape[1] // keys.shape[1]
+    k = keys.to(dtype).repeat_interleave(g, 1)
+    v = values.to(dtype).repeat_interleave(g, 1)
+    s = q.to(dtype) @ k.transpose(-1, -2) * scale
+    if mask is not None:
+        s = s + (torch.where(mask, 0.0, float("-inf")).to(dtype) if mask.dtype == torch.bool else mask.to(dtype))
+    return (s.softmax(-1) @ v).transpose(1, 2)
+
+
+def overlay_recent(x: Tensor, ring: Tensor, end: Tensor) -> Tensor:
+    """A dequantized cache x [B, Hkv, L, D] with its most recent positions (end - r .. end - 1, r the ring's
+    length) taken exact from the ring [B, Hkv, r, D], position p at ring slot p % r (kv_cache.py's ring)."""
+    r = ring.shape[2]
+    positions = torch.arange(x.shape[2], device=x.device)
+    recent = (positions >= end - r) & (positions < end)
+    return torch.where(recent[:, None], ring[:, :, positions % r].to(x.dtype), x)
 
 
 def _attention_out(op, q, k):
@@ -51,4 +75,25 @@ def _kv_attention_fake(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, mask
     return _attention_out("kv_attention", q, k_codes)
 
 
+def _gqa_attention_reference(q, k, v, mask, scale):
+    _gqa_attention_fake(q, k, v, mask, scale)
+    return attention_reference(q, k, v, mask, scale).to(q.dtype).contiguous()
+
+
+def register_kv_reference_cpu_impl(dequantize: Callable) -> None:
+    """Where the extension is absent, kv_attention's CPU reference: the cache decoded by dequantize(codes,
+    scale, min, bits) -> fp32 [..., D] (formats/kv.py's dequantize_kv), its recent ring laid over it, and
+    attention_reference."""
+    def reference(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, mask, scale, bits, k_recent=None,
+                  v_recent=None, recent_end=None):
+        _kv_attention_fake(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, mask, scale, bits)
+        keys, values = dequantize(k_codes, k_scale, k_min, bits), dequantize(v_codes, v_scale, v_min, bits)
+        if k_recent is not None:
+            keys, values = overlay_recent(keys, k_recent, recent_end), overlay_recent(values, v_recent, recent_end)
+        return attention_reference(q, keys, values, mask, scale).to(q.dtype).contiguous()
+
+    register_reference_cpu_impl("kv_attention", reference)
+
+
+register_reference_cpu_impl("gqa_attention", _gqa_attention_reference)
 register_triton_cuda("kv_attention", "kv_attention")

@@ -1,16 +1,17 @@
 """The lut4 ops (layout lut4_rowmajor: 4-bit codes as nibbles, fp16 group scales and mins, a 16-entry
 table): lut4_linear, lut4_dequantize (CPU: csrc/lut4_linear.cpp; CUDA: triton_kernels/lut4.py) and
 lut4_int_linear, the integer-activation matmul (CUDA: triton_kernels/int_act.py; CPU: the reference
-here). Typed wrappers, fakes, CUDA bindings and the Python CPU impl."""
+here). Typed wrappers, fakes, CUDA bindings, the Python CPU impl and the CPU references that stand in
+for the C++ kernels where the extension is absent."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
 from ..core.activations import ACT_BITS, dequantize_act_codes, quantize_act_codes
-from ._common import (FLOAT_ACTS, Backend, check, check_act_args, register_linear_fakes,
+from ._common import (FLOAT_ACTS, Backend, check, check_act_args, register_dense_cpu_impls, register_linear_fakes,
                       register_triton_cuda, route)
 
 
@@ -60,6 +61,13 @@ def _lut4_int_check(x, qweight, scales, mins, lut, group_size, bias, act_bits, a
     if bias is not None:
         check(bias.dim() == 1 and bias.shape[0] == n, f"lut4_int_linear: bias must have {n} elements")
     return n, k
+
+
+def register_reference_cpu_impls(decode: Callable) -> None:
+    """Where the extension is absent, the CPU references of lut4_dequantize / lut4_linear: decode(in_features,
+    qweight, scales, mins, lut, group_size) -> fp32 [N, K] (the format's reference decoder, from
+    layouts/lut4.py) and a dense fp32 matmul."""
+    register_dense_cpu_impls("lut4", _lut4_check, decode)
 
 
 register_linear_fakes("lut4", _lut4_check)

@@ -1,15 +1,17 @@
 """The lut_i8 op (layouts lut{b}_i8_n16, nuq_i8_n16, vq_i8_n16, gcb_i8_n16: b-bit codes in 16-row
 tiles, integer tables, int8 activations): lut_i8_linear, a CPU-only op (csrc/lut_i8_linear.cpp).
-Its typed wrapper and fake."""
+Its typed wrapper, fake, and the CPU reference that stands in for the kernel where the extension is
+absent."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
+from ..core.activations import int8_kernel_activations
 from ..core.packing import GCB_CODE_BITS, LUT_I8_CODE_BITS
-from ._common import Backend, check, check_act_args, linear_out, route
+from ._common import Backend, check, check_act_args, dense_linear, linear_out, register_reference_cpu_impl, route
 
 def lut_i8_linear(x: Tensor, qweight: Tensor, scales: Tensor, mins: Optional[Tensor], lut: Tensor, code_bits: int,
                   group_size: int, out_features: int, bias: Optional[Tensor], sub_groups: Optional[Tensor] = None,
@@ -24,9 +26,9 @@ def lut_i8_linear(x: Tensor, qweight: Tensor, scales: Tensor, mins: Optional[Ten
                  bias, sub_groups, act_bits, act_clip, act_block)
 
 
-@torch.library.register_fake("torch_lowbit::lut_i8_linear")
-def _lut_i8_linear_fake(x, qweight, scales, mins, lut, code_bits, group_size, out_features, bias,
-                        sub_groups=None, act_bits=0, act_clip=1.0, act_block=0):
+def _lut_i8_check(qweight, scales, mins, lut, code_bits, group_size, out_features, sub_groups, act_bits,
+                  act_block) -> int:
+    """The weights' and activation arguments' checks; K."""
     check(code_bits in LUT_I8_CODE_BITS, f"lut_i8: code_bits must be one of {LUT_I8_CODE_BITS}, got {code_bits}")
     check_act_args("lut_i8", act_bits, act_block)
     pairs = lut.dim() == 2  # a 2-D codebook: one code per pair of features, one table per coordinate
@@ -58,4 +60,26 @@ def _lut_i8_linear_fake(x, qweight, scales, mins, lut, code_bits, group_size, ou
         check(lut.dtype == torch.int8 and 0 < lut.numel() <= 16 * 2 ** code_bits
               and lut.numel() % 2 ** code_bits == 0,
               f"lut_i8: lut must be 1..16 int8 codebooks of {2 ** code_bits} entries")
+    return k
+
+
+@torch.library.register_fake("torch_lowbit::lut_i8_linear")
+def _lut_i8_linear_fake(x, qweight, scales, mins, lut, code_bits, group_size, out_features, bias,
+                        sub_groups=None, act_bits=0, act_clip=1.0, act_block=0):
+    k = _lut_i8_check(qweight, scales, mins, lut, code_bits, group_size, out_features, sub_groups, act_bits, act_block)
     return linear_out("lut_i8_linear", x, out_features, k, bias)
+
+
+def register_reference_cpu_impls(decode: Callable) -> None:
+    """Where the extension is absent, the CPU reference of lut_i8_linear: decode(qweight, scales, mins, lut,
+    code_bits, group_size, out_features, sub_groups) -> fp32 W [N, K] (the tiles' reference decoder, from
+    layouts/lut_i8.py) times the activations as the kernel rounds them (core.activations)."""
+    def reference(x, qweight, scales, mins, lut, code_bits, group_size, out_features, bias, sub_groups=None,
+                  act_bits=0, act_clip=1.0, act_block=0):
+        k = _lut_i8_check(qweight, scales, mins, lut, code_bits, group_size, out_features, sub_groups, act_bits,
+                          act_block)
+        linear_out("lut_i8_linear", x, out_features, k, bias)
+        w = decode(qweight, scales, mins, lut, code_bits, group_size, out_features, sub_groups)
+        return dense_linear(int8_kernel_activations(x, act_bits, act_clip, act_block, pairs=lut.dim() == 2), w, bias)
+
+    register_reference_cpu_impl("lut_i8_linear", reference)

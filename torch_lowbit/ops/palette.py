@@ -3,16 +3,18 @@ codebook_linear / codebook_dequantize (nuq/vq codes in 16 round-robin bit stream
 tcq_linear / tcq_dequantize (trellis codes in 16 x 16 tiles), tcq_half_linear (half-TCQ: both halves
 of K in one op) and tcq_viterbi (the trellis search of TCQ quantization). CPU: csrc/palette_linear.cpp,
 csrc/tcq_viterbi.cpp, and tcq_half_linear's two tcq_linear calls here; CUDA: triton_kernels/palette.py.
-Typed wrappers, fakes, CUDA bindings and the Python CPU impl."""
+Typed wrappers, fakes, CUDA bindings, the Python CPU impl and the CPU references that stand in for the
+C++ kernels where the extension is absent."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
 from ..core.tcq_codes import kernel_table_shape
-from ._common import Backend, check, linear_out, register_linear_fakes, register_triton_cuda, route
+from ._common import (Backend, check, dense_linear, linear_out, register_dense_cpu_impls, register_linear_fakes,
+                      register_reference_cpu_impl, register_triton_cuda, route)
 
 def codebook_linear(x: Tensor, codes: Tensor, code_bits: int, table: Tensor, row_scales: Tensor,
                     bias: Optional[Tensor], *, backend: Backend = "auto") -> Tensor:
@@ -49,7 +51,8 @@ def tcq_half_linear(x: Tensor, codes_lo: Tensor, table_lo: Tensor, table_bits_lo
 
 
 def tcq_viterbi(sequences: Tensor, state_values: Tensor, shift_bits: int) -> tuple[Tensor, Tensor]:
-    """The tail-biting Viterbi of TCQ sequences fp32 [B, 256] (CPU only: csrc/tcq_viterbi.cpp): (states
+    """The tail-biting Viterbi of TCQ sequences fp32 [B, 256] (CPU only: csrc/tcq_viterbi.cpp, or the
+    reference of formats/tcq.py without the extension): (states
     int32 [B, 128], squared errors fp32 [B]); formats/tcq.py's tcq_viterbi hands it the code's state values."""
     return torch.ops.torch_lowbit.tcq_viterbi(sequences, state_values, shift_bits)
 
@@ -84,6 +87,31 @@ def _tcq_check(codes, table, table_bits, shift_bits, row_scales):
 
 
 register_linear_fakes("tcq", _tcq_check)
+
+
+def register_reference_cpu_impls(decode_codebook: Callable, decode_tcq: Callable) -> None:
+    """Where the extension is absent, the CPU references of codebook_* and tcq_*: the layout's reference
+    decoders (layouts/palette_packed.py) decode_codebook(codes, code_bits, table, row_scales, in_features)
+    and decode_tcq(in_features, codes, table, table_bits, shift_bits, row_scales) -> fp32 W' [N, K], and
+    a dense fp32 matmul."""
+    def codebook_dequantize_reference(codes, code_bits, table, row_scales, in_features):
+        _codebook_check(codes, code_bits, table, row_scales, in_features)
+        return decode_codebook(codes, code_bits, table, row_scales, in_features)
+
+    def codebook_linear_reference(x, codes, code_bits, table, row_scales, bias):
+        w = codebook_dequantize_reference(codes, code_bits, table, row_scales, x.shape[-1])
+        linear_out("codebook_linear", x, w.shape[0], w.shape[1], bias)
+        return dense_linear(x, w, bias)
+
+    register_reference_cpu_impl("codebook_dequantize", codebook_dequantize_reference)
+    register_reference_cpu_impl("codebook_linear", codebook_linear_reference)
+    register_dense_cpu_impls("tcq", _tcq_check, decode_tcq)
+
+
+def register_viterbi_reference(viterbi: Callable) -> None:
+    """Where the extension is absent, tcq_viterbi's CPU reference: viterbi(sequences, state_values,
+    shift_bits) -> (states, errors), formats/tcq.py's pure-torch Viterbi."""
+    register_reference_cpu_impl("tcq_viterbi", viterbi)
 
 
 @torch.library.register_fake("torch_lowbit::codebook_linear")

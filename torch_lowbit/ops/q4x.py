@@ -1,13 +1,15 @@
 """The q4x op (layouts q4_{R}x{S}: ARM's interleaved 4-bit rows, an int8 table, no mins): q4x_linear,
-a CPU-only op (csrc/q4x_linear.cpp; NEON / dotprod / i8mm code in csrc/arm/). Its typed wrapper and fake."""
+a CPU-only op (csrc/q4x_linear.cpp; NEON / dotprod / i8mm code in csrc/arm/). Its typed wrapper, fake,
+and the CPU reference that stands in for the kernel where the extension is absent."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
-from ._common import Backend, check, check_act_args, linear_out, route
+from ..core.activations import int8_kernel_activations
+from ._common import Backend, check, check_act_args, dense_linear, linear_out, register_reference_cpu_impl, route
 
 def q4x_linear(x: Tensor, qweight: Tensor, scales: Tensor, lut: Tensor, rows: int, chunk: int, group_size: int,
                out_features: int, bias: Optional[Tensor], act_bits: int = 0, act_clip: float = 1.0,
@@ -19,9 +21,8 @@ def q4x_linear(x: Tensor, qweight: Tensor, scales: Tensor, lut: Tensor, rows: in
                  act_bits, act_clip, act_block)
 
 
-@torch.library.register_fake("torch_lowbit::q4x_linear")
-def _q4x_linear_fake(x, qweight, scales, lut, rows, chunk, group_size, out_features, bias, act_bits=0,
-                     act_clip=1.0, act_block=0):
+def _q4x_check(qweight, scales, lut, rows, chunk, group_size, out_features, act_bits, act_block) -> int:
+    """The weights' and activation arguments' checks; K."""
     check(rows in (4, 8) and chunk in (4, 8), f"q4x: rows and chunk must be 4 or 8, got {rows}, {chunk}")
     check_act_args("q4x", act_bits, act_block)
     check(qweight.dtype == torch.uint8 and qweight.dim() == 3 and qweight.shape[2] == 16 * rows,
@@ -34,4 +35,25 @@ def _q4x_linear_fake(x, qweight, scales, lut, rows, chunk, group_size, out_featu
     check(scales.dtype == torch.float16 and tuple(scales.shape) == (groups, k // group_size, rows),
           f"q4x: scales must be fp16 [{groups}, {k // group_size}, {rows}]")
     check(lut.dtype == torch.int8 and lut.numel() == 16, "q4x: lut must be 16 int8 values")
+    return k
+
+
+@torch.library.register_fake("torch_lowbit::q4x_linear")
+def _q4x_linear_fake(x, qweight, scales, lut, rows, chunk, group_size, out_features, bias, act_bits=0,
+                     act_clip=1.0, act_block=0):
+    k = _q4x_check(qweight, scales, lut, rows, chunk, group_size, out_features, act_bits, act_block)
     return linear_out("q4x_linear", x, out_features, k, bias)
+
+
+def register_reference_cpu_impls(decode: Callable) -> None:
+    """Where the extension is absent, the CPU reference of q4x_linear: decode(qweight, scales, lut, rows, chunk,
+    group_size, out_features) -> fp32 W [N, K] (the interleaving's reference decoder, from layouts/q4x.py)
+    times the activations as the kernel rounds them (core.activations)."""
+    def reference(x, qweight, scales, lut, rows, chunk, group_size, out_features, bias, act_bits=0, act_clip=1.0,
+                  act_block=0):
+        k = _q4x_check(qweight, scales, lut, rows, chunk, group_size, out_features, act_bits, act_block)
+        linear_out("q4x_linear", x, out_features, k, bias)
+        w = decode(qweight, scales, lut, rows, chunk, group_size, out_features)
+        return dense_linear(int8_kernel_activations(x, act_bits, act_clip, act_block), w, bias)
+
+    register_reference_cpu_impl("q4x_linear", reference)

@@ -1,9 +1,10 @@
 """torch_lowbit::hadamard_transform(Tensor x, Tensor? signs, bool inverse) -> Tensor.
 
-Schema and CPU kernel: csrc/hadamard.cpp. Here: the base matrices handed to the C++ registry (the
-tables stay in _base_matrices.py only), the fake implementation (shapes and validation for
-torch.compile and meta tensors) and the CUDA implementation (fast_hadamard_transform for the 2^m
-part when that package is installed, else the Triton kernel).
+Schema: torch_lowbit/ops/schemas.py; CPU kernel: csrc/hadamard.cpp. Here: the base matrices handed to
+the C++ registry (the tables stay in _base_matrices.py only), the fake implementation (shapes and
+validation for torch.compile and meta tensors), the CUDA implementation (fast_hadamard_transform for
+the 2^m part when that package is installed, else the Triton kernel) and, where the extension is
+absent, the dense reference as the CPU implementation.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from typing import Optional
 
 import torch
 
-from ..ops import cpu_extension
-from ..ops._common import route
+from ..ops import cpu_extension, has_cpu_extension
+from ..ops._common import register_reference_cpu_impl, route
 from ..ops.backend import current_backend
 from .hadamard import (SUPPORTED_BASE_ORDERS, base_hadamard_matrix, base_order, check_hadamard_size,
                        hadamard_transform_reference)
@@ -62,11 +63,17 @@ def _cuda_with_fast_hadamard_transform(fht, x: torch.Tensor, signs: Optional[tor
     return y.reshape(x.shape).to(x.dtype)
 
 
+def _hadamard_transform_cpu_reference(x, signs, inverse):
+    _check_inputs(x, signs)
+    return hadamard_transform_reference(x, signs, inverse)
+
+
 def _register() -> None:
-    cpu_extension()  # loads the schema and the CPU kernel
-    for k in SUPPORTED_BASE_ORDERS:
-        if k > 1:
-            torch.ops.torch_lowbit._hadamard_register_base(base_hadamard_matrix(k))
+    if has_cpu_extension():  # the C++ kernel's base matrices, checked there as they arrive
+        for k in SUPPORTED_BASE_ORDERS:
+            if k > 1:
+                cpu_extension().register_hadamard_base(base_hadamard_matrix(k))
+    register_reference_cpu_impl("hadamard_transform", _hadamard_transform_cpu_reference)
 
     @torch.library.register_fake("torch_lowbit::hadamard_transform")
     def _hadamard_transform_fake(x, signs, inverse):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import torch_lowbit as tl
+from torch_lowbit.ops.attention import attention_reference
 
 SEED_FILE = "test_kv_cache.py"  # split out of tests/test_kv_cache.py: its seeds (conftest.stable_seed)
 
@@ -15,14 +16,7 @@ def _gen():
 
 
 def _reference_attention(q, keys, values, mask, scale):
-    """softmax(q kᵀ scale + mask) v in float64 with K/V heads repeated for grouped-query attention."""
-    g = q.shape[1] // keys.shape[1]
-    k = keys.double().repeat_interleave(g, 1)
-    v = values.double().repeat_interleave(g, 1)
-    s = q.double() @ k.transpose(-1, -2) * scale
-    if mask is not None:
-        s = s + (torch.where(mask, 0.0, float("-inf")) if mask.dtype == torch.bool else mask.double())
-    return (s.softmax(-1) @ v).transpose(1, 2)  # [B, S, H, D]
+    return attention_reference(q, keys, values, mask, scale, dtype=torch.float64)
 
 
 @pytest.mark.parametrize("path", ["scalar", "avx2"])
