@@ -333,7 +333,7 @@ def main(argv=None) -> None:
     from .io import CheckpointError
     try:
         args.fn(args)
-    except (CliError, CheckpointError, ValueError, FileNotFoundError) as e:
+    except (CliError, CheckpointError, ValueError, FileNotFoundError, ImportError) as e:
         # the library's own errors name the fix: one line, like argparse's errors (TORCH_LOWBIT_TRACEBACK=1: all)
         if os.environ.get("TORCH_LOWBIT_TRACEBACK"):
             raise
@@ -342,9 +342,10 @@ def main(argv=None) -> None:
 
 
 def _cpu_paths() -> list[str]:
-    """The CPU kernel paths this machine can run, best first."""
-    from .ops import cpu_extension
-    return list(cpu_extension().available_cpu_paths())
+    """The CPU kernel paths this machine can run, best first (none without the C++ extension: a
+    build-free install runs the Triton kernels and the CPU references, no ISA path)."""
+    from .ops.extension import cpu_extension, has_cpu_extension
+    return list(cpu_extension().available_cpu_paths()) if has_cpu_extension() else []
 
 
 def _check_before_work(p: argparse.ArgumentParser, args) -> None:

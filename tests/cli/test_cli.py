@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -85,6 +86,15 @@ def test_cli_bench_gpu_without_cuda_exits_with_clear_error():
     r = subprocess.run([sys.executable, "-m", "torch_lowbit", "bench", "gpu", "--quick"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode != 0 and "bench gpu needs a CUDA GPU" in r.stderr and "Traceback" not in r.stderr
+    # the GPU benches run build-free (what .ci/gpu all does while the C++ build runs): no extension needed
+    # to get this far; bench cpu needs it and says how to build it, in one line
+    env = dict(os.environ, TORCH_LOWBIT_NO_EXTENSION="1")
+    r = subprocess.run([sys.executable, "-m", "torch_lowbit", "bench", "e2e", "--device", "cuda"], capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode != 0 and "bench e2e --device cuda needs a CUDA GPU" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "torch_lowbit", "bench", "cpu", "--quick"], capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode != 0 and "pip install --no-build-isolation" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_bench_gpu_tables_on_tiny_cpu_inputs():

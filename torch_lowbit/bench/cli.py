@@ -89,8 +89,10 @@ def cmd_bench(args) -> None:
                   "and replayed from a CUDA graph where the calls can be captured, the ratios from those):")
             print(markdown_table(KV_HEADERS, bench_kv(tokens=tokens, device="cuda")))
     elif args.what == "e2e" and args.device == "cuda":
+        from . import gpu
         from .e2e_cuda import CUDA_E2E_HEADERS, CUDA_E2E_MODELS, CUDA_E2E_VARIANTS, bench_e2e_cuda
         from .machine import gpu_line
+        gpu.require_cuda("bench e2e --device cuda")
         prompt_tokens, repeats = args.prompt_tokens or 512, args.repeats or 3
         rows = bench_e2e_cuda(tuple(args.formats or CUDA_E2E_VARIANTS), tuple(args.models or CUDA_E2E_MODELS),
                               prompt_tokens=prompt_tokens, new_tokens=args.new_tokens, repeats=repeats)

@@ -64,9 +64,9 @@ class GpuRow:
         return 2.0 * self.m * n * k / (self.us * 1e6)
 
 
-def require_cuda() -> None:
+def require_cuda(command: str = "bench gpu") -> None:
     if not torch.cuda.is_available():
-        raise SystemExit("bench gpu needs a CUDA GPU, and torch.cuda.is_available() is False here "
+        raise SystemExit(f"{command} needs a CUDA GPU, and torch.cuda.is_available() is False here "
                          f"(torch {torch.__version__}, CUDA build: {torch.version.cuda}); run it on a machine "
                          "with an NVIDIA GPU and a CUDA build of torch, or use `bench cpu` on this one")
 
