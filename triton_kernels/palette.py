@@ -229,15 +229,16 @@ def _codebook_gemv_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_ptr
                           HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr,
                           G: tl.constexpr, PAIR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr):
-    """The GEMV kind (M <= 4) of nuq/vq codes with units of G <= 4 words (every width but vq2.5 and
-    vq5), laid out for the memory system as lowbit._lowbit_gemv_kernel is: a thread owns one unit of 4
-    consecutive streams l of a group g — unit word j of stream l is row word 16 (g G + j) + l, so the
+    """The GEMV kind (M <= 4) of nuq/vq codes in units of G <= 5 words and <= 16 lookups (nuq1-4, vq2,
+    vq3, vq4, vq5; the launcher routes the rest to _codebook_linear_kernel), laid out for the memory
+    system as lowbit._lowbit_gemv_kernel is: a thread owns one unit of 4 consecutive streams l of a
+    group g — unit word j of stream l is row word 16 (g G + j) + l, so the
     4 streams' word j is one 16-byte load (G of them) — and cuts every lookup field of its units at
     compile-time offsets (a field straddling words j, j + 1 joins them); field i of stream l holds
     column g GROUP_COLS + 16 D P i + l D. Each field's value tile times x loaded in the words' layout
     (matmul._word_fma), columns past K (the streams' padding) masked; the row scale once at the end.
     No shared memory or barrier in the K loop (sm_90 cubins)."""
-    tl.static_assert(G <= 4, "units of 5 words (vq2.5, vq5) take _codebook_linear_kernel's GEMV")
+    tl.static_assert(G <= 5, "units of at most 5 words (b / gcd(b, 32) for b <= 10)")
     CODES: tl.constexpr = 32 * G // BITS
     P: tl.constexpr = 2 if PAIR else 1  # codes per lookup
     F: tl.constexpr = P * BITS  # bits per lookup
@@ -264,22 +265,24 @@ def _codebook_gemv_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_ptr
         stream = (qd % 4) * 4 + lane  # [1, QUADS, 4]
         unit = words_ptr + rows + g * (16 * G) + stream  # each stream's unit word 0
         a0 = _unit_word(unit, 0, n_ok & q_ok & (g * G < stream_words))
-        a1, a2, a3 = a0, a0, a0
+        a1, a2, a3, a4 = a0, a0, a0, a0
         if G > 1:
             a1 = _unit_word(unit, 16, n_ok & q_ok & (g * G + 1 < stream_words))
         if G > 2:
             a2 = _unit_word(unit, 32, n_ok & q_ok & (g * G + 2 < stream_words))
         if G > 3:
             a3 = _unit_word(unit, 48, n_ok & q_ok & (g * G + 3 < stream_words))
+        if G > 4:
+            a4 = _unit_word(unit, 64, n_ok & q_ok & (g * G + 4 < stream_words))
         col_base = g * GROUP_COLS + stream * D
         zero = tl.zeros((BLOCK_N, QUADS, 4), dtype=tl.float32)
         zero_x = tl.zeros((1, QUADS, 4), dtype=tl.float32)
         t0, xs0, t1, xs1, t2, xs2, t3, xs3 = zero, zero_x, zero, zero_x, zero, zero_x, zero, zero_x
         for i in tl.static_range(CODES // P):
-            cur = _pick(a0, a1, a2, a3, (i * F) // 32)
+            cur = _pick5(a0, a1, a2, a3, a4, (i * F) // 32)
             nxt = cur
             if (i * F) % 32 + F > 32:  # the field straddles into the next word
-                nxt = _pick(a0, a1, a2, a3, (i * F) // 32 + 1)
+                nxt = _pick5(a0, a1, a2, a3, a4, (i * F) // 32 + 1)
             code = _bits_at(cur, nxt, (i * F) % 32, F).to(tl.int32)
             if TWO:  # two fp32 values in one int64 table entry
                 v0, v1 = _pair_at(tbl_ptr, code)
@@ -304,6 +307,15 @@ def _codebook_gemv_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_ptr
     scale = tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[:, None]
     _gemv_epilogue(acc0 * scale, acc1 * scale, acc2 * scale, acc3 * scale, offs_n, pid_k, M, N, b_ptr, y_ptr,
                    ws_ptr, HAS_BIAS, SPLIT_K, BLOCK_M)
+
+
+@triton.jit
+def _pick5(a0, a1, a2, a3, a4, q: tl.constexpr):
+    """The q-th of five values (q a compile-time index)."""
+    if q == 4:
+        return a4
+    else:
+        return _pick(a0, a1, a2, a3, q)
 
 
 @triton.jit
@@ -508,7 +520,10 @@ def codebook_linear(x, codes, code_bits, table, row_scales, bias=None, *, config
     launch = KernelLaunch(_codebook_linear_kernel, (codes, entries, row_scales),
                           dict(BITS=code_bits, D=d, G=unit_words, PAIR=pair), (words,),
                           k_unit=STREAMS * (32 * unit_words // code_bits) * d)
-    if unit_words <= 4:  # the 16-byte-load GEMV (units of up to 4 words: every width but vq2.5, vq5)
+    lookups = (32 * unit_words // code_bits) // (2 if pair else 1)  # table lookups per unit
+    # the 16-byte-load GEMV: units of up to 5 words and 16 lookups (vq1.5 and vq2.5, 32 pair lookups a
+    # unit, spill 90-280 bytes there at every tile on sm_90: they keep the other GEMV)
+    if unit_words <= 5 and lookups <= 16:
         cols_per_quad = 4 * (32 * unit_words // code_bits) * d
         tiles = quad_tiles(cols_per_quad)
         gemv = KernelLaunch(_codebook_gemv_kernel, (codes, entries, row_scales),

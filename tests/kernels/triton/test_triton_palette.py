@@ -50,8 +50,9 @@ def test_palette_gemv_kernels_every_path(fmt, n, k):
     pal = palette_kernels()
     gen = fresh_gen()
     f, b, w = palette_weights(fmt, n, k, gen)
-    # codebook units of up to 4 words take the 16-byte-load GEMV (5-word ones: test_codebook_gemv_reads_wide_scalar_codes)
-    name = "_tcq_linear_kernel" if fmt.startswith("tcq") else "_codebook_gemv_kernel"
+    # codebook units of up to 16 lookups take the 16-byte-load GEMV; vq1.5's 32 pair lookups the other
+    name = "_tcq_linear_kernel" if fmt.startswith("tcq") else \
+        "_codebook_linear_kernel" if fmt == "vq1.5" else "_codebook_gemv_kernel"
     counter = CountLaunches(getattr(pal, name))
     configs = (dict(BLOCK_N=16, BLOCK_K=16, SPLIT_K=3, num_warps=4, num_stages=2),
                dict(BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=2),
@@ -67,20 +68,27 @@ def test_palette_gemv_kernels_every_path(fmt, n, k):
 
 
 def test_codebook_gemv_reads_wide_scalar_codes():
-    """nuq-style codes wider than the pair tables take (5 bits, d = 1): one fp32 lookup per code, in
-    units of 5 words (_codebook_linear_kernel's GEMV)."""
+    """nuq-style codes wider than the pair tables take, one fp32 lookup per code, in units of 5 words:
+    10 bits (16 lookups a unit: the 16-byte-load GEMV) and 5 bits (32 lookups: _codebook_linear_kernel's
+    GEMV, as vq1.5's and vq2.5's)."""
     from torch_lowbit.core.packing import pack_streams
     gen = fresh_gen()
-    n, k, bits = 23, 700, 5
-    codes = torch.randint(0, 2 ** bits, (n, k), generator=gen)
-    table = torch.randn(2 ** bits, 1, generator=gen)
-    scales = torch.rand(n, generator=gen).add(0.5).half()
-    w = table[codes, 0] * scales.float()[:, None]
-    for m, dtype in ((1, torch.float32), (4, torch.bfloat16)):
-        x = torch.randn(m, k, generator=gen).to(dtype)
-        y = palette_kernels().codebook_linear(x, pack_streams(codes, bits), bits, table, scales,
-                                       config=dict(BLOCK_N=32, BLOCK_K=512, SPLIT_K=2, num_warps=4, num_stages=2))
-        check_palette(x, w, None, y)
+    n, k = 23, 700
+    pal = palette_kernels()
+    for bits, kernel in ((10, "_codebook_gemv_kernel"), (5, "_codebook_linear_kernel")):
+        codes = torch.randint(0, 2 ** bits, (n, k), generator=gen)
+        table = torch.randn(2 ** bits, 1, generator=gen)
+        scales = torch.rand(n, generator=gen).add(0.5).half()
+        w = table[codes, 0] * scales.float()[:, None]
+        counter = CountLaunches(getattr(pal, kernel))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(pal, kernel, counter)
+            for m, dtype in ((1, torch.float32), (4, torch.bfloat16)):
+                x = torch.randn(m, k, generator=gen).to(dtype)
+                y = pal.codebook_linear(x, pack_streams(codes, bits), bits, table, scales,
+                                        config=dict(BLOCK_N=32, BLOCK_K=512, SPLIT_K=2, num_warps=4, num_stages=2))
+                check_palette(x, w, None, y)
+        assert len(counter.grids) == 2, kernel
 
 
 @pytest.mark.parametrize("fmt,n,k", _PALETTE_CASES, ids=lambda v: str(v))
