@@ -28,7 +28,8 @@ from torch_lowbit.core.packing import GCB_CODE_BITS, STREAM_CODE_BITS
 from torch_lowbit.core.packing import GCB_SUBGROUP as SUBGROUP  # weights per gcb sub-group byte
 
 from .matmul import (WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _bits_at, _epilogue, _fma_or_dot,
-                     _gemv_epilogue, _group_dequant_kernel, _k_slice, _lookup, _tiles, _unit_words, _window, _word_fma,
+                     _gemv_accumulators, _gemv_epilogue, _group_dequant_kernel, _k_slice, _lookup, _tiles,
+                     _unit_words, _window, _word_fma,
                      check_device, check_x, dequant_launch, derived, linear_launch, quad_tiles, table_form)
 
 _SUBGROUP = tl.constexpr(SUBGROUP)  # jit code reads only constexpr globals (the interpreter does not check)
@@ -221,10 +222,7 @@ def _lowbit_gemv_kernel(x_ptr, words_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, 
     w_begin, w_end = _k_slice(pid_k, ROW_WORDS, SPLIT_K, 4 * QUADS)  # in words
     rows = offs_n[:, None, None].to(tl.int64)
     quad = tl.arange(0, QUADS)[None, :, None] * 4 + tl.arange(0, 4)[None, None, :]  # [1, QUADS, 4]
-    acc0 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)  # one accumulator per x row
-    acc1 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)
-    acc3 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)
+    acc0, acc1, acc2, acc3 = _gemv_accumulators(BLOCK_N, QUADS)  # one per x row
     for w0 in range(w_begin, w_end, 4 * QUADS):
         w = w0 + quad
         w_ok = w < w_end

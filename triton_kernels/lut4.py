@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .matmul import WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _epilogue, _fma_or_dot, _gemv_epilogue, \
-    _k_slice, _tiles, _word_fma, check_device, check_x, dequant_launch, linear_launch, table_form
+from .matmul import WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _epilogue, _fma_or_dot, _gemv_accumulators, \
+    _gemv_epilogue, _k_slice, _tiles, _word_fma, check_device, check_x, dequant_launch, linear_launch, table_form
 
 
 @triton.jit
@@ -207,10 +207,7 @@ def _lut4_gemv_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_pt
     word_rows = offs_n[:, None, None].to(tl.int64) * ROW_WORDS
     group_rows = offs_n[:, None].to(tl.int64) * ROW_GROUPS
     quad = tl.arange(0, 4)[None, None, :]
-    acc0 = tl.zeros((BLOCK_N, RUNS), dtype=tl.float32)  # one accumulator per x row
-    acc1 = tl.zeros((BLOCK_N, RUNS), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_N, RUNS), dtype=tl.float32)
-    acc3 = tl.zeros((BLOCK_N, RUNS), dtype=tl.float32)
+    acc0, acc1, acc2, acc3 = _gemv_accumulators(BLOCK_N, RUNS)  # one per x row
     for r0 in range(r_begin, r_end, RUNS):
         run = r0 + tl.arange(0, RUNS)
         r_ok = run < r_end

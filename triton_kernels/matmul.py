@@ -182,6 +182,13 @@ def _word_fma(f, x_ptr, ROW: tl.constexpr, K, M, col, ok, t, xs):
 
 
 @triton.jit
+def _gemv_accumulators(BLOCK_N: tl.constexpr, STEPS: tl.constexpr):
+    """The 16-byte-load GEMVs' accumulators: fp32 zeros [BLOCK_N, STEPS], one per x row (up to 4)."""
+    zero = tl.zeros((BLOCK_N, STEPS), dtype=tl.float32)
+    return zero, zero, zero, zero
+
+
+@triton.jit
 def _gemv_epilogue(acc0, acc1, acc2, acc3, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS: tl.constexpr,
                    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr):
     """_epilogue of the 16-byte-load GEMVs' per-row accumulators [BLOCK_N, steps] (x rows 0..BLOCK_M-1),

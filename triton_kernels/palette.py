@@ -45,7 +45,8 @@ import triton.language as tl
 from torch_lowbit.core import tcq_codes as tcq
 
 from .matmul import (WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _bits_at, _epilogue, _fma_or_dot,
-                     _gemv_epilogue, _k_slice, _lookup, _store_tile, _tiles, _unit_words, _window, _word_fma,
+                     _gemv_accumulators, _gemv_epilogue, _k_slice, _lookup, _store_tile, _tiles, _unit_words,
+                     _window, _word_fma,
                      check_device, check_x, dequant_launch, derived, linear_launch, pair_table, quad_tiles)
 
 # The 1mad code's constants (torch_lowbit/core/tcq_codes.py); jit code reads only constexpr globals.
@@ -254,10 +255,7 @@ def _codebook_gemv_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_ptr
     q_begin, q_end = _k_slice(pid_k, row_quads, SPLIT_K, QUADS)  # in quads
     rows = offs_n[:, None, None].to(tl.int64) * ROW_WORDS
     lane = tl.arange(0, 4)[None, None, :]
-    acc0 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)  # one accumulator per x row
-    acc1 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)
-    acc3 = tl.zeros((BLOCK_N, QUADS), dtype=tl.float32)
+    acc0, acc1, acc2, acc3 = _gemv_accumulators(BLOCK_N, QUADS)  # one per x row
     for qd0 in range(q_begin, q_end, QUADS):
         qd = qd0 + tl.arange(0, QUADS)[None, :, None]
         q_ok = qd < q_end  # constant over a quad's 4 streams: the loads vectorize
