@@ -194,7 +194,7 @@ def _lut4_gemv_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_pt
     memory system: a thread owns whole 32-code runs (4 int32 words: one 16-byte load per row and run,
     consecutive threads on consecutive runs of a row, so a warp's loads are contiguous), decodes each
     word's bytes with _byte_values (AFFINE: the mantissa trick, else the table) and multiplies them
-    with x loaded in the words' own register layout (_x_byte_columns): no shared memory, no barrier in
+    with x loaded in the words' own register layout (_byte_fma): no shared memory, no barrier in
     the K loop (sm_90 cubin: tools/triton_compile_check). The group scale (and min) is applied once
     per row and run (GROUP >= 32), the sum across threads once after the loop. A K step is BLOCK_K / 32
     runs; split-K slices are whole steps (matmul._epilogue's partials)."""
@@ -244,6 +244,7 @@ def _lut4_gemv_kernel(x_ptr, qw_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_pt
             acc2 += _run_total(t_lo2, t_hi2, xs_lo2, xs_hi2, scale, low, AFFINE, LUT_A, LUT_B, HAS_MIN)
             acc3 += _run_total(t_lo3, t_hi3, xs_lo3, xs_hi3, scale, low, AFFINE, LUT_A, LUT_B, HAS_MIN)
     _gemv_epilogue(acc0, acc1, acc2, acc3, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K, BLOCK_M)
+
 
 # The GEMV's (BLOCK_N, BLOCK_K, num_warps) space: BLOCK_K / 32 runs a K step and thread; up to 16 runs a
 # step the x tiles share the words' layout (32 put a conversion through shared memory back, sm_90).
