@@ -74,7 +74,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("built_torch_version", []() { return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR); },
         "The torch major.minor this extension was compiled against (its ABI)");
   m.def("threading", [] { return std::string(torch_lowbit::uses_own_thread_pool() ? "pool" : "openmp"); },
-        "How the CPU kernels are threaded: pool (TORCH_LOWBIT_THREADS / OMP_WAIT_POLICY=passive) or openmp");
+        "How the CPU kernels are threaded now: pool or openmp");
+  m.def("pool_threads", &torch_lowbit::pool_threads, "The pool's thread count (0: torch.get_num_threads())");
+  m.def("set_threading", &torch_lowbit::set_threading, "Choose the CPU kernels' scheduler (pool or openmp) and the "
+        "pool's thread count (0: follow torch); torch_lowbit.set_num_threads is the public call");
   m.def("cpu_has_avx_vnni", &torch_lowbit::cpu_has_avx_vnni, "AVX-VNNI (vpdpbusd on ymm: the avxvnni path)");
   m.def("cpu_has_avx512_vnni", &torch_lowbit::cpu_has_avx512_vnni, "AVX-512 VNNI (int8 kernels of the avx512 path)");
   m.def("cpu_has_avx512_vbmi", &torch_lowbit::cpu_has_avx512_vbmi, "AVX-512 VBMI (palette kernels of the avx512 path)");

@@ -8,6 +8,7 @@
     tl.save_quantized(model, "m.safetensors"); tl.load_quantized(skeleton, "m.safetensors")
     model, tok = tl.from_gguf("m.Q4_0.gguf"); tl.to_gguf(model, "out.gguf")   # llama.cpp files, blocks kept
     with tl.use_backend("reference"): ...          # pure torch; "cpu" compiled kernels; "triton"
+    tl.set_num_threads(2)                          # the CPU kernels' threads (work-claiming pool)
     tl.CompiledGenerator(model).generate(ids, 64)  # static KV cache + torch.compile'd steps
     tl.rotate_(model, seed=0)                      # QuaRot: fold norms, Hadamard-rotate (function unchanged)
     tl.QuantizedKVCache(model.config, 1024, bits=4)  # int4 KV cache (needs transformers)
@@ -20,7 +21,7 @@ from .formats import (IQ4_NL, NUQ, VQ, Format, PaletteFormat, Int4, IntAsym, Int
 from .generation import CompiledGenerator
 from .io import CheckpointError, GGUFError, from_gguf, load_quantized, save_quantized, to_gguf
 from .nn import ActQuantLinear, quantize_activations_, MixedBits, ProjectionSlot, QuantEmbedding, QuantLinear, allocate_formats, quantize_, quantize_embeddings_
-from .ops import current_backend, use_backend
+from .ops import current_backend, get_num_threads, set_num_threads, threading_info, use_backend
 from . import rotations  # noqa: F401  (Hadamard rotations; registers torch_lowbit::hadamard_transform impls)
 from .rotations import rotate_, smooth_down_proj_
 from .quarot import QuaRot
@@ -28,7 +29,7 @@ from .quarot import QuaRot
 from .version import __version__
 
 __all__ = ["Format", "ScalarCodebookFormat", "PaletteFormat", "Int4", "IntAsym", "IntSym", "Q4_0", "Q8_0", "IQ4_NL", "NUQ", "VQ", "formats", "get_format", "register_format", "format_from_json",
-           "QuantLinear", "QuantEmbedding", "ProjectionSlot", "quantize_", "quantize_embeddings_", "allocate_formats", "MixedBits", "use_backend", "current_backend",
+           "QuantLinear", "QuantEmbedding", "ProjectionSlot", "quantize_", "quantize_embeddings_", "allocate_formats", "MixedBits", "use_backend", "current_backend", "set_num_threads", "get_num_threads", "threading_info",
            "save_quantized", "load_quantized", "CheckpointError", "from_gguf", "to_gguf", "GGUFError", "CompiledGenerator", "rotate_", "smooth_down_proj_", "quantize_activations_", "ActQuantLinear", "QuantizedKVCache", "QuantizedKVLayer", "QuaRot", "__version__"]
 
 

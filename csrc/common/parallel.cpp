@@ -41,7 +41,13 @@ constexpr uint32_t kClosed = 0xFFFFFFFFu;
 constexpr int64_t kChunksPerThread = 4;  // slack for a thread that is descheduled mid-job
 // How long an idle worker spins for the next job before it sleeps: a decode step calls a kernel
 // every ~50-200 µs, and waking a sleeping thread costs tens of µs.
-constexpr auto kWorkerSpin = std::chrono::microseconds(100);
+std::chrono::microseconds worker_spin() {
+  static const auto spin = [] {
+    const char* v = std::getenv("TORCH_LOWBIT_POOL_SPIN_US");
+    return std::chrono::microseconds(v ? std::strtol(v, nullptr, 10) : 100);
+  }();
+  return spin;
+}
 
 class Pool {
  public:
@@ -111,7 +117,7 @@ class Pool {
   void worker() {
     uint32_t seen = static_cast<uint32_t>(claim_.load() >> 32);
     for (;;) {
-      const auto spin_until = std::chrono::steady_clock::now() + kWorkerSpin;
+      const auto spin_until = std::chrono::steady_clock::now() + worker_spin();
       int spins = 0;
       while (static_cast<uint32_t>(claim_.load() >> 32) == seen && !stop_.load()) {
         cpu_relax();
@@ -165,22 +171,10 @@ Pool* pool_with(int workers) {
   return pool;
 }
 
-bool use_pool_from_env() {
-  auto lower = [](const char* v) {
-    std::string s = v ? v : "";
-    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    return s;
-  };
-  const std::string mode = lower(std::getenv("TORCH_LOWBIT_THREADS"));
-  if (mode == "pool") return true;
-  if (mode == "openmp") {
-    TORCH_CHECK(!std::getenv("TORCH_LOWBIT_POOL_THREADS"), "torch_lowbit: TORCH_LOWBIT_POOL_THREADS sizes the "
-                "pool, which TORCH_LOWBIT_THREADS=openmp turns off; unset one of them");
-    return false;
-  }
-  TORCH_CHECK(mode.empty() || mode == "auto", "torch_lowbit: unknown TORCH_LOWBIT_THREADS '", mode,
-              "'; choose one of auto, pool, openmp");
-  return std::getenv("TORCH_LOWBIT_POOL_THREADS") || lower(std::getenv("OMP_WAIT_POLICY")) == "passive";
+std::string lower(const char* v) {
+  std::string s = v ? v : "";
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
 }
 
 // TORCH_LOWBIT_POOL_THREADS=N: the pool runs the kernels on N threads whatever torch's own count, so
@@ -196,19 +190,51 @@ int64_t pool_threads_from_env() {
   return n;
 }
 
+// The settings, read from the environment on first use and changed by set_threading afterwards.
+struct Settings {
+  std::atomic<bool> pool;
+  std::atomic<int64_t> pool_threads;  // 0: follow at::get_num_threads()
+};
+
+Settings& settings() {
+  static Settings s = [] {
+    const std::string mode = lower(std::getenv("TORCH_LOWBIT_THREADS"));
+    const int64_t threads = pool_threads_from_env();
+    TORCH_CHECK(mode.empty() || mode == "auto" || mode == "pool" || mode == "openmp", "torch_lowbit: unknown "
+                "TORCH_LOWBIT_THREADS '", mode, "'; choose one of auto, pool, openmp");
+    TORCH_CHECK(!(mode == "openmp" && threads > 0), "torch_lowbit: TORCH_LOWBIT_POOL_THREADS sizes the pool, which "
+                "TORCH_LOWBIT_THREADS=openmp turns off; unset one of them");
+    const bool pool = mode == "pool" || (mode != "openmp" && (threads > 0 ||
+                                                               lower(std::getenv("OMP_WAIT_POLICY")) == "passive"));
+    return Settings{{pool}, {threads}};
+  }();
+  return s;
+}
+
 }  // namespace
 
-bool uses_own_thread_pool() {
-  static const bool pool = use_pool_from_env();
-  return pool;
+bool uses_own_thread_pool() { return settings().pool.load(std::memory_order_relaxed); }
+
+int64_t pool_threads() { return settings().pool_threads.load(std::memory_order_relaxed); }
+
+void set_threading(const std::string& scheduler, int64_t threads) {
+  const std::string mode = lower(scheduler.c_str());
+  TORCH_CHECK(mode == "pool" || mode == "openmp", "torch_lowbit: unknown scheduler '", scheduler,
+              "'; choose pool or openmp");
+  TORCH_CHECK(threads >= 0 && threads <= 1024, "torch_lowbit: threads must be 0 (follow torch.get_num_threads()) "
+              "or a count from 1 to 1024, got ", threads);
+  TORCH_CHECK(mode == "pool" || threads == 0, "torch_lowbit: the openmp scheduler runs on torch's threads "
+              "(torch.set_num_threads); pass threads=0 or choose the pool");
+  settings().pool_threads.store(threads);
+  settings().pool.store(mode == "pool");
 }
 
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const RangeFn& f) {
   if (begin >= end) return;
   if (!uses_own_thread_pool()) return at::parallel_for(begin, end, grain, f);
-  static const int64_t pool_threads = pool_threads_from_env();
+  const int64_t fixed = pool_threads();
   const int64_t range = end - begin,
-                threads = at::in_parallel_region() ? 1 : pool_threads > 0 ? pool_threads : at::get_num_threads();
+                threads = at::in_parallel_region() ? 1 : fixed > 0 ? fixed : at::get_num_threads();
   grain = std::max<int64_t>(grain, 1);
   const int64_t chunk = std::max(grain, (range + threads * kChunksPerThread - 1) / (threads * kChunksPerThread));
   const int64_t chunks = (range + chunk - 1) / chunk;

@@ -22,6 +22,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <string>
 
 namespace torch_lowbit {
 
@@ -33,7 +34,15 @@ using RangeFn = std::function<void(int64_t, int64_t)>;
 // call is using the pool.
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const RangeFn& f);
 
-// Whether parallel_for uses the pool (else at::parallel_for); decided once from the environment.
+// Whether parallel_for uses the pool (else at::parallel_for): from the environment on first use
+// (TORCH_LOWBIT_THREADS, TORCH_LOWBIT_POOL_THREADS, OMP_WAIT_POLICY), then as set_threading sets it.
 bool uses_own_thread_pool();
+
+// The pool's thread count; 0: at::get_num_threads() (what torch uses).
+int64_t pool_threads();
+
+// scheduler "pool" (threads: 0 follows torch, N fixes the count) or "openmp" (threads must be 0).
+// Takes effect at the next kernel call; the Python side is torch_lowbit.set_num_threads.
+void set_threading(const std::string& scheduler, int64_t threads);
 
 }  // namespace torch_lowbit

@@ -9,8 +9,9 @@ from . import attention, gcb, lowbit, lut4, lut_i8, palette, q4x  # noqa: F401  
 from ._common import Backend, OpCall
 from .backend import BACKENDS, current_backend, resolve_backend, use_backend
 from .extension import cpu_extension, cpu_model, has_cpu_extension
+from .threads import get_num_threads, set_num_threads, threading_info
 
 FAMILIES = (attention, gcb, lowbit, lut4, lut_i8, palette, q4x)  # the op family modules (tools/format_index.py)
 
 __all__ = ["BACKENDS", "Backend", "FAMILIES", "OpCall", "cpu_extension", "cpu_model", "current_backend",
-           "has_cpu_extension", "resolve_backend", "use_backend"]
+           "get_num_threads", "has_cpu_extension", "resolve_backend", "set_num_threads", "threading_info", "use_backend"]
