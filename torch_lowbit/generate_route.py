@@ -42,6 +42,7 @@ class _GeneratorSlot:
 
     def __init__(self):
         self.generators: dict = {}
+        self.architecture: dict = {}  # compile flag -> why the fast route cannot run the model (None: it can)
         self.logged: set = set()
 
     def __reduce__(self):
@@ -209,10 +210,15 @@ def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: Optional[int] 
     defaults = GenerationConfig._get_default_generation_params()
     if config.do_sample:
         check_sampling(config.temperature, config.top_k, config.top_p)
+    elif seed is not None or generator is not None:
+        raise ValueError("seed and generator only apply to sampling: pass do_sample=True as well")
     max_new_tokens = _resolved_max_new_tokens(model, config, options, max_new_tokens, input_ids.shape[1])
     mask = model_kwargs.get("attention_mask")
     device = _device_of(model)
-    reason = (_architecture_refusal(model, compile) or _device_refusal(device, input_ids.device, compile)
+    known = _slot(model).architecture
+    if compile not in known:  # what the model class says of itself does not change between calls
+        known[compile] = _architecture_refusal(model, compile)
+    reason = (known[compile] or _device_refusal(device, input_ids.device, compile)
               or _option_refusal(config, model_kwargs, defaults)
               or ("attention_mask has zeros (padded rows); the fast route runs unpadded rows"
                   if mask is not None and not bool(mask.bool().all()) else None))

@@ -21,8 +21,8 @@ def check_sampling(temperature: Optional[float] = None, top_k: Optional[int] = N
     """ValueError naming the fix for an argument no sampler can use (None: not given)."""
     if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
                                     or not math.isfinite(temperature) or temperature <= 0):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r} (for greedy decoding "
-                         "leave do_sample off instead of temperature=0)")
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r} (greedy decoding, "
+                         "the default when not sampling, needs no temperature)")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
         raise ValueError(f"top_k must be an int >= 0 (0 keeps every token), got {top_k!r}")
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):

@@ -1,6 +1,9 @@
 """CompiledGenerator: a static KV cache and torch.compile'd (fullgraph) prefill/decode steps give the
 tokens of transformers' own greedy generate, compile once (no recompilation per token or per prompt
-length), and run the torch_lowbit int8 CPU kernels inside the compiled graph."""
+length), and run the torch_lowbit int8 CPU kernels inside the compiled graph; sampling and streamers;
+torch_lowbit.generate's fast route and its fallback to model.generate."""
+import copy
+
 import pytest
 import torch
 
@@ -227,6 +230,8 @@ def test_sampling_and_streamer_arguments_are_checked(quantized_tiny):
             gen.generate(ids, **{"max_new_tokens": 2, **kwargs})
     with pytest.raises(ValueError, match="temperature must be"):
         tl.generate(quantized_tiny, ids, max_new_tokens=2, compile=False, do_sample=True, temperature=-1.0)
+    with pytest.raises(ValueError, match="pass do_sample=True"):
+        tl.generate(quantized_tiny, ids, max_new_tokens=2, compile=False, seed=3)
     with pytest.raises(TypeError, match="transformers causal LM"):
         tl.generate(torch.nn.Linear(2, 2), ids)
 
@@ -241,6 +246,9 @@ def test_generate_takes_the_fast_route_and_reuses_its_generator(quantized_tiny, 
     assert torch.equal(got, quantized_tiny.generate(ids, max_new_tokens=9, do_sample=False)) and torch.equal(again, got)
     assert times.new_tokens == got.shape[1] - 6 == len(times.per_token_s) + 1  # the compiled loop's own times
     assert quantized_tiny._lowbit_generators.generators[(False, torch.device("cpu"))] is first  # cached
+    copied = copy.deepcopy(quantized_tiny)  # a copy starts without the original's generators (and graphs)
+    assert not copied._lowbit_generators.generators
+    assert torch.equal(tl.generate(copied, ids, max_new_tokens=9, compile=False), got)
 
 
 @pytest.mark.parametrize("options, reason", [
