@@ -150,10 +150,10 @@ def cmd_demo(args) -> None:
             (f" + {args.embedding} embedding/head" if args.embedding != "none" else "")
     compile = not args.no_compile
     route = "torch_lowbit.generate, compiled" if compile else "torch_lowbit.generate, eager loop"
+    q_ppl = ppl_of(qmodel)
     if compile:
         print("generating on the fast route: its first call compiles the prefill and decode steps (about 2 "
               "minutes on 2 cores); the timed calls after it reuse the graphs...", flush=True)
-    q_ppl = ppl_of(qmodel)
     # eos_token_id=None: every run decodes all n tokens, as the fp32 row's min_new_tokens makes it
     q_decode = add_row(label, route, model_nbytes(qmodel)["total"] / 1e6, q_ppl, timed(
         lambda: generate(qmodel, ids, n, compile=compile, eos_token_id=None, return_times=True)))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import numbers
 import time
 from typing import Optional
 
@@ -117,9 +118,9 @@ def _resolved_max_new_tokens(model, config, options: dict, max_new_tokens: Optio
             max_new_tokens = config.max_length - prompt_len
         else:
             max_new_tokens = DEFAULT_NEW_TOKENS
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r} (a prompt of {prompt_len} "
-                         "tokens with max_length leaves none?)")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}; max_length counts the prompt "
+                         f"({prompt_len} tokens) too: pass max_new_tokens instead")
     return max_new_tokens
 
 

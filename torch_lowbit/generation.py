@@ -16,6 +16,7 @@ stopping criteria, cache bookkeeping) costs as much as a small model's whole for
 from __future__ import annotations
 
 import contextlib
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
@@ -271,7 +272,7 @@ class CompiledGenerator:
         the prompt ([batch, prompt]), then each new token ([batch]), then end()."""
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
             raise ValueError("input_ids must be a [batch, seq] LongTensor (tokenizer(..., return_tensors='pt').input_ids)")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         n = input_ids.shape[1]
         if n + max_new_tokens > self.max_cache_len:
