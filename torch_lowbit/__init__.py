@@ -9,6 +9,7 @@
     model, tok = tl.from_gguf("m.Q4_0.gguf"); tl.to_gguf(model, "out.gguf")   # llama.cpp files, blocks kept
     with tl.use_backend("reference"): ...          # pure torch; "cpu" compiled kernels; "triton"
     tl.set_num_threads(2)                          # the CPU kernels' threads (work-claiming pool)
+    tl.generate(model, ids, max_new_tokens=64)      # the fast route (falls back to model.generate, says why)
     tl.CompiledGenerator(model).generate(ids, 64)  # static KV cache + torch.compile'd steps
     tl.rotate_(model, seed=0)                      # QuaRot: fold norms, Hadamard-rotate (function unchanged)
     tl.QuantizedKVCache(model.config, 1024, bits=4)  # int4 KV cache (needs transformers)
@@ -18,7 +19,8 @@ from . import layouts as _layouts  # noqa: F401  (registers layouts)
 from . import ops as _ops  # noqa: F401  (the op table, the C++ extension where built, fake/CUDA impls)
 from .formats import (IQ4_NL, NUQ, VQ, Format, PaletteFormat, Int4, IntAsym, IntSym, Q4_0, Q8_0, ScalarCodebookFormat,
                       format_from_json, formats, get_format, register_format)
-from .generation import CompiledGenerator
+from .generation import CompiledGenerator, GenerationTimes
+from .generate_route import generate
 from .io import CheckpointError, GGUFError, from_gguf, load_quantized, save_quantized, to_gguf
 from .nn import ActQuantLinear, quantize_activations_, MixedBits, ProjectionSlot, QuantEmbedding, QuantLinear, allocate_formats, quantize_, quantize_embeddings_
 from .ops import current_backend, get_num_threads, set_num_threads, threading_info, use_backend
@@ -30,7 +32,7 @@ from .version import __version__
 
 __all__ = ["Format", "ScalarCodebookFormat", "PaletteFormat", "Int4", "IntAsym", "IntSym", "Q4_0", "Q8_0", "IQ4_NL", "NUQ", "VQ", "formats", "get_format", "register_format", "format_from_json",
            "QuantLinear", "QuantEmbedding", "ProjectionSlot", "quantize_", "quantize_embeddings_", "allocate_formats", "MixedBits", "use_backend", "current_backend", "set_num_threads", "get_num_threads", "threading_info",
-           "save_quantized", "load_quantized", "CheckpointError", "from_gguf", "to_gguf", "GGUFError", "CompiledGenerator", "rotate_", "smooth_down_proj_", "quantize_activations_", "ActQuantLinear", "QuantizedKVCache", "QuantizedKVLayer", "QuaRot", "__version__"]
+           "save_quantized", "load_quantized", "CheckpointError", "from_gguf", "to_gguf", "GGUFError", "CompiledGenerator", "GenerationTimes", "generate", "rotate_", "smooth_down_proj_", "quantize_activations_", "ActQuantLinear", "QuantizedKVCache", "QuantizedKVLayer", "QuaRot", "__version__"]
 
 
 def __getattr__(name):  # the KV cache subclasses transformers' Cache: imported only when asked for

@@ -1,4 +1,4 @@
-"""Command line: python -m torch_lowbit {demo,quantize,eval,bench,formats,lm-eval,lm-eval-tasks}."""
+"""Command line: python -m torch_lowbit {demo,generate,quantize,eval,bench,formats,gcb-learn,lm-eval,lm-eval-tasks}."""
 from __future__ import annotations
 
 import argparse
@@ -88,38 +88,155 @@ def _format_label(args) -> str:
     return f"mix {'+'.join(args.mix)} @ {args.target_bpw} bpw" if args.mix else args.format
 
 
+def _median(values) -> float:
+    import statistics
+    return statistics.median(values)
+
+
+def _kernel_line(threads: int) -> str:
+    """Which CPU ISA path and how many threads ran: numbers from other paths are not comparable."""
+    from .ops.extension import has_cpu_extension
+    if not has_cpu_extension():
+        return f"CPU kernels: none (build-free install: torch references), {threads} threads"
+    from .bench.machine import machine_line
+    return f"{machine_line()}; {threads} threads"
+
+
 def cmd_demo(args) -> None:
-    """The main job: SmolLM2 before/after quantization: size, perplexity, decode tokens/s."""
+    """The main job: SmolLM2 in fp32 as transformers runs it (eager, model.generate) next to the
+    quantized model (q8_0 embedding/head) on the fast route (torch_lowbit.generate), and llama.cpp
+    on the bundled GGUF when llama-cpp-python is installed: size, perplexity, prefill and decode tok/s."""
+    import torch
+
+    from .bench.e2e import LLAMA_CPP_LABEL, LLAMA_CPP_MISSING, llama_cpp_available, time_llama_cpp
     from .eval import perplexity, wiki_text
-    from .eval.speed import decode_tokens_per_s, model_nbytes
+    from .eval.assets import smollm2_gguf
+    from .eval.speed import model_nbytes, prompt_ids
+    from .generate_route import generate, timed_transformers_generate
+    from .nn import quantize_embeddings_
     print("loading SmolLM2-135M-Instruct (converted once from the bundled GGUF, then cached)...", flush=True)
     model, tok = _load_model("smollm2")
-    text = wiki_text(400)
+    threads = torch.get_num_threads()
+    print(_kernel_line(threads), flush=True)
+    text, ids, n = wiki_text(400), prompt_ids(tok, args.prompt_tokens), args.gen
     rows = []
 
-    def measure(label, m):
-        t0 = time.time()
-        ppl = perplexity(m, tok, text, ctx=args.ctx, max_tokens=args.tokens, kv_cache=_kv_cache_factory(m, args.ctx))
-        tps = decode_tokens_per_s(m, tok, new_tokens=args.gen)
-        size = model_nbytes(m)
-        rows.append([label, f"{size['total'] / 1e6:.1f}", f"{size['linear'] / 1e6:.1f}", f"{ppl:.3f}",
-                     f"{tps:.1f}"])
-        print(f"  {label}: ppl {ppl:.3f}, {tps:.1f} tok/s ({time.time() - t0:.0f}s)", flush=True)
-        return ppl
+    def add_row(label, route, mb, ppl, runs):
+        prefill, decode = _median([t.prefill_tokens_per_s for t in runs]), _median([t.decode_tokens_per_s for t in runs])
+        rows.append([label, route, f"{mb:.1f}", ppl, f"{prefill:.1f}", f"{decode:.1f}"])
+        print(f"  {label} ({route}): perplexity {ppl}, prefill {prefill:.1f} tok/s, decode {decode:.1f} tok/s",
+              flush=True)
+        return decode
 
-    base = measure("fp32", model)
+    def timed(run):
+        run()  # warm-up (on the fast route: the compile)
+        return [run()[1] for _ in range(args.repeats)]
+
+    def ppl_of(m):
+        return f"{perplexity(m, tok, text, ctx=args.ctx, max_tokens=args.tokens, kv_cache=_kv_cache_factory(m, args.ctx)):.3f}"
+
+    print("fp32, as transformers runs it (eager model.generate)...", flush=True)
+    base_ppl = ppl_of(model)
+    base_decode = add_row("fp32", "transformers eager", model_nbytes(model)["total"] / 1e6, base_ppl, timed(
+        lambda: timed_transformers_generate(model, ids, n, min_new_tokens=n, do_sample=False)))
     qmodel = copy.deepcopy(model)
     t0 = time.time()
     _quantize(qmodel, tok, args)
+    if args.embedding != "none":
+        quantize_embeddings_(qmodel, args.embedding)
     qt = time.time() - t0
     label = f"{_format_label(args)} ({args.rounding}{f', {args.calib} calib windows' if args.rounding != 'rtn' else ''}" \
-            f"{', lm_head too' if args.include_lm_head else ''})"
-    q = measure(label, qmodel)
+            f"{', lm_head too' if args.include_lm_head else ''})" + \
+            (f" + {args.embedding} embedding/head" if args.embedding != "none" else "")
+    compile = not args.no_compile
+    route = "torch_lowbit.generate, compiled" if compile else "torch_lowbit.generate, eager loop"
+    q_ppl = ppl_of(qmodel)
+    if compile:
+        print("generating on the fast route: its first call compiles the prefill and decode steps (about 2 "
+              "minutes on 2 cores); the timed calls after it reuse the graphs...", flush=True)
+    # eos_token_id=None: every run decodes all n tokens, as the fp32 row's min_new_tokens makes it
+    q_decode = add_row(label, route, model_nbytes(qmodel)["total"] / 1e6, q_ppl, timed(
+        lambda: generate(qmodel, ids, n, compile=compile, eos_token_id=None, return_times=True)))
+    sample = generate(qmodel, tok("The three laws of thermodynamics", return_tensors="pt").input_ids, 24,
+                      compile=compile)
+    peer = None
+    if llama_cpp_available():
+        print("llama.cpp on the bundled GGUF file, same prompt ids and threads...", flush=True)
+        prefill, decode = time_llama_cpp(ids[0].tolist(), n, threads, args.repeats)
+        peer = [LLAMA_CPP_LABEL, "llama.cpp", f"{smollm2_gguf().stat().st_size / 1e6:.1f}", "-",
+                f"{_median(prefill):.1f}", f"{_median(decode):.1f}"]
+        rows.insert(0, peer)
     print()
-    print(f"SmolLM2-135M-Instruct, first {args.tokens} Wikipedia tokens, ctx {args.ctx}; decode = greedy "
-          f"{args.gen} new tokens, batch 1, {__import__('torch').get_num_threads()} threads; quantization took {qt:.0f}s")
-    print(markdown_table(["model", "size MB (all)", "linear weights MB", "perplexity", "decode tok/s"], rows))
-    print(f"perplexity change: {100 * (q / base - 1):+.1f}%")
+    print(f"SmolLM2-135M-Instruct; perplexity: first {args.tokens} Wikipedia tokens, ctx {args.ctx}; speed: a "
+          f"{args.prompt_tokens}-token prompt, {n} greedy new tokens, batch 1, median of {args.repeats} runs; "
+          f"quantization took {qt:.0f}s")
+    print(_kernel_line(threads))
+    print(markdown_table(["model", "route", "size MB", "perplexity", "prefill tok/s", "decode tok/s"], rows))
+    print(f"perplexity change: {100 * (float(q_ppl) / float(base_ppl) - 1):+.1f}%; decode {q_decode / base_decode:.2f}x "
+          f"fp32's" + (f", {q_decode / float(peer[5]):.2f}x llama.cpp's" if peer else ""))
+    if peer is None:
+        print(f"llama.cpp: {LLAMA_CPP_MISSING}")
+    print(f"sample ({label}): {tok.decode(sample[0], skip_special_tokens=True)!r}")
+
+
+def _load_for_generation(args):
+    """(model, tokenizer) of the generate command's MODEL: a .gguf file, a save_quantized .safetensors
+    file (of --base), 'smollm2' or a Hugging Face folder (a torch_lowbit one too); --format quantizes it."""
+    from .io import from_gguf
+    from .nn import QuantLinear, quantize_, quantize_embeddings_
+    spec = args.model
+    if spec.endswith(".gguf"):
+        model, tok = from_gguf(spec)
+    elif spec.endswith(".safetensors"):
+        model, tok = _load_checkpoint(spec, args.base)
+    else:
+        model, tok = _load_model(spec)
+    if tok is None:
+        raise CliError(f"{spec}: no tokenizer found with the model; generate needs one")
+    if args.format:
+        if any(isinstance(m, QuantLinear) for m in model.modules()):
+            raise CliError(f"--format {args.format}: {spec} is already quantized; --format quantizes a float model")
+        fmt, _, embedding = args.format.partition("+")
+        print(f"quantizing to {fmt} (rtn){f' + {embedding} embedding/head' if embedding else ''}...", file=sys.stderr,
+              flush=True)
+        quantize_(model, fmt, progress=False)
+        if embedding:
+            quantize_embeddings_(model, embedding)
+    return model.eval(), tok
+
+
+def _prompt_ids(tok, prompt: str, raw: bool):
+    """The prompt's ids: as a user turn of the tokenizer's chat template (with the assistant's turn
+    opened) when it has one, else (or with --raw) the text as it is."""
+    if not raw and getattr(tok, "chat_template", None):
+        text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                       add_generation_prompt=True)
+        return tok(text, return_tensors="pt", add_special_tokens=False).input_ids
+    return tok(prompt, return_tensors="pt").input_ids
+
+
+def cmd_generate(args) -> None:
+    """Streams the model's continuation of --prompt to stdout (torch_lowbit.generate: the fast route
+    or, saying why, model.generate); prefill and decode tok/s to stderr."""
+    from transformers import TextStreamer
+
+    from .generate_route import generate
+    print(f"loading {args.model}...", file=sys.stderr, flush=True)
+    model, tok = _load_for_generation(args)
+    ids = _prompt_ids(tok, args.prompt, args.raw)
+    sampling = {k: v for k, v in (("temperature", args.temperature), ("top_k", args.top_k), ("top_p", args.top_p))
+                if v is not None}
+    options = dict(do_sample=True, **sampling) if sampling else dict(do_sample=False)
+    if model.generation_config.eos_token_id is None and tok.eos_token_id is not None:
+        options["eos_token_id"] = tok.eos_token_id
+    if not args.no_compile:
+        print("the first call compiles the prefill and decode steps (a minute or more on a small CPU)...",
+              file=sys.stderr, flush=True)
+    out, times = generate(model, ids, args.max_new_tokens, compile=not args.no_compile, seed=args.seed,
+                          streamer=TextStreamer(tok, skip_prompt=not args.raw, skip_special_tokens=True),
+                          return_times=True, **options)
+    print(f"prefill {times.prefill_tokens_per_s:.1f} tok/s ({times.prompt_tokens} prompt tokens), decode "
+          f"{times.decode_tokens_per_s:.1f} tok/s ({out.shape[1] - ids.shape[1]} new tokens)", file=sys.stderr)
 
 
 def cmd_quantize(args) -> None:
@@ -267,11 +384,38 @@ def main(argv=None) -> None:
                         "calibration): errors weighted by the loss's squared gradients; output: by the layer "
                         "inputs' E[x²] (no backward pass)")
 
-    sp = sub.add_parser("demo", help="main job: quantize SmolLM2, report size / perplexity / tokens/s")
+    sp = sub.add_parser("demo", help="main job: SmolLM2 in fp32 (transformers, eager) next to quantized (q8_0 "
+                        "embedding/head, torch_lowbit.generate's compiled route) and llama.cpp when installed: "
+                        "size, perplexity, prefill and decode tokens/s")
     quant_opts(sp, "mixed")
-    sp.add_argument("--tokens", type=int, default=4096)
-    sp.add_argument("--gen", type=int, default=32, help="new tokens for the decode speed")
+    sp.add_argument("--embedding", default="q8_0", help="format of the embedding and tied LM head, or 'none' (float)")
+    sp.add_argument("--tokens", type=int, default=4096, help="perplexity tokens")
+    sp.add_argument("--prompt-tokens", type=int, default=128, help="prompt length for the prefill speed")
+    sp.add_argument("--gen", type=int, default=64, help="new tokens for the decode speed")
+    sp.add_argument("--repeats", type=int, default=3, help="timed runs per row (median), after a warm-up")
+    sp.add_argument("--no-compile", action="store_true", help="the fast route's loop eagerly (no compile)")
     sp.set_defaults(fn=cmd_demo)
+
+    sp = sub.add_parser("generate", help="stream a model's continuation of a prompt (torch_lowbit.generate: "
+                        "static KV cache + compiled steps, or model.generate, saying why)",
+                        description="Streams the generated text to stdout as it comes; prefill and decode tok/s "
+                        "to stderr. Greedy unless a sampling option is given.")
+    sp.add_argument("model", metavar="MODEL", help="'smollm2', a Hugging Face folder (a torch_lowbit one too), a "
+                    "llama.cpp .gguf file, or a save_quantized .safetensors file of --base")
+    sp.add_argument("--prompt", required=True, help="the user's message (in the chat template when the tokenizer "
+                    "has one), or with --raw the text to continue")
+    sp.add_argument("--raw", action="store_true", help="no chat template: continue the prompt text as it is")
+    sp.add_argument("--format", help="quantize a float MODEL first (rtn): FORMAT, or FORMAT+EMB for the "
+                    "embedding and tied head too, e.g. q4_0+q8_0")
+    sp.add_argument("--base", default="smollm2", help="with a .safetensors MODEL: the model it was quantized from")
+    sp.add_argument("--max-new-tokens", type=int, default=128, help="stop after this many new tokens (or at eos)")
+    sp.add_argument("--temperature", type=float, help="sample at this temperature (> 0)")
+    sp.add_argument("--top-k", type=int, help="sample from the K most likely tokens (0: all; default 50 when sampling)")
+    sp.add_argument("--top-p", type=float, help="sample from the smallest set of tokens with probability >= P (0 < P <= 1)")
+    sp.add_argument("--seed", type=int, help="with a sampling option: reproducible draws")
+    sp.add_argument("--no-compile", action="store_true", help="run the loop eagerly (no compile: starts at once, "
+                    "decodes slower)")
+    sp.set_defaults(fn=cmd_generate)
 
     sp = sub.add_parser("quantize", help="quantize a model and save it: --out FILE.safetensors (save_quantized, "
                         "whole model in memory) or --out DIR (a Hugging Face folder, streamed one decoder block "
@@ -348,12 +492,32 @@ def _cpu_paths() -> list[str]:
     return list(cpu_extension().available_cpu_paths()) if has_cpu_extension() else []
 
 
+def _check_generate_args(p: argparse.ArgumentParser, args) -> None:
+    from .sampling import check_sampling
+    for flag, name in (("--temperature", "temperature"), ("--top-k", "top_k"), ("--top-p", "top_p"), ("--seed", "seed")):
+        try:
+            check_sampling(**{name: getattr(args, name)})
+        except ValueError as e:
+            p.error(f"{flag} {getattr(args, name)}: {e}")
+    if args.seed is not None and args.temperature is None and args.top_k is None and args.top_p is None:
+        p.error("--seed goes with sampling: add --temperature, --top-k or --top-p (without them decoding is greedy)")
+    if args.max_new_tokens < 1:
+        p.error(f"--max-new-tokens {args.max_new_tokens}: must be >= 1")
+    if args.model.endswith((".gguf", ".safetensors")) and not os.path.isfile(args.model):
+        p.error(f"{args.model}: no such file")
+
+
 def _check_before_work(p: argparse.ArgumentParser, args) -> None:
     """What can be checked before a model loads or a layer quantizes: format names, files, output folder."""
     from .formats import get_format
     names = list(args.mix or []) if getattr(args, "mix", None) else []
-    if getattr(args, "format", None) not in (None, "none") and not names and not getattr(args, "checkpoint", None):
+    if args.cmd == "generate":
+        _check_generate_args(p, args)
+        names += args.format.split("+") if args.format else []
+    elif getattr(args, "format", None) not in (None, "none") and not names and not getattr(args, "checkpoint", None):
         names.append(args.format)
+    if getattr(args, "embedding", "none") != "none":
+        names.append(args.embedding)
     if args.cmd == "bench":
         names += bench_format_names(p, args, _cpu_paths)
     names += [args.explain] if getattr(args, "explain", None) else []

@@ -1,9 +1,13 @@
 """Fast generation of a (quantized) Hugging Face causal LM: a static KV cache and torch.compile'd
 prefill and decode steps (fullgraph: the torch_lowbit ops run inside the graph; one graph for every
-decode step, so nothing recompiles per token), driven by a lean greedy loop.
+decode step, so nothing recompiles per token), driven by a lean loop: greedy, or sampling on the
+last position's logits, tokens handed to a streamer as they come.
 
     gen = torch_lowbit.CompiledGenerator(model, max_cache_len=512)
     out = gen.generate(input_ids, max_new_tokens=64)        # greedy, same tokens as model.generate
+    out = gen.generate(input_ids, 64, do_sample=True, temperature=0.7, top_p=0.9, seed=0, streamer=TextStreamer(tok))
+
+torch_lowbit.generate (generate_route.py) picks this route or model.generate for a model and options.
 
 Why not `model.generate(..., cache_implementation="static")`: on CPU transformers compiles nothing
 unless a private flag of CompileConfig is set, and its per-token Python work (logits processors,
@@ -12,14 +16,16 @@ stopping criteria, cache bookkeeping) costs as much as a small model's whole for
 from __future__ import annotations
 
 import contextlib
+import numbers
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
 
 from .ops.attention import gqa_attention as gqa_attention_op
+from .sampling import Sampler
 
 
 @contextlib.contextmanager
@@ -133,12 +139,15 @@ class GenerationTimes:
 
 
 class CompiledGenerator:
-    """Greedy generation for `model` (a transformers causal LM, batch >= 1) with a StaticCache of
-    `max_cache_len` positions. compile=False runs the same loop eagerly (the baseline of `bench e2e`).
+    """Generation for `model` (a transformers causal LM, batch >= 1) with a StaticCache of
+    `max_cache_len` positions: greedy, or sampled (generate(do_sample=True, ...)). compile=False runs
+    the same loop eagerly (the baseline of `bench e2e`).
 
     The decode step is compiled with static shapes (batch and cache length fixed), the prefill with a
     dynamic sequence length so prompts of any length share one graph. The first call of each pays the
-    compilation (tens of seconds on a small CPU); later calls reuse it.
+    compilation (tens of seconds on a small CPU); later calls reuse it. Greedy calls run graphs with
+    the argmax inside; the first sampled call compiles a second pair that returns the last position's
+    logits (the draw runs eagerly after it), so sampling never slows or recompiles the greedy graphs.
 
     attn_implementation: the transformers attention used while generating (the model's own setting
     is restored after each call; None keeps it). Default "torch_lowbit": at decode grouped-query
@@ -190,30 +199,48 @@ class CompiledGenerator:
         if cuda_graphs and not compile:
             raise ValueError("cuda_graphs=True replays the compiled decode step: it needs compile=True")
         self.cuda_graphs = bool(cuda_graphs)
-        # two functions, two dynamo caches: the prefill graph (dynamic length) never evicts the decode one
-        self._prefill = torch.compile(self._prefill_step, fullgraph=True, dynamic=True) if compile else self._step
-        self._decode = torch.compile(self._decode_step, fullgraph=True, dynamic=False,
-                                     mode="reduce-overhead" if self.cuda_graphs else None) if compile else self._step
+        # one function per phase and output, one dynamo cache each: the prefill graph (dynamic length)
+        # never evicts the decode one, and the sampling graphs (last-position logits out; compiled on the
+        # first sampled call only) leave the greedy ones (argmax inside the graph) as they are
+        self._prefill = self._compiled(self._prefill_step, decode=False)
+        self._decode = self._compiled(self._decode_step, decode=True)
+        self._prefill_logits = self._compiled(self._prefill_logits_step, decode=False)
+        self._decode_logits = self._compiled(self._decode_logits_step, decode=True)
+
+    def _compiled(self, step, *, decode: bool):
+        if not self.compiled:
+            return step
+        if not decode:
+            return torch.compile(step, fullgraph=True, dynamic=True)
+        return torch.compile(step, fullgraph=True, dynamic=False, mode="reduce-overhead" if self.cuda_graphs else None)
 
     def _prefill_step(self, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
-        return self._step(input_ids, cache_position, cache)
+        return self._logits(input_ids, cache_position, cache).argmax(-1, keepdim=True)
 
     def _decode_step(self, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
-        return self._step(input_ids, cache_position, cache)
+        return self._logits(input_ids, cache_position, cache).argmax(-1, keepdim=True)
 
-    def _decode_once(self, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
-        """One decode step; from a CUDA graph, the token copied out of the graph's output buffer (the
-        next replay overwrites it), each replay marked as a new step."""
+    def _prefill_logits_step(self, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
+        return self._logits(input_ids, cache_position, cache)
+
+    def _decode_logits_step(self, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
+        return self._logits(input_ids, cache_position, cache)
+
+    def _decode_once(self, decode, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
+        """One decode step of `decode` (self._decode or self._decode_logits); from a CUDA graph, its
+        output copied out of the graph's buffer (the next replay overwrites it), each replay marked as a
+        new step."""
         if not self.cuda_graphs:
-            return self._decode(input_ids, cache_position, cache)
+            return decode(input_ids, cache_position, cache)
         torch.compiler.cudagraph_mark_step_begin()
-        return self._decode(input_ids, cache_position, cache).clone()
+        return decode(input_ids, cache_position, cache).clone()
 
-    def _step(self, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
+    def _logits(self, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
+        """[batch, vocab] logits of the last position."""
         out = self.model(input_ids=input_ids, position_ids=cache_position.unsqueeze(0).expand(input_ids.shape[0], -1),
                          cache_position=cache_position, past_key_values=cache, use_cache=True,
                          logits_to_keep=1)
-        return out.logits[:, -1].argmax(-1, keepdim=True)
+        return out.logits[:, -1]
 
     def _fresh_cache(self, batch: int, device):
         if self._cache is None or self._cache_batch != batch:
@@ -232,34 +259,71 @@ class CompiledGenerator:
         return self._cache
 
     @torch.no_grad()
-    def generate(self, input_ids: Tensor, max_new_tokens: int, *, eos_token_id: Optional[int] = None) -> Tensor:
-        """[batch, prompt + new] token ids (greedy). Stops early only when every row produced eos."""
+    def generate(self, input_ids: Tensor, max_new_tokens: int, *, eos_token_id: Union[int, Sequence[int], None] = None,
+                 pad_token_id: Optional[int] = None, do_sample: bool = False, temperature: Optional[float] = None,
+                 top_k: Optional[int] = None, top_p: Optional[float] = None, seed: Optional[int] = None,
+                 generator: Optional[torch.Generator] = None, streamer=None) -> Tensor:
+        """[batch, prompt + new] token ids. Greedy unless do_sample: then each token is drawn from the
+        last position's logits after temperature, top_k (0: off) and top_p (1: off), transformers'
+        warpers and defaults (1.0, 50, 1.0); seed or generator makes the draws reproducible (default:
+        torch's global generator). Stops early only when every row produced an eos id (one or a list);
+        with pad_token_id, a finished row gets that id from then on (transformers' rule).
+        streamer: an object with put(tensor) and end() (transformers' TextStreamer and the like): put
+        the prompt ([batch, prompt]), then each new token ([batch]), then end()."""
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
             raise ValueError("input_ids must be a [batch, seq] LongTensor (tokenizer(..., return_tensors='pt').input_ids)")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         n = input_ids.shape[1]
         if n + max_new_tokens > self.max_cache_len:
             raise ValueError(f"prompt ({n}) + max_new_tokens ({max_new_tokens}) exceed max_cache_len "
                              f"({self.max_cache_len}); build the CompiledGenerator with a larger max_cache_len")
+        if streamer is not None and not (callable(getattr(streamer, "put", None))
+                                         and callable(getattr(streamer, "end", None))):
+            raise ValueError(f"streamer must have put(tensor) and end() (transformers' TextStreamer, "
+                             f"TextIteratorStreamer), got {type(streamer).__name__}")
+        if do_sample:
+            sampler = Sampler.build(input_ids.device, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                    generator=generator)
+        else:
+            given = [k for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("seed", seed),
+                                    ("generator", generator)) if v is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} only apply to sampling: pass do_sample=True as well")
+            sampler = None
+        stop_ids = None if eos_token_id is None else torch.tensor(
+            [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=input_ids.device)
         with _attention(self.model, self.attn_implementation):
             cache = self._fresh_cache(input_ids.shape[0], input_ids.device)
             with _bind_kv_layers(self.model, cache, self.attn_implementation == ATTENTION):
-                return self._generate(input_ids, max_new_tokens, eos_token_id)
+                if streamer is not None:
+                    streamer.put(input_ids.cpu())
+                out = self._generate(input_ids, max_new_tokens, stop_ids, pad_token_id, sampler, streamer)
+                if streamer is not None:
+                    streamer.end()
+                return out
 
-    def _generate(self, input_ids: Tensor, max_new_tokens: int, eos_token_id: Optional[int]) -> Tensor:
+    def _generate(self, input_ids: Tensor, max_new_tokens: int, stop_ids: Optional[Tensor], pad_token_id: Optional[int],
+                  sampler: Optional[Sampler], streamer) -> Tensor:
         n = input_ids.shape[1]
         device = input_ids.device
         cache = self._cache
+        # greedy: the argmax inside the graph; sampling: the graph returns the logits, the sampler picks
+        prefill, decode = (self._prefill, self._decode) if sampler is None else (self._prefill_logits, self._decode_logits)
+        pick = sampler or (lambda token: token)
         times = GenerationTimes(prompt_tokens=n * input_ids.shape[0], new_tokens=max_new_tokens)
         t0 = time.perf_counter()
         # a one-token prompt is a decode step (dynamic shapes specialize sizes 0 and 1: no own graph)
-        first_step = self._decode_once if n == 1 else self._prefill
-        token = first_step(input_ids, torch.arange(n, device=device), cache)
+        if n == 1:
+            token = pick(self._decode_once(decode, input_ids, torch.arange(n, device=device), cache))
+        else:
+            token = pick(prefill(input_ids, torch.arange(n, device=device), cache))
         _wait_for(device)
         times.prefill_s = time.perf_counter() - t0
         tokens = [token]
-        done = token.eq(eos_token_id) if eos_token_id is not None else None
+        if streamer is not None:
+            streamer.put(token[:, 0].cpu())
+        done = torch.isin(token, stop_ids) if stop_ids is not None else None
         t_decode = time.perf_counter()
         for i in range(max_new_tokens - 1):
             if done is not None and bool(done.all()):
@@ -268,11 +332,15 @@ class CompiledGenerator:
             # after the first step has passed every guard, nothing they check can change until this
             # loop ends (same model, cache, shapes): skip their evaluation (ms per token on small models)
             with _skip_guards(self.compiled and i > 0):
-                token = self._decode_once(token, torch.tensor([n + i], device=device), cache)
+                token = pick(self._decode_once(decode, token, torch.tensor([n + i], device=device), cache))
+            if done is not None and pad_token_id is not None:
+                token = torch.where(done, pad_token_id, token)  # a finished row: padding from now on
             tokens.append(token)
             times.per_token_s.append(time.perf_counter() - t)
+            if streamer is not None:
+                streamer.put(token[:, 0].cpu())
             if done is not None:
-                done |= token.eq(eos_token_id)
+                done |= torch.isin(token, stop_ids)
         _wait_for(device)
         times.decode_s = time.perf_counter() - t_decode
         times.new_tokens = len(tokens)

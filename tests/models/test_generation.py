@@ -1,6 +1,9 @@
 """CompiledGenerator: a static KV cache and torch.compile'd (fullgraph) prefill/decode steps give the
 tokens of transformers' own greedy generate, compile once (no recompilation per token or per prompt
-length), and run the torch_lowbit int8 CPU kernels inside the compiled graph."""
+length), and run the torch_lowbit int8 CPU kernels inside the compiled graph; sampling and streamers;
+torch_lowbit.generate's fast route and its fallback to model.generate."""
+import copy
+
 import pytest
 import torch
 
@@ -37,6 +40,16 @@ def test_compiled_generation_equals_transformers_greedy_without_recompiling(quan
         got = compiled.generate(ids, 9)
     assert torch.equal(got, want)
     assert compiled.times.new_tokens == 9 and len(compiled.times.per_token_s) == 8
+
+
+def test_compiled_sampling_compiles_its_own_graphs_once_and_leaves_the_greedy_ones(quantized_tiny, compiled):
+    ids = _ids(quantized_tiny, 1, 6, 31)
+    greedy = compiled.generate(ids, 8)
+    first = compiled.generate(ids, 8, do_sample=True, top_k=1, seed=0)  # compiles the logits graphs
+    with torch._dynamo.config.patch(error_on_recompile=True):  # nothing recompiles per token or length
+        assert torch.equal(compiled.generate(ids, 8), greedy)
+        sampled = compiled.generate(_ids(quantized_tiny, 1, 9, 32), 8, do_sample=True, temperature=0.8, seed=1)
+    assert torch.equal(first, greedy) and sampled.shape == (1, 17)
 
 
 def test_eager_generation_equals_transformers_greedy(quantized_tiny):
@@ -135,3 +148,145 @@ def test_cuda_model_decodes_from_a_cuda_graph_with_the_same_tokens():
     assert gen.cuda_graphs
     gen.generate(ids, 12)  # warm-up and recording
     assert torch.equal(gen.generate(ids, 12), want)
+
+
+class _Recorder:
+    """A streamer (transformers' put/end protocol) that keeps what it was handed."""
+
+    def __init__(self):
+        self.puts, self.ended = [], 0
+
+    def put(self, value):
+        self.puts.append(value.clone())
+
+    def end(self):
+        self.ended += 1
+
+
+def _ids(model, batch, n, seed):
+    return torch.randint(0, model.config.vocab_size, (batch, n), generator=torch.Generator().manual_seed(seed))
+
+
+def test_sampling_with_a_seed_is_reproducible_and_top_k_1_is_greedy(quantized_tiny):
+    gen = tl.CompiledGenerator(quantized_tiny, max_cache_len=32, compile=False)
+    ids = _ids(quantized_tiny, 2, 5, 21)
+    a = gen.generate(ids, 10, do_sample=True, temperature=1.5, top_p=0.95, seed=7)
+    b = gen.generate(ids, 10, do_sample=True, temperature=1.5, top_p=0.95, generator=torch.Generator().manual_seed(7))
+    c = gen.generate(ids, 10, do_sample=True, temperature=1.5, top_p=0.95, seed=8)
+    assert torch.equal(a, b) and not torch.equal(a, c)  # 20 draws at temperature 1.5: never all equal by chance
+    assert torch.equal(gen.generate(ids, 10, do_sample=True, top_k=1, seed=1), gen.generate(ids, 10))
+
+
+def test_sampler_keeps_only_the_top_k_and_top_p_tokens():
+    from torch_lowbit.sampling import Sampler
+    logits = torch.tensor([[4.0, 3.0, 0.0, -1.0, 2.9]]).expand(400, -1)
+    drawn = set(Sampler.build("cpu", top_k=2, seed=0)(logits).flatten().tolist())
+    assert drawn == {0, 1}
+    # softmax of (4, 3, 2.9, 0, -1): 0.56, 0.21, 0.19, ...: top_p 0.7 keeps the first two
+    assert set(Sampler.build("cpu", top_k=0, top_p=0.7, seed=0)(logits).flatten().tolist()) == {0, 1}
+    assert set(Sampler.build("cpu", top_k=0, seed=0)(logits).flatten().tolist()) >= {0, 1, 4}
+
+
+def test_streamer_gets_the_prompt_then_every_token_in_order_as_transformers_hands_them(quantized_tiny):
+    ids = _ids(quantized_tiny, 1, 6, 5)
+    ours, theirs = _Recorder(), _Recorder()
+    out = tl.CompiledGenerator(quantized_tiny, max_cache_len=32, compile=False).generate(ids, 7, streamer=ours)
+    quantized_tiny.generate(ids, max_new_tokens=7, min_new_tokens=7, do_sample=False, streamer=theirs)
+    assert ours.ended == 1 and len(ours.puts) == 1 + 7
+    assert torch.equal(ours.puts[0], ids) and torch.equal(torch.cat(ours.puts[1:]), out[0, 6:])
+    assert [p.shape for p in ours.puts] == [p.shape for p in theirs.puts]  # [1, prompt], then [batch] per token
+    assert all(torch.equal(x, y) for x, y in zip(ours.puts, theirs.puts))
+
+
+def test_text_streamer_prints_the_decoded_tokens(quantized_tiny, capsys):
+    from transformers import TextStreamer
+
+    class CharTokenizer:  # decode only: what TextStreamer calls
+        def decode(self, ids, **kwargs):
+            return "".join(chr(65 + int(i) % 26) for i in ids)
+    ids = _ids(quantized_tiny, 1, 4, 9)
+    out = tl.CompiledGenerator(quantized_tiny, max_cache_len=32, compile=False).generate(
+        ids, 6, streamer=TextStreamer(CharTokenizer(), skip_prompt=True))
+    assert capsys.readouterr().out.strip() == CharTokenizer().decode(out[0, 4:])
+
+
+def test_sampling_and_streamer_arguments_are_checked(quantized_tiny):
+    gen = tl.CompiledGenerator(quantized_tiny, max_cache_len=16, compile=False)
+    ids = torch.zeros(1, 3, dtype=torch.long)
+    cases = [(dict(do_sample=True, temperature=0.0), "temperature must be a finite number > 0"),
+             (dict(do_sample=True, temperature=float("nan")), "temperature must be"),
+             (dict(do_sample=True, top_p=0.0), r"top_p must be in \(0, 1\]"),
+             (dict(do_sample=True, top_p=1.5), r"top_p must be in \(0, 1\]"),
+             (dict(do_sample=True, top_k=-1), "top_k must be an int >= 0"),
+             (dict(do_sample=True, top_k=2.5), "top_k must be an int >= 0"),
+             (dict(do_sample=True, seed=-3), "seed must be an int >= 0"),
+             (dict(do_sample=True, seed=1, generator=torch.Generator()), "seed or generator, not both"),
+             (dict(do_sample=True, generator=5), "generator must be a torch.Generator"),
+             (dict(temperature=0.7), "pass do_sample=True"),
+             (dict(streamer=object()), "streamer must have put"),
+             (dict(max_new_tokens=0), "max_new_tokens must be an int >= 1")]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            gen.generate(ids, **{"max_new_tokens": 2, **kwargs})
+    with pytest.raises(ValueError, match="temperature must be"):
+        tl.generate(quantized_tiny, ids, max_new_tokens=2, compile=False, do_sample=True, temperature=-1.0)
+    with pytest.raises(ValueError, match="pass do_sample=True"):
+        tl.generate(quantized_tiny, ids, max_new_tokens=2, compile=False, seed=3)
+    with pytest.raises(TypeError, match="transformers causal LM"):
+        tl.generate(torch.nn.Linear(2, 2), ids)
+
+
+def test_generate_takes_the_fast_route_and_reuses_its_generator(quantized_tiny, caplog):
+    ids = _ids(quantized_tiny, 2, 6, 13)
+    with caplog.at_level("INFO", logger="torch_lowbit"):
+        got, times = tl.generate(quantized_tiny, ids, max_new_tokens=9, compile=False, return_times=True)
+        first = quantized_tiny._lowbit_generators.generators[(False, torch.device("cpu"))]
+        again = tl.generate(quantized_tiny, ids, max_new_tokens=9, compile=False, do_sample=True, top_k=1)
+    assert not caplog.records  # no fallback
+    assert torch.equal(got, quantized_tiny.generate(ids, max_new_tokens=9, do_sample=False)) and torch.equal(again, got)
+    assert times.new_tokens == got.shape[1] - 6 == len(times.per_token_s) + 1  # the compiled loop's own times
+    assert quantized_tiny._lowbit_generators.generators[(False, torch.device("cpu"))] is first  # cached
+    copied = copy.deepcopy(quantized_tiny)  # a copy starts without the original's generators (and graphs)
+    assert not copied._lowbit_generators.generators
+    assert torch.equal(tl.generate(copied, ids, max_new_tokens=9, compile=False), got)
+
+
+@pytest.mark.parametrize("options, reason", [
+    (dict(num_beams=2), "num_beams=2"),
+    (dict(repetition_penalty=1.3), "repetition_penalty=1.3"),
+    (dict(attention_mask=torch.tensor([[0, 1, 1, 1, 1]])), "attention_mask has zeros")])
+def test_generate_falls_back_to_transformers_with_one_line_naming_why(options, reason, caplog):
+    torch.manual_seed(17)
+    model = tiny_llama()
+    ids = _ids(model, 1, 5, 2)
+    with caplog.at_level("INFO", logger="torch_lowbit"):
+        got = tl.generate(model, ids, max_new_tokens=6, compile=False, **options)
+        tl.generate(model, ids, max_new_tokens=6, compile=False, **options)  # the same reason: said once
+    assert len(caplog.records) == 1 and reason in caplog.records[0].getMessage(), caplog.text
+    assert "model.generate" in caplog.records[0].getMessage()
+    assert torch.equal(got, model.generate(ids, max_new_tokens=6, **options))
+    assert not getattr(model, "_lowbit_generators").generators  # no generator built
+
+
+def test_generate_falls_back_for_an_architecture_without_a_one_graph_compile(caplog):
+    """JetMoe marks itself _can_compile_fullgraph=False: compiled, the fast route refuses it."""
+    from transformers import JetMoeConfig, JetMoeForCausalLM
+    torch.manual_seed(3)
+    model = JetMoeForCausalLM(JetMoeConfig(vocab_size=128, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                           num_key_value_heads=2, kv_channels=16, intermediate_size=64,
+                                           num_local_experts=2, num_experts_per_tok=1)).eval()
+    ids = _ids(model, 1, 4, 1)
+    with caplog.at_level("INFO", logger="torch_lowbit"):
+        got, times = tl.generate(model, ids, max_new_tokens=5, return_times=True)
+    assert len(caplog.records) == 1 and "JetMoeForCausalLM cannot be compiled in one graph" in caplog.text
+    assert torch.equal(got, model.generate(ids, max_new_tokens=5, do_sample=False))
+    assert times.new_tokens == got.shape[1] - 4 and times.prefill_s > 0  # timed through the streamer calls
+
+
+def test_fallback_sampling_with_a_seed_is_reproducible():
+    torch.manual_seed(8)
+    model = tiny_llama()
+    ids = _ids(model, 1, 4, 6)
+    run = lambda seed: tl.generate(model, ids, max_new_tokens=8, compile=False, do_sample=True,  # noqa: E731
+                                   repetition_penalty=1.1, seed=seed)
+    assert torch.equal(run(4), run(4)) and not torch.equal(run(4), run(5))

@@ -21,6 +21,9 @@ from ..generation import CompiledGenerator
 # weights llama.cpp runs. "F+E": format F for the Linear layers, E for the embedding and tied head.
 E2E_VARIANTS = ("fp32", "bf16", "gguf", "q4_0+q8_0")
 FLOAT_VARIANTS = ("fp32", "bf16", "gguf")
+LLAMA_CPP_LABEL = "llama.cpp (GGUF Q4_1, Q8_0 embedding/head)"  # its row: the bundled GGUF file
+LLAMA_CPP_MISSING = ("not installed (pip install 'torch_lowbit[peers]': builds llama.cpp from source, "
+                     "~10-20 min)")
 E2E_HEADERS = ["model", "mode", "size MB", "prefill tok/s", "decode tok/s", "prefill vs llama.cpp",
                "decode vs llama.cpp", "decode vs fp32 eager"]
 
@@ -89,7 +92,7 @@ def _time_torch(model, ids: torch.Tensor, new_tokens: int, compiled: bool, repea
     return _median(prefill), _median(decode), first
 
 
-def _time_llama_cpp(ids: list[int], new_tokens: int, threads: int, repeats: int) -> tuple[list, list]:
+def time_llama_cpp(ids: list[int], new_tokens: int, threads: int, repeats: int) -> tuple[list, list]:
     """(prefill tok/s, decode tok/s) of each of `repeats` runs of llama.cpp on the bundled GGUF, same
     token ids, greedy."""
     import llama_cpp
@@ -125,13 +128,12 @@ def bench_e2e(variants=E2E_VARIANTS, *, prompt_tokens: int = 256, new_tokens: in
     peer_runs = None
     if peers and llama_cpp_available():
         import llama_cpp
-        peer_runs = _time_llama_cpp(ids[0].tolist(), new_tokens, threads, repeats)
+        peer_runs = time_llama_cpp(ids[0].tolist(), new_tokens, threads, repeats)
         facts["llama.cpp"] = f"llama-cpp-python {llama_cpp.__version__}"
         progress(f"  llama.cpp (first of two times): prefill {_median(peer_runs[0]):.1f} tok/s, decode "
                  f"{_median(peer_runs[1]):.1f} tok/s")
     else:
-        facts["llama.cpp"] = ("not installed (pip install 'torch_lowbit[peers]': builds llama.cpp from source, "
-                              "~10-20 min)" if peers else "not asked")
+        facts["llama.cpp"] = LLAMA_CPP_MISSING if peers else "not asked"
     for name in variants:
         name, kv_bits = split_kv(name)
         model, label = _variant(name, base, tok)
@@ -143,9 +145,9 @@ def bench_e2e(variants=E2E_VARIANTS, *, prompt_tokens: int = 256, new_tokens: in
             progress(f"  {label} {mode}: prefill {p:.1f} tok/s, decode {d:.1f} tok/s (first run {first:.0f} s)")
         del model
     if peer_runs is not None:  # timed again after ours, so a slow or fast phase of a shared machine hits both
-        again = _time_llama_cpp(ids[0].tolist(), new_tokens, threads, repeats)
+        again = time_llama_cpp(ids[0].tolist(), new_tokens, threads, repeats)
         progress(f"  llama.cpp (second time): prefill {_median(again[0]):.1f} tok/s, decode {_median(again[1]):.1f} tok/s")
-        results.insert(0, ("llama.cpp (GGUF Q4_1, Q8_0 embedding/head)", "llama.cpp",
+        results.insert(0, (LLAMA_CPP_LABEL, "llama.cpp",
                            smollm2_gguf().stat().st_size / 1e6, _median(peer_runs[0] + again[0]),
                            _median(peer_runs[1] + again[1])))
         facts["llama.cpp runs"] = {"first": peer_runs, "second": again}
