@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from .ops.attention import gqa_attention as gqa_attention_op
+from .ops.threads import kernels_on_the_pool
 from .sampling import Sampler
 
 
@@ -79,6 +80,13 @@ def _wait_for(device: torch.device) -> None:
     per-token times stay the host's time to enqueue a step)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _decode_threads(device: torch.device):
+    """On CPU, decode steps run torch's small ops on the calling thread and the quantized kernels on the
+    work-claiming pool (ops/threads.py): no OpenMP thread waits on, or spins against, a core another
+    program keeps busy. (The decode graph is compiled inside it: inductor's kernels get one thread.)"""
+    return kernels_on_the_pool() if device.type == "cpu" else contextlib.nullcontext()
 
 
 def _device_of(model: nn.Module) -> torch.device:
@@ -315,7 +323,8 @@ class CompiledGenerator:
         t0 = time.perf_counter()
         # a one-token prompt is a decode step (dynamic shapes specialize sizes 0 and 1: no own graph)
         if n == 1:
-            token = pick(self._decode_once(decode, input_ids, torch.arange(n, device=device), cache))
+            with _decode_threads(device):
+                token = pick(self._decode_once(decode, input_ids, torch.arange(n, device=device), cache))
         else:
             token = pick(prefill(input_ids, torch.arange(n, device=device), cache))
         _wait_for(device)
@@ -325,22 +334,23 @@ class CompiledGenerator:
             streamer.put(token[:, 0].cpu())
         done = torch.isin(token, stop_ids) if stop_ids is not None else None
         t_decode = time.perf_counter()
-        for i in range(max_new_tokens - 1):
-            if done is not None and bool(done.all()):
-                break
-            t = time.perf_counter()
-            # after the first step has passed every guard, nothing they check can change until this
-            # loop ends (same model, cache, shapes): skip their evaluation (ms per token on small models)
-            with _skip_guards(self.compiled and i > 0):
-                token = pick(self._decode_once(decode, token, torch.tensor([n + i], device=device), cache))
-            if done is not None and pad_token_id is not None:
-                token = torch.where(done, pad_token_id, token)  # a finished row: padding from now on
-            tokens.append(token)
-            times.per_token_s.append(time.perf_counter() - t)
-            if streamer is not None:
-                streamer.put(token[:, 0].cpu())
-            if done is not None:
-                done |= torch.isin(token, stop_ids)
+        with _decode_threads(device):
+            for i in range(max_new_tokens - 1):
+                if done is not None and bool(done.all()):
+                    break
+                t = time.perf_counter()
+                # after the first step has passed every guard, nothing they check can change until this
+                # loop ends (same model, cache, shapes): skip their evaluation (ms per token on small models)
+                with _skip_guards(self.compiled and i > 0):
+                    token = pick(self._decode_once(decode, token, torch.tensor([n + i], device=device), cache))
+                if done is not None and pad_token_id is not None:
+                    token = torch.where(done, pad_token_id, token)  # a finished row: padding from now on
+                tokens.append(token)
+                times.per_token_s.append(time.perf_counter() - t)
+                if streamer is not None:
+                    streamer.put(token[:, 0].cpu())
+                if done is not None:
+                    done |= torch.isin(token, stop_ids)
         _wait_for(device)
         times.decode_s = time.perf_counter() - t_decode
         times.new_tokens = len(tokens)

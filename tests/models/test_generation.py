@@ -290,3 +290,29 @@ def test_fallback_sampling_with_a_seed_is_reproducible():
     run = lambda seed: tl.generate(model, ids, max_new_tokens=8, compile=False, do_sample=True,  # noqa: E731
                                    repetition_penalty=1.1, seed=seed)
     assert torch.equal(run(4), run(4)) and not torch.equal(run(4), run(5))
+
+
+@pytest.mark.skipif(not tl.ops.has_cpu_extension(), reason="the pool is the C++ extension's")
+def test_decode_steps_run_torch_on_one_thread_and_the_kernels_on_the_pool(quantized_tiny):
+    """A streamer sees the settings at each put: the prompt and the prefill's token as the user left them,
+    every decoded token with torch on one thread and the kernels on the pool; restored afterwards."""
+    class Settings:
+        seen = []
+
+        def put(self, _):
+            self.seen.append(tl.threading_info())
+
+        def end(self):
+            pass
+
+    before, torch_threads = tl.threading_info(), torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        streamer = Settings()
+        tl.CompiledGenerator(quantized_tiny, max_cache_len=32, compile=False).generate(
+            _ids(quantized_tiny, 1, 5, 9), 4, streamer=streamer)
+        assert streamer.seen[:2] == [tl.threading_info()] * 2 and tl.threading_info()["torch_threads"] == 2
+        assert streamer.seen[2:] == [{"scheduler": "pool", "threads": 2, "torch_threads": 1}] * 3
+    finally:
+        torch.set_num_threads(torch_threads)
+    assert tl.threading_info() == before

@@ -15,7 +15,8 @@ needs_extension = pytest.mark.skipif(not has_cpu_extension(), reason="the C++ ex
 
 @pytest.fixture
 def restore_threading():
-    before, torch_threads = tl.threading_info(), torch.get_num_threads()
+    from torch_lowbit.ops import threads
+    before, torch_threads, chosen = tl.threading_info(), torch.get_num_threads(), dict(threads._chosen)
     yield
     torch.set_num_threads(torch_threads)
     if before["scheduler"] == "pool":
@@ -23,6 +24,7 @@ def restore_threading():
         tl.set_num_threads(fixed, scheduler="pool")
     elif before["scheduler"] == "openmp":
         tl.set_num_threads(scheduler="openmp")
+    threads._chosen.update(chosen)
 
 
 def _outputs(seed: int) -> list[torch.Tensor]:
@@ -98,3 +100,18 @@ def test_kernels_on_the_pool_gives_the_kernels_torchs_threads_and_restores(resto
     tl.set_num_threads(scheduler="openmp")  # the user's choice: left alone
     with kernels_on_the_pool():
         assert tl.threading_info() == {"scheduler": "openmp", "threads": 2, "torch_threads": 2}
+
+
+@needs_extension
+def test_kernels_on_the_pool_by_default_and_openmp_again_after():
+    """Without a choice of the user's (no set_num_threads, no TORCH_LOWBIT_THREADS), the kernels run on
+    OpenMP by default and on the pool inside the context."""
+    script = ("import torch, torch_lowbit as tl\nfrom torch_lowbit.ops.threads import kernels_on_the_pool\n"
+              "torch.set_num_threads(2)\nassert tl.threading_info()['scheduler'] == 'openmp'\n"
+              "with kernels_on_the_pool():\n    i = tl.threading_info()\n"
+              "    assert i == {'scheduler': 'pool', 'threads': 2, 'torch_threads': 1}, i\n"
+              "assert tl.threading_info() == {'scheduler': 'openmp', 'threads': 2, 'torch_threads': 2}\nprint('ok')")
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_LOWBIT_THREADS", "TORCH_LOWBIT_POOL_THREADS",
+                                                            "OMP_WAIT_POLICY")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

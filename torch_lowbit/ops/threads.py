@@ -17,6 +17,7 @@ extension the CPU ops are torch references on torch's own threads: the count is 
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Iterator, Optional
 
 import torch
@@ -24,6 +25,7 @@ import torch
 from .extension import cpu_extension, has_cpu_extension
 
 SCHEDULERS = ("pool", "openmp")
+_chosen = {"scheduler": None}  # what set_num_threads last chose (None: never called)
 
 
 def set_num_threads(threads: Optional[int] = None, *, scheduler: str = "pool") -> None:
@@ -37,11 +39,19 @@ def set_num_threads(threads: Optional[int] = None, *, scheduler: str = "pool") -
     if scheduler == "openmp" and threads is not None:
         raise ValueError("the openmp scheduler runs on torch's threads: set their count with torch.set_num_threads, "
                          "or choose scheduler='pool' for a count of torch_lowbit's own")
+    _chosen["scheduler"] = scheduler
     if not has_cpu_extension():  # the reference ops run on torch's threads
         if threads is not None:
             torch.set_num_threads(threads)
         return
     cpu_extension().set_threading(scheduler, threads or 0)
+
+
+def openmp_chosen() -> bool:
+    """Whether the user asked for the openmp scheduler (set_num_threads or TORCH_LOWBIT_THREADS)."""
+    if _chosen["scheduler"] is not None:
+        return _chosen["scheduler"] == "openmp"
+    return os.environ.get("TORCH_LOWBIT_THREADS", "").strip().lower() == "openmp"
 
 
 def get_num_threads() -> int:
@@ -66,16 +76,16 @@ def kernels_on_the_pool() -> Iterator[None]:
     torch had (or the count set with set_num_threads): no OpenMP thread spins beside the pool's
     workers, and a worker on a busy core delays nothing it has not claimed. For a decode step, where
     the quantized kernels are most of the time and torch's ops are small. Leaves the settings as they
-    were; a no-op under scheduler="openmp" (chosen by the user) or without the extension."""
-    if not has_cpu_extension() or cpu_extension().threading() != "pool":
+    were; a no-op where the user chose the openmp scheduler, and without the extension."""
+    if not has_cpu_extension() or openmp_chosen():
         yield
         return
     ext, torch_threads = cpu_extension(), torch.get_num_threads()
-    fixed = ext.pool_threads()
+    scheduler, fixed = ext.threading(), ext.pool_threads()
     ext.set_threading("pool", fixed or torch_threads)
     torch.set_num_threads(1)
     try:
         yield
     finally:
         torch.set_num_threads(torch_threads)
-        ext.set_threading("pool", fixed)
+        ext.set_threading(scheduler, fixed if scheduler == "pool" else 0)
