@@ -1,5 +1,5 @@
 """`bench e2e` on GGUF files (bench/e2e_gguf.py) and the random-weight files it writes (bench/gguf_recipe.py):
-on a TINY variant of the Llama-3.2-1B recipe (2 layers, hidden 256), never the 1 GB file itself."""
+on a TINY variant of the Llama-3.2-1B recipe (2 layers, hidden 256), never the 1B files themselves."""
 import os
 import subprocess
 import sys

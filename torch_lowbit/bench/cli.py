@@ -197,7 +197,7 @@ def add_bench_parser(sub, cpu_paths: Callable[[], list[str]]) -> None:
                     help="e2e: which models. CPU (default smollm2, none with --gguf): smollm2: fp32, bf16, its GGUF "
                     "imported, q4_0+q8_0 (--formats), next to llama.cpp on its bundled GGUF; llama-1b: two "
                     "Llama-3.2-1B-shaped GGUFs with random weights (speed only) written once to the cache "
-                    "(~1 GB each: Q4_0 and Q2_K linear blocks, Q8_0 tied embedding/head, SmolLM2's tokenizer), "
+                    "(0.4-0.7 GB each: Q4_0 and Q2_K linear blocks, Q8_0 tied embedding/head, SmolLM2's tokenizer), "
                     "rows as --gguf's (no fp32/bf16 rows: too slow at 1B). --device cuda: default both")
     sp.add_argument("--gguf", nargs="+", metavar="PATH",
                     help="e2e (CPU): also time these llama.cpp GGUF files (llama, qwen2, qwen3): llama.cpp on the "

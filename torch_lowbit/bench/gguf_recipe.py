@@ -1,7 +1,7 @@
 """Llama-shaped GGUF files with random weights for `bench e2e` (speed only, never quality): the linear
 weights N(0, std) in Q4_0 or Q2_K blocks, the tied embedding/head in Q8_0, SmolLM2's tokenizer
 copied from the bundled GGUF (its 49152 tokens: the same prompt ids work), written with gguf's
-writer one tensor at a time (a 1B file is ~1 GB) and cached under cache_dir()/bench, keyed by the
+writer one tensor at a time (the 1B files are 0.4-0.7 GB) and cached under cache_dir()/bench, keyed by the
 recipe: a changed recipe writes a new file and removes the old one.
 
 gguf's Python quantizer writes Q4_0 and Q8_0 but not Q2_K (it only dequantizes K-quants), so Q2_K
