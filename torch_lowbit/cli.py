@@ -108,7 +108,7 @@ def cmd_demo(args) -> None:
     on the bundled GGUF when llama-cpp-python is installed: size, perplexity, prefill and decode tok/s."""
     import torch
 
-    from .bench.e2e import LLAMA_CPP_LABEL, LLAMA_CPP_MISSING, llama_cpp_available, time_llama_cpp
+    from .bench.e2e import llama_cpp_available, llama_cpp_fact, peer_of, time_llama_cpp
     from .eval import perplexity, wiki_text
     from .eval.assets import smollm2_gguf
     from .eval.speed import model_nbytes, prompt_ids
@@ -162,8 +162,8 @@ def cmd_demo(args) -> None:
     peer = None
     if llama_cpp_available():
         print("llama.cpp on the bundled GGUF file, same prompt ids and threads...", flush=True)
-        prefill, decode = time_llama_cpp(ids[0].tolist(), n, threads, args.repeats)
-        peer = [LLAMA_CPP_LABEL, "llama.cpp", f"{smollm2_gguf().stat().st_size / 1e6:.1f}", "-",
+        prefill, decode = time_llama_cpp(smollm2_gguf(), ids[0].tolist(), n, threads, args.repeats)
+        peer = [peer_of(smollm2_gguf()).label, "llama.cpp", f"{smollm2_gguf().stat().st_size / 1e6:.1f}", "-",
                 f"{_median(prefill):.1f}", f"{_median(decode):.1f}"]
         rows.insert(0, peer)
     print()
@@ -175,7 +175,7 @@ def cmd_demo(args) -> None:
     print(f"perplexity change: {100 * (float(q_ppl) / float(base_ppl) - 1):+.1f}%; decode {q_decode / base_decode:.2f}x "
           f"fp32's" + (f", {q_decode / float(peer[5]):.2f}x llama.cpp's" if peer else ""))
     if peer is None:
-        print(f"llama.cpp: {LLAMA_CPP_MISSING}")
+        print(f"llama.cpp: {llama_cpp_fact(True)}")
     print(f"sample ({label}): {tok.decode(sample[0], skip_special_tokens=True)!r}")
 
 

@@ -101,18 +101,26 @@ def cmd_bench(args) -> None:
               f"(decode replayed from a CUDA graph), fp16 activations, median of {repeats}")
         print(markdown_table(CUDA_E2E_HEADERS, rows))
     elif args.what == "e2e":
-        from .e2e import E2E_HEADERS, E2E_VARIANTS, bench_e2e
+        import torch
+
+        from .cpu import dram_read_gbs
+        from .e2e import E2E_VARIANTS, llama_cpp_fact
+        from .e2e_gguf import e2e_sections
         from .machine import machine_line
         threads = max(args.threads)
         prompt_tokens, repeats = args.prompt_tokens or 256, args.repeats or 3
-        machine = machine_line()
-        rows, facts = bench_e2e(tuple(args.formats or E2E_VARIANTS), prompt_tokens=prompt_tokens,
-                                new_tokens=args.new_tokens, threads=threads, repeats=repeats,
-                                peers=not args.no_peers, modes=("eager",) if args.quick else ("eager", "compiled"))
-        print(machine)
-        print(f"SmolLM2-135M-Instruct, batch 1, {threads} threads, prompt {prompt_tokens} tokens, "
-              f"{args.new_tokens} new tokens greedy, median of {repeats}; llama.cpp: {facts['llama.cpp']}")
-        print(markdown_table(E2E_HEADERS, rows))
+        print(machine_line())
+        torch.set_num_threads(threads)
+        print(f"batch 1, {threads} threads, prompt {prompt_tokens} tokens, {args.new_tokens} new tokens greedy, median "
+              f"of {repeats}; DRAM read {dram_read_gbs():.1f} GB/s with {threads} threads (the read bandwidth the "
+              f"decode GB/s columns draw on); llama.cpp: {llama_cpp_fact(not args.no_peers)}", flush=True)
+        sections = e2e_sections(e2e_models(args), args.gguf or (), tuple(args.formats or E2E_VARIANTS),
+                                prompt_tokens=prompt_tokens, new_tokens=args.new_tokens, threads=threads,
+                                repeats=repeats, peers=not args.no_peers,
+                                modes=("eager",) if args.quick else ("eager", "compiled"))
+        for title, headers, rows in sections:
+            print(f"\n{title}:")
+            print(markdown_table(headers, rows), flush=True)
     elif args.what == "roofline":
         from .roofline import ROOFLINE_FORMATS, bench_roofline, format_roofline
         n, k = (int(v) for v in (args.shapes or ["4096x4096"])[0].split("x"))
@@ -133,14 +141,20 @@ def cmd_bench(args) -> None:
             print(f"plot: {distortion_png(table, args.png)}")
 
 
+def e2e_models(args) -> list[str]:
+    """The models `bench e2e` times on the CPU: --models, else SmolLM2 unless --gguf names files."""
+    return list(args.models or ([] if args.gguf else ["smollm2"]))
+
+
 def add_bench_parser(sub, cpu_paths: Callable[[], list[str]]) -> None:
     """Adds the `bench` sub-command to the top-level parser's sub-parsers; cpu_paths() lists the CPU
     kernel paths this machine can run (for --path's help)."""
     sp = sub.add_parser("bench", help="benchmarks")
     sp.add_argument("what", choices=["cpu", "e2e", "roofline", "gpu", "distortion", "weights", "kv"],
-                    help="cpu: kernels vs PyTorch, DRAM-streamed; e2e: SmolLM2 prefill and decode tok/s, eager and "
-                    "compiled, next to llama.cpp on the same GGUF (with the [peers] extra); --formats: fp32, bf16, gguf "
-                    "(the GGUF file imported: llama.cpp's weights), F or F+E (E: embedding and tied head); roofline: M=1 compute vs memory ceilings of the "
+                    help="cpu: kernels vs PyTorch, DRAM-streamed; e2e: prefill and decode tok/s, eager and "
+                    "compiled, next to llama.cpp on the same GGUF (with the [peers] extra), with the weight bytes a "
+                    "decoded token reads and the GB/s they make (--models, --gguf); SmolLM2's --formats: fp32, bf16, "
+                    "gguf (the GGUF file imported: llama.cpp's weights), F or F+E (E: embedding and tied head); roofline: M=1 compute vs memory ceilings of the "
                     "int8 CPU kernels (max --threads); gpu: Triton kernels vs fp16 F.linear, "
                     "HBM-streamed (needs CUDA); distortion: palette formats on a Gaussian; weights: formats on a "
                     "real model's linear weights (--model); kv: decode attention over a 4/8-bit KV cache vs fp32 "
@@ -153,7 +167,7 @@ def add_bench_parser(sub, cpu_paths: Callable[[], list[str]]) -> None:
                     "4096x4096 (first shape only)")
     sp.add_argument("--m", type=int, nargs="+", default=[1, 8, 64, 512])
     sp.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    sp.add_argument("--formats", nargs="+", help=f"cpu default: {' '.join(CPU_BENCH_FORMATS)} (F+a8 / F+a4: with per-token int8 / int4 activations, QuaRot; F+a4b16: one scale per 16 features); e2e: fp32 bf16 gguf F F+E, "
+    sp.add_argument("--formats", nargs="+", help=f"cpu default: {' '.join(CPU_BENCH_FORMATS)} (F+a8 / F+a4: with per-token int8 / int4 activations, QuaRot; F+a4b16: one scale per 16 features); e2e (SmolLM2's rows): fp32 bf16 gguf F F+E, "
                     "each with @kv4 / @kv8 to generate on a quantized KV cache; gpu default: "
                     "q4_0 int4_g128 iq4_nl nuq3 vq2 tcq2 int2_g64 gcb2 (each in its CUDA layout; palette formats: rotation timed too); distortion default: every palette format")
     sp.add_argument("--layouts", nargs="+", help="CPU layouts to run where they hold the format (default: each "
@@ -180,7 +194,15 @@ def add_bench_parser(sub, cpu_paths: Callable[[], list[str]]) -> None:
                     help="e2e: cuda: fp16 vs formats in their CUDA layouts on SmolLM2 and a Llama-3.2-1B-shaped "
                     "model (--formats default: fp16 q4_0 iq4_nl int2_g64)")
     sp.add_argument("--models", nargs="+", choices=["smollm2", "llama-1b"],
-                    help="e2e --device cuda: which models (default both)")
+                    help="e2e: which models. CPU (default smollm2, none with --gguf): smollm2: fp32, bf16, its GGUF "
+                    "imported, q4_0+q8_0 (--formats), next to llama.cpp on its bundled GGUF; llama-1b: two "
+                    "Llama-3.2-1B-shaped GGUFs with random weights (speed only) written once to the cache "
+                    "(0.4-0.7 GB each: Q4_0 and Q2_K linear blocks, Q8_0 tied embedding/head, SmolLM2's tokenizer), "
+                    "rows as --gguf's (no fp32/bf16 rows: too slow at 1B). --device cuda: default both")
+    sp.add_argument("--gguf", nargs="+", metavar="PATH",
+                    help="e2e (CPU): also time these llama.cpp GGUF files (llama, qwen2, qwen3): llama.cpp on the "
+                    "file and from_gguf's import of it, eager and compiled; K-quant linear blocks are requantized "
+                    "(Q2_K: int2_g64, Q3_K: int3_g64, Q4_K: int4_g32, Q5_K/Q6_K: q8_0), others imported as they are")
     sp.add_argument("--profile", action="store_true",
                     help="gpu: also profile each contender's eager call on the host (cProfile, first shape, M = 1)")
     sp.add_argument("--png", help="write the plot (cpu: roofline at the largest thread count; distortion: MSE "
@@ -191,14 +213,22 @@ def add_bench_parser(sub, cpu_paths: Callable[[], list[str]]) -> None:
 def bench_format_names(p: argparse.ArgumentParser, args, cpu_paths: Callable[[], list[str]]) -> list[str]:
     """The format names a bench command will quantize to (for the caller to check before any work); a
     --path this CPU cannot run is an error on the parser."""
+    if args.gguf and (args.what != "e2e" or args.device != "cpu"):
+        p.error("--gguf goes with bench e2e on the CPU (llama.cpp and our import of the file)")
     if args.what == "e2e" and args.device == "cuda":
         names = [f for f in args.formats or [] if f != "fp16"]
     elif args.what == "e2e":
         from .e2e import variant_formats
+        from .e2e_gguf import check_bench_gguf
+        if args.formats and "smollm2" not in e2e_models(args):
+            p.error("--formats picks SmolLM2's rows; add --models smollm2 (a GGUF file's rows are llama.cpp and "
+                    "our import of it)")
         try:
             names = [f for v in args.formats or [] for f in variant_formats(v)]
+            for path in args.gguf or []:
+                check_bench_gguf(path)
         except ValueError as e:
-            p.error(str(e))
+            p.error(f"bench e2e: {e}")
     else:
         from .cpu import split_act_suffix
         names = [split_act_suffix(f)[0] for f in args.formats or []]

@@ -2,6 +2,9 @@
 tokens/s at batch 1, for SmolLM2-135M in fp32, bf16 and low-bit formats, eager and compiled (static
 KV cache, torch.compile fullgraph: torch_lowbit.generation.CompiledGenerator), next to llama.cpp on
 the same GGUF file in the same run when llama-cpp-python is installed (the optional [peers] extra).
+Each row also gives the weight bytes a decoded token reads and the bandwidth that makes at its
+decode speed. time_section runs one table (llama.cpp before and after ours); e2e_gguf uses it for
+any GGUF file.
 """
 from __future__ import annotations
 
@@ -9,23 +12,24 @@ import copy
 import statistics
 import sys
 import time
-from typing import Callable, Optional
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
 
 import torch
 
 from ..eval.assets import load_smollm2, smollm2_gguf
-from ..eval.speed import model_nbytes, prompt_ids
+from ..eval.speed import decode_read_nbytes, model_nbytes, prompt_ids
 from ..generation import CompiledGenerator
 
 # gguf: SmolLM2's own file imported with its blocks (int4_g32 layers, q8_0 embedding/tied head): the
 # weights llama.cpp runs. "F+E": format F for the Linear layers, E for the embedding and tied head.
 E2E_VARIANTS = ("fp32", "bf16", "gguf", "q4_0+q8_0")
 FLOAT_VARIANTS = ("fp32", "bf16", "gguf")
-LLAMA_CPP_LABEL = "llama.cpp (GGUF Q4_1, Q8_0 embedding/head)"  # its row: the bundled GGUF file
-LLAMA_CPP_MISSING = ("not installed (pip install 'torch_lowbit[peers]': builds llama.cpp from source, "
-                     "~10-20 min)")
-E2E_HEADERS = ["model", "mode", "size MB", "prefill tok/s", "decode tok/s", "prefill vs llama.cpp",
-               "decode vs llama.cpp", "decode vs fp32 eager"]
+# weights read MB/token: a decode step's weight bytes (all but the input embedding's table, of which it
+# reads one row); decode GB/s: those bytes x decode tok/s, to hold against the machine's read bandwidth.
+E2E_HEADERS = ["model", "mode", "size MB", "prefill tok/s", "decode tok/s", "weights read MB/token", "decode GB/s",
+               "prefill vs llama.cpp", "decode vs llama.cpp", "decode vs fp32 eager"]
 
 
 def llama_cpp_available() -> bool:
@@ -92,11 +96,11 @@ def _time_torch(model, ids: torch.Tensor, new_tokens: int, compiled: bool, repea
     return _median(prefill), _median(decode), first
 
 
-def time_llama_cpp(ids: list[int], new_tokens: int, threads: int, repeats: int) -> tuple[list, list]:
-    """(prefill tok/s, decode tok/s) of each of `repeats` runs of llama.cpp on the bundled GGUF, same
-    token ids, greedy."""
+def time_llama_cpp(path: Path, ids: list[int], new_tokens: int, threads: int, repeats: int) -> tuple[list, list]:
+    """(prefill tok/s, decode tok/s) of each of `repeats` runs of llama.cpp on the GGUF file at path,
+    the same token ids, greedy."""
     import llama_cpp
-    llm = llama_cpp.Llama(model_path=str(smollm2_gguf()), n_ctx=len(ids) + new_tokens + 8, n_threads=threads,
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=len(ids) + new_tokens + 8, n_threads=threads,
                           n_threads_batch=threads, n_batch=max(512, len(ids)), verbose=False)
     prefill, decode = [], []
     for i in range(repeats + 1):  # the first run warms up
@@ -113,48 +117,138 @@ def time_llama_cpp(ids: list[int], new_tokens: int, threads: int, repeats: int) 
     return prefill, decode
 
 
+def llama_cpp_fact(peers: bool) -> str:
+    """What the llama.cpp rows are: its version, or why they are missing."""
+    if not peers:
+        return "not asked"
+    if not llama_cpp_available():
+        return "not installed (pip install 'torch_lowbit[peers]': builds llama.cpp from source, ~10-20 min)"
+    import llama_cpp
+    return f"llama-cpp-python {llama_cpp.__version__}"
+
+
+@dataclass
+class Result:
+    label: str
+    mode: str
+    size_mb: float
+    read_bytes: int  # weight bytes per decoded token
+    prefill: float  # tok/s
+    decode: float  # tok/s
+
+
+@dataclass
+class Peer:
+    """llama.cpp on a GGUF file: its row label and decode weight bytes per token."""
+    path: Path
+    label: str
+    read_bytes: int
+
+
+# A variant: () -> (model, row label, KV cache bits or None); called when its rows are timed.
+Variant = Callable[[], tuple]
+
+
+@dataclass
+class GGUFTypes:
+    """The tensor types of a GGUF file's weights: linear (most common first), embedding, head (None:
+    tied to the embedding)."""
+    linear: list[str]
+    embedding: str
+    head: Optional[str]
+
+    def describe(self) -> str:
+        head = "embedding/head" if self.head is None else f"embedding, {self.head} head"
+        return f"{'/'.join(self.linear)}, {self.embedding} {head}"
+
+
+def gguf_types(reader) -> GGUFTypes:
+    """The weight types of an open GGUF file (gguf.GGUFReader)."""
+    from collections import Counter
+    by_name = {t.name: t.tensor_type.name for t in reader.tensors}
+    linear = Counter(t.tensor_type.name for t in reader.tensors if t.name.startswith("blk.") and len(t.shape) == 2)
+    return GGUFTypes([k for k, _ in linear.most_common()], by_name.get("token_embd.weight", "?"),
+                     by_name.get("output.weight"))
+
+
+def gguf_decode_read_nbytes(reader) -> int:
+    """Weight bytes llama.cpp reads per decoded token from an open GGUF file: every tensor, but one row
+    of token_embd when the file has its own output.weight (a tied head reads token_embd in full)."""
+    total = sum(int(t.n_bytes) for t in reader.tensors)
+    embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embedding is None or not any(t.name == "output.weight" for t in reader.tensors):
+        return total
+    rows = int(embedding.shape[1])  # ggml shape [hidden, vocab]
+    return total - int(embedding.n_bytes) + int(embedding.n_bytes) // rows
+
+
+def peer_of(path: Path) -> Peer:
+    """llama.cpp's row on a GGUF file: its label names the file's types."""
+    from ..io.gguf import open_gguf
+    reader = open_gguf(path)
+    return Peer(Path(path), f"llama.cpp (GGUF {gguf_types(reader).describe()})", gguf_decode_read_nbytes(reader))
+
+
+def time_section(variants: Sequence[Variant], ids: torch.Tensor, peer: Optional[Peer], *, new_tokens: int,
+                 threads: int, repeats: int, modes=("eager", "compiled"), progress: Callable[[str], None],
+                 facts: dict) -> list[Result]:
+    """Each variant in each mode through CompiledGenerator; llama.cpp on peer.path (None: no llama.cpp
+    rows) timed before and after ours, the median of both sets of runs (put in facts["llama.cpp runs"])."""
+    torch.set_num_threads(threads)
+    results = []
+    peer_runs = time_llama_cpp(peer.path, ids[0].tolist(), new_tokens, threads, repeats) if peer else None
+    if peer_runs:
+        progress(f"  llama.cpp (first of two times): prefill {_median(peer_runs[0]):.1f} tok/s, decode "
+                 f"{_median(peer_runs[1]):.1f} tok/s")
+    for make in variants:
+        model, label, kv_bits = make()
+        label += f", {kv_bits}-bit KV cache" if kv_bits else ""
+        mb, read = model_nbytes(model)["total"] / 1e6, decode_read_nbytes(model)
+        for mode in modes:
+            p, d, first = _time_torch(model, ids, new_tokens, mode == "compiled", repeats, kv_bits)
+            results.append(Result(label, mode, mb, read, p, d))
+            progress(f"  {label} {mode}: prefill {p:.1f} tok/s, decode {d:.1f} tok/s (first run {first:.0f} s)")
+        del model
+    if peer_runs:  # timed again after ours, so a slow or fast phase of a shared machine hits both
+        again = time_llama_cpp(peer.path, ids[0].tolist(), new_tokens, threads, repeats)
+        progress(f"  llama.cpp (second time): prefill {_median(again[0]):.1f} tok/s, decode {_median(again[1]):.1f} tok/s")
+        results.insert(0, Result(peer.label, "llama.cpp", peer.path.stat().st_size / 1e6, peer.read_bytes,
+                                 _median(peer_runs[0] + again[0]), _median(peer_runs[1] + again[1])))
+        facts["llama.cpp runs"] = {"first": peer_runs, "second": again}
+    return results
+
+
+def format_rows(results: Sequence[Result], vs_fp32: bool = True) -> list[list[str]]:
+    """E2E_HEADERS rows (vs_fp32=False: without the last column, for tables with no fp32 row)."""
+    peer = next((r for r in results if r.mode == "llama.cpp"), None)
+    fp32 = next((r for r in results if r.label == "fp32" and r.mode == "eager"), None)
+    rows = []
+    for r in results:
+        row = [r.label, r.mode, f"{r.size_mb:.1f}", f"{r.prefill:.1f}", f"{r.decode:.1f}", f"{r.read_bytes / 1e6:.1f}",
+               f"{r.read_bytes * r.decode / 1e9:.2f}", f"{r.prefill / peer.prefill:.2f}x" if peer else "-",
+               f"{r.decode / peer.decode:.2f}x" if peer else "-"]
+        rows.append(row + ([f"{r.decode / fp32.decode:.2f}x" if fp32 else "-"] if vs_fp32 else []))
+    return rows
+
+
 def bench_e2e(variants=E2E_VARIANTS, *, prompt_tokens: int = 256, new_tokens: int = 64, threads: int = 2,
               repeats: int = 3, modes=("eager", "compiled"), peers: bool = True,
               progress: Optional[Callable[[str], None]] = None) -> tuple[list[list[str]], dict]:
-    """Rows [model, mode, size MB, prefill tok/s, decode tok/s, prefill and decode vs llama.cpp, decode vs
-    fp32 eager] (llama.cpp: timed before and after ours, the median of both sets of runs)
-    and a dict of run facts (threads, prompt, llama.cpp version or why it is missing)."""
+    """SmolLM2-135M: E2E_HEADERS rows of each variant (fp32, bf16, gguf: its bundled GGUF imported, F or
+    F+E; each with @kv4 / @kv8) and llama.cpp on the bundled GGUF, and a dict of run facts (threads,
+    prompt, llama.cpp version or why it is missing)."""
     progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     torch.set_num_threads(threads)
     base, tok = load_smollm2()
     ids = prompt_ids(tok, prompt_tokens)
-    facts = {"threads": threads, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "repeats": repeats}
-    results = []  # (label, mode, MB, prefill, decode)
-    peer_runs = None
-    if peers and llama_cpp_available():
-        import llama_cpp
-        peer_runs = time_llama_cpp(ids[0].tolist(), new_tokens, threads, repeats)
-        facts["llama.cpp"] = f"llama-cpp-python {llama_cpp.__version__}"
-        progress(f"  llama.cpp (first of two times): prefill {_median(peer_runs[0]):.1f} tok/s, decode "
-                 f"{_median(peer_runs[1]):.1f} tok/s")
-    else:
-        facts["llama.cpp"] = LLAMA_CPP_MISSING if peers else "not asked"
-    for name in variants:
-        name, kv_bits = split_kv(name)
-        model, label = _variant(name, base, tok)
-        label += f", {kv_bits}-bit KV cache" if kv_bits else ""
-        mb = model_nbytes(model)["total"] / 1e6
-        for mode in modes:
-            p, d, first = _time_torch(model, ids, new_tokens, mode == "compiled", repeats, kv_bits)
-            results.append((label, mode, mb, p, d))
-            progress(f"  {label} {mode}: prefill {p:.1f} tok/s, decode {d:.1f} tok/s (first run {first:.0f} s)")
-        del model
-    if peer_runs is not None:  # timed again after ours, so a slow or fast phase of a shared machine hits both
-        again = time_llama_cpp(ids[0].tolist(), new_tokens, threads, repeats)
-        progress(f"  llama.cpp (second time): prefill {_median(again[0]):.1f} tok/s, decode {_median(again[1]):.1f} tok/s")
-        results.insert(0, (LLAMA_CPP_LABEL, "llama.cpp",
-                           smollm2_gguf().stat().st_size / 1e6, _median(peer_runs[0] + again[0]),
-                           _median(peer_runs[1] + again[1])))
-        facts["llama.cpp runs"] = {"first": peer_runs, "second": again}
-    peer = next((r for r in results if r[1] == "llama.cpp"), None)
-    fp32 = next((r for r in results if r[0] == "fp32" and r[1] == "eager"), None)
-    rows = []
-    for label, mode, mb, p, d in results:
-        rows.append([label, mode, f"{mb:.1f}", f"{p:.1f}", f"{d:.1f}", f"{p / peer[3]:.2f}x" if peer else "-",
-                     f"{d / peer[4]:.2f}x" if peer else "-", f"{d / fp32[4]:.2f}x" if fp32 else "-"])
-    return rows, facts
+    facts = {"threads": threads, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "repeats": repeats,
+             "llama.cpp": llama_cpp_fact(peers)}
+    peer = peer_of(smollm2_gguf()) if peers and llama_cpp_available() else None
+
+    def variant(spec: str) -> Variant:
+        name, kv_bits = split_kv(spec)
+        return lambda: (*_variant(name, base, tok), kv_bits)
+
+    results = time_section([variant(v) for v in variants], ids, peer, new_tokens=new_tokens, threads=threads,
+                           repeats=repeats, modes=modes, progress=progress, facts=facts)
+    return format_rows(results), facts

@@ -13,6 +13,7 @@ import torch
 
 from ..eval.speed import model_nbytes, prompt_ids
 from .e2e import _time_torch
+from .model_shapes import LLAMA_1B, LLAMA_1B_VOCAB, llama_config
 
 # TCQ formats are left out of the default: their Viterbi encoder runs on the CPU (SmolLM2 in tcq2_1mad
 # takes minutes on 16 cores); name them with --formats.
@@ -25,10 +26,8 @@ CUDA_E2E_HEADERS = ["model", "weights", "size MB", "prefill tok/s", "decode tok/
 def llama_1b_shaped(device: str = "cuda"):
     """A Llama-3.2-1B-shaped causal LM (16 layers, hidden 2048, MLP 8192, 32 query / 8 KV heads of 64,
     vocabulary 128256, tied embedding) with random weights, in fp16 on `device`."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                         num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True,
-                         max_position_embeddings=4096, rope_theta=500000.0)
+    from transformers import LlamaForCausalLM
+    config = llama_config(LLAMA_1B, LLAMA_1B_VOCAB)
     torch.manual_seed(0)
     with torch.device(device):
         model = LlamaForCausalLM(config).to(torch.float16)

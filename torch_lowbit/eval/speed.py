@@ -9,12 +9,17 @@ from torch import nn
 from ..nn import QuantLinear
 
 
+def _storage_key(t: torch.Tensor) -> tuple:
+    """Equal for tensors that are views of the same bytes (a tied head's weight and the embedding's)."""
+    return t.untyped_storage().data_ptr(), t.storage_offset(), t.numel(), t.dtype
+
+
 def model_nbytes(model: nn.Module) -> dict[str, int]:
     """Bytes of all parameters and persistent buffers (shared storage counted once), and of the
     Linear / QuantLinear weights alone."""
     seen, total, linear = set(), 0, 0
     for name, t in model.state_dict(keep_vars=True).items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel(), t.dtype)
+        key = _storage_key(t)
         if key in seen:
             continue
         seen.add(key)
@@ -25,6 +30,25 @@ def model_nbytes(model: nn.Module) -> dict[str, int]:
         elif isinstance(m, nn.Linear) and m is not getattr(model, "lm_head", None):
             linear += m.weight.numel() * m.weight.element_size()
     return {"total": total, "linear": linear}
+
+
+def decode_read_nbytes(model: nn.Module) -> int:
+    """Bytes of weights one decoded token reads: every parameter and persistent buffer once, except
+    the input embedding's table, of which a token reads one row (a head tied to it reads all of it:
+    counted under the head). Times decode tokens/s: the weight bandwidth a decode step draws."""
+    embedding = model.get_input_embeddings()
+    seen, total = set(), 0
+    for m in model.modules():
+        if m is embedding:
+            continue
+        own = list(m._parameters.values()) + [b for n, b in m._buffers.items()
+                                                 if n not in m._non_persistent_buffers_set]
+        for t in own:
+            if t is not None and _storage_key(t) not in seen:
+                seen.add(_storage_key(t))
+                total += t.numel() * t.element_size()
+    table = sum(t.numel() * t.element_size() for t in embedding.state_dict(keep_vars=True).values())
+    return total + table // embedding.num_embeddings
 
 
 @torch.no_grad()

@@ -96,7 +96,8 @@ def _field(reader, key: str):
     return None if f is None else f.contents()
 
 
-def _architecture(reader, path) -> str:
+def gguf_architecture(reader, path) -> str:
+    """The file's general.architecture, or a GGUFError naming the ones from_gguf supports."""
     arch = _field(reader, "general.architecture")
     if arch not in ARCHITECTURES:
         raise GGUFError(f"{path} holds a {arch!r} model; from_gguf supports the architectures "
@@ -150,7 +151,7 @@ def _plan_format(t, fqn: str, requantize: Optional[Format], is_head: bool) -> Op
 
 def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float32,
               requantize: Union[None, str, Format] = None, layout: Union[None, str, Layout] = None,
-              fuse: bool = True, quantized_embedding: bool = True):
+              fuse: bool = True, quantized_embedding: bool = True, tokenizer: bool = True):
     """(model, tokenizer) from a llama.cpp GGUF file (architectures llama (incl. Mistral), qwen2, qwen3).
 
     Linear weights stored as Q4_0 / Q4_1 / IQ4_NL / Q8_0 become QuantLinear modules in q4_0 / int4_g32 /
@@ -161,7 +162,8 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
     dequantized to `dtype`; requantize="FORMAT" quantizes the other Linear weights (not the LM head)
     to that format instead. layout: one layout for every QuantLinear (default: each format's CPU
     default). fuse: q/k/v and gate/up of one block become one QuantLinear where they share a format
-    (rows concatenated: lossless). tokenizer is None when the file has no tokenizer metadata.
+    (rows concatenated: lossless). The tokenizer returned is None when the file has no tokenizer
+    metadata, or with tokenizer=False (transformers' conversion of a GGUF vocabulary takes seconds).
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
@@ -170,7 +172,7 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
         raise TypeError(f"layout must be a layout name or a Layout, got {type(layout).__name__}")
     path = Path(os.fspath(path))
     reader = open_gguf(path)
-    arch = _architecture(reader, path)
+    arch = gguf_architecture(reader, path)
     config, model = _skeleton(path, dtype, _field(reader, f"{arch}.attention.key_length"))
     name_map = tensor_name_map(arch, config.num_hidden_layers)
     tensors = {t.name: t for t in reader.tensors}
@@ -257,7 +259,7 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
         if isinstance(m, QuantLinear):
             counts[f"{m.fmt.name}/{m.layout.name}"] = counts.get(f"{m.fmt.name}/{m.layout.name}", 0) + 1
     log.info("from_gguf %s: %s QuantLinear module(s) %s", path.name, sum(counts.values()), counts)
-    return model.eval(), _tokenizer(reader, path)
+    return model.eval(), gguf_tokenizer(reader, path) if tokenizer else None
 
 
 def _quantized_embedding(t, model: nn.Module, config, arch: str, dtype: torch.dtype,
@@ -299,7 +301,8 @@ def _skeleton(path: Path, dtype: torch.dtype, head_dim: Optional[int]):
     return config, model
 
 
-def _tokenizer(reader, path: Path):
+def gguf_tokenizer(reader, path: Path):
+    """transformers' tokenizer from the file's tokenizer.* keys; None when it has none."""
     if "tokenizer.ggml.model" not in reader.fields:
         log.info("%s has no tokenizer metadata: no tokenizer returned", path.name)
         return None

@@ -54,7 +54,7 @@ def to_gguf(model: nn.Module, path: Union[str, os.PathLike], tokenizer=None, *,
     meta = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.device.type == "meta"]
     if meta:
         raise ValueError(f"to_gguf: {meta[:3]} are on the meta device; load the weights first")
-    tokenizer_keys = _tokenizer_fields(open_gguf(template), gguf) if template is not None else []
+    tokenizer_keys = tokenizer_fields(open_gguf(template), gguf) if template is not None else []
     name_map = tensor_name_map(arch, config.num_hidden_layers)
 
     def gguf_name(hf_name: str) -> str:
@@ -118,7 +118,7 @@ def to_gguf(model: nn.Module, path: Union[str, os.PathLike], tokenizer=None, *,
     path = Path(os.fspath(path))
     tmp = path.with_name(path.name + ".tmp")
     writer = gguf.GGUFWriter(tmp, arch)
-    _write_metadata(writer, config, gguf)
+    write_metadata(writer, config, gguf)
     for key, value, main, sub in tokenizer_keys:
         writer.add_key_value(key, value, main, sub_type=sub)
     for name, data, type_name in tensors:
@@ -145,7 +145,7 @@ def _fused_members(model: nn.Module) -> dict[str, list[str]]:
     return out
 
 
-def _write_metadata(writer, config, gguf) -> None:
+def write_metadata(writer, config, gguf) -> None:
     """The {arch}.* hyperparameters llama.cpp and transformers' GGUF loader read."""
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -174,7 +174,7 @@ def _write_metadata(writer, config, gguf) -> None:
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
-def _tokenizer_fields(reader, gguf) -> list[tuple]:
+def tokenizer_fields(reader, gguf) -> list[tuple]:
     """(key, value, type, array item type) of every tokenizer.* key of a GGUF file."""
     out = []
     for key, field in reader.fields.items():

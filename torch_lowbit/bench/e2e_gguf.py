@@ -1,0 +1,104 @@
+"""`bench e2e` on GGUF files (--gguf PATH, and the Llama-3.2-1B-shaped files of gguf_recipe behind
+--models llama-1b): llama.cpp on the file next to our import of the same file, eager and compiled.
+Linear blocks torch_lowbit holds natively (Q4_0, Q4_1, IQ4_NL, Q8_0) are imported as they are; K-quant
+blocks, which we do not run natively yet, are requantized to the nearest format (REQUANTIZE_FOR).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Sequence
+
+from ..eval.speed import prompt_ids
+from .e2e import (E2E_HEADERS, E2E_VARIANTS, GGUFTypes, bench_e2e, format_rows, gguf_types, llama_cpp_available,
+                  llama_cpp_fact, peer_of, time_section)
+
+E2E_MODELS = ("smollm2", "llama-1b")
+GGUF_E2E_HEADERS = E2E_HEADERS[:-1]  # no fp32 row to compare with
+RANDOM_WEIGHTS = "random weights N(0, 0.02): speed only, never quality"
+
+# K-quant type -> the format its linear weights are requantized to (dequantized by gguf, then RTN):
+# the most common non-native type of a file picks the one format every non-native layer gets.
+REQUANTIZE_FOR = {"Q2_K": "int2_g64", "Q3_K": "int3_g64", "Q4_K": "int4_g32", "Q5_K": "q8_0", "Q6_K": "q8_0"}
+
+
+def check_bench_gguf(path) -> GGUFTypes:
+    """The file's weight types, or a one-line ValueError naming the fix: no file, not a readable GGUF,
+    an architecture from_gguf does not import, or no tokenizer to make the prompt with."""
+    from ..io.gguf import GGUFError, gguf_architecture, open_gguf
+    path = Path(path)
+    try:
+        reader = open_gguf(path)
+        gguf_architecture(reader, path)
+    except FileNotFoundError as e:
+        raise ValueError(f"{e}; pass the path of a llama.cpp .gguf model file") from e
+    except GGUFError as e:
+        raise ValueError(" ".join(str(e).split())) from e
+    if "tokenizer.ggml.model" not in reader.fields:
+        raise ValueError(f"{path} has no tokenizer.* metadata; bench e2e makes the prompt with the file's own "
+                         "tokenizer: pass a GGUF converted with its tokenizer")
+    return gguf_types(reader)
+
+
+def import_plan(types: GGUFTypes) -> tuple[Optional[str], str]:
+    """(requantize format or None, row label) of our import of a file with these types."""
+    from ..io.gguf_blocks import native_format
+    foreign = [k for k in types.linear if native_format(k) is None]
+    requantize = REQUANTIZE_FOR.get(foreign[0]) if foreign else None
+    ours = [native_format(k) for k in types.linear if native_format(k)]
+    if foreign:
+        ours.append(f"{'/'.join(foreign)} " + (f"requantized to {requantize}" if requantize else "dequantized to fp32"))
+    embedding = native_format(types.embedding) or "fp32"
+    head = "embedding/head" if types.head is None else \
+        f"embedding, {native_format(types.head) or 'fp32'} head"
+    return requantize, f"GGUF import: {' + '.join(ours)} + {embedding} {head}"
+
+
+def bench_e2e_gguf(path, *, tokenizer=None, prompt_tokens: int = 256, new_tokens: int = 64, threads: int = 2,
+                   repeats: int = 3, modes=("eager", "compiled"), peers: bool = True,
+                   progress: Optional[Callable[[str], None]] = None) -> tuple[list[list[str]], dict]:
+    """Rows (E2E_HEADERS but the fp32 column) of llama.cpp on the GGUF file at path and of from_gguf's
+    import of it (requantized where its linear blocks are K-quants: import_plan), and a dict of run
+    facts. tokenizer: makes the prompt ids (default: the file's own)."""
+    from ..io import from_gguf
+    from ..io.gguf import gguf_tokenizer, open_gguf
+    progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    path = Path(path)
+    types = check_bench_gguf(path)
+    requantize, label = import_plan(types)
+    ids = prompt_ids(tokenizer or gguf_tokenizer(open_gguf(path), path), prompt_tokens)
+    facts = {"threads": threads, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "repeats": repeats,
+             "llama.cpp": llama_cpp_fact(peers), "types": types}
+    peer = peer_of(path) if peers and llama_cpp_available() else None
+    imported = lambda: (from_gguf(path, requantize=requantize, tokenizer=False)[0], label, None)  # noqa: E731
+    results = time_section([imported], ids, peer, new_tokens=new_tokens, threads=threads, repeats=repeats,
+                           modes=modes, progress=progress, facts=facts)
+    return format_rows(results, vs_fp32=False), facts
+
+
+def e2e_sections(models: Sequence[str] = ("smollm2",), gguf_paths: Sequence = (), variants=E2E_VARIANTS,
+                 **timing) -> Iterator[tuple[str, list[str], list[list[str]]]]:
+    """(title, headers, rows) of each table, as each is timed: SmolLM2 (its variants and llama.cpp on
+    its bundled GGUF), the Llama-3.2-1B-shaped files (Q4_0 and Q2_K linear blocks; written once, then
+    cached), then each GGUF path. timing: bench_e2e's keyword arguments (prompt_tokens, new_tokens,
+    threads, repeats, modes, peers, progress)."""
+    from ..eval.assets import load_smollm2
+    from .gguf_recipe import LLAMA_1B_RECIPES, bench_gguf
+    unknown = [m for m in models if m not in E2E_MODELS]
+    if unknown:
+        raise ValueError(f"bench e2e: unknown model {unknown[0]!r}; choose from {', '.join(E2E_MODELS)}")
+    for path in gguf_paths:  # every file checked before anything is timed
+        check_bench_gguf(path)
+    if "smollm2" in models:
+        rows, _ = bench_e2e(variants, **timing)
+        yield "SmolLM2-135M-Instruct", E2E_HEADERS, rows
+    if "llama-1b" in models:
+        tokenizer = load_smollm2()[1]  # the files carry SmolLM2's tokenizer
+        for recipe in LLAMA_1B_RECIPES:
+            path = bench_gguf(recipe, timing.get("progress"))
+            rows, facts = bench_e2e_gguf(path, tokenizer=tokenizer, **timing)
+            yield (f"Llama-3.2-1B-shaped, {RANDOM_WEIGHTS}; GGUF {facts['types'].describe()} ({path})",
+                   GGUF_E2E_HEADERS, rows)
+    for path in gguf_paths:
+        rows, facts = bench_e2e_gguf(path, **timing)
+        yield f"{path}: GGUF {facts['types'].describe()}", GGUF_E2E_HEADERS, rows
