@@ -12,8 +12,10 @@ stopping criteria, cache bookkeeping) costs as much as a small model's whole for
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Optional
 
 import torch
@@ -108,6 +110,13 @@ def _bind_kv_layers(model: nn.Module, cache, enabled: bool):
             del mod._lowbit_kv_layer
 
 
+def greedy_step(model: nn.Module, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
+    """One forward over input_ids at cache_position (filling `cache`): the greedy next token of each row."""
+    out = model(input_ids=input_ids, position_ids=cache_position.unsqueeze(0).expand(input_ids.shape[0], -1),
+                cache_position=cache_position, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1].argmax(-1, keepdim=True)
+
+
 def _skip_guards(skip: bool):
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True) if skip else contextlib.nullcontext()
 
@@ -155,11 +164,17 @@ class CompiledGenerator:
     instead of hundreds of kernel launches and custom-op dispatches. Default: on when compiling a
     model whose parameters are on CUDA. Each step's token is copied out of the graph's output buffer,
     which the next replay overwrites.
+
+    compile_cache: save the compiled steps to a per-user cache and load them in later processes with
+    the same model structure and shapes (a warm start skips compilation; torch_lowbit/compile_cache.py).
+    Default on when compiling without CUDA graphs, unless $TORCH_LOWBIT_COMPILE_CACHE is "0";
+    compile_cache_dir: its folder (default <$TORCH_LOWBIT_CACHE or ~/.cache/torch_lowbit>/compiled).
     """
 
     def __init__(self, model: nn.Module, *, max_cache_len: int = 1024, compile: bool = True,
                  attn_implementation: Optional[str] = ATTENTION, kv_bits: Optional[int] = None, kv_group: int = 64,
-                 kv_residual: int = 128, cuda_graphs: Optional[bool] = None):
+                 kv_residual: int = 128, cuda_graphs: Optional[bool] = None, compile_cache: Optional[bool] = None,
+                 compile_cache_dir: Optional[str] = None):
         from transformers import StaticCache
         if not hasattr(model, "config") or not callable(getattr(model, "forward", None)):
             raise TypeError(f"CompiledGenerator needs a transformers causal LM, got {type(model).__name__}")
@@ -177,7 +192,6 @@ class CompiledGenerator:
         if kv is None:
             self._static_cache = StaticCache
         else:
-            from functools import partial
             from .kv_cache import QuantizedKVCache
             self._static_cache = partial(QuantizedKVCache, bits=kv["bits"], group=kv["group"],
                                          residual_length=kv["residual_length"], rotate_keys=kv.get("rotate_keys", True))
@@ -190,10 +204,22 @@ class CompiledGenerator:
         if cuda_graphs and not compile:
             raise ValueError("cuda_graphs=True replays the compiled decode step: it needs compile=True")
         self.cuda_graphs = bool(cuda_graphs)
-        # two functions, two dynamo caches: the prefill graph (dynamic length) never evicts the decode one
-        self._prefill = torch.compile(self._prefill_step, fullgraph=True, dynamic=True) if compile else self._step
-        self._decode = torch.compile(self._decode_step, fullgraph=True, dynamic=False,
-                                     mode="reduce-overhead" if self.cuda_graphs else None) if compile else self._step
+        if compile_cache is None:
+            compile_cache = compile and not cuda_graphs and os.environ.get("TORCH_LOWBIT_COMPILE_CACHE") != "0"
+        if compile_cache and not (compile and not cuda_graphs):
+            raise ValueError("compile_cache=True saves compiled steps: it needs compile=True and cuda_graphs=False")
+        self.compiled_steps = {}  # kind -> CachedCompile, where the compile cache is on
+        if compile_cache:
+            from .compile_cache import CachedCompile
+            self.compiled_steps = {kind: CachedCompile(greedy_step, name=kind, dynamic=kind == "prefill",
+                                                       directory=compile_cache_dir) for kind in ("prefill", "decode")}
+            self._prefill = partial(self.compiled_steps["prefill"], self.model)
+            self._decode = partial(self.compiled_steps["decode"], self.model)
+        else:
+            # two functions, two dynamo caches: the prefill graph (dynamic length) never evicts the decode one
+            self._prefill = torch.compile(self._prefill_step, fullgraph=True, dynamic=True) if compile else self._step
+            self._decode = torch.compile(self._decode_step, fullgraph=True, dynamic=False,
+                                         mode="reduce-overhead" if self.cuda_graphs else None) if compile else self._step
 
     def _prefill_step(self, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
         return self._step(input_ids, cache_position, cache)
@@ -210,10 +236,7 @@ class CompiledGenerator:
         return self._decode(input_ids, cache_position, cache).clone()
 
     def _step(self, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
-        out = self.model(input_ids=input_ids, position_ids=cache_position.unsqueeze(0).expand(input_ids.shape[0], -1),
-                         cache_position=cache_position, past_key_values=cache, use_cache=True,
-                         logits_to_keep=1)
-        return out.logits[:, -1].argmax(-1, keepdim=True)
+        return greedy_step(self.model, input_ids, cache_position, cache)
 
     def _fresh_cache(self, batch: int, device):
         if self._cache is None or self._cache_batch != batch:
