@@ -92,8 +92,15 @@ def test_a_corrupt_artifact_is_rebuilt_with_a_log_line(quantized_tiny, tmp_path,
     assert steps["decode"].loaded_from is None and steps["decode"].saved_to == path  # corrupt: rebuilt
     assert [r.getMessage() for r in caplog.records if "rebuilding" in r.getMessage()] == \
         [f"torch_lowbit compile cache: rebuilding {path} (signature mismatch (corrupt, or not written by this cache))"]
-    third = tl.CompiledGenerator(quantized_tiny, max_cache_len=16, compile_cache_dir=tmp_path)
-    assert torch.equal(third.generate(ids, 3), want) and third.compiled_steps["decode"].loaded_from == path  # rebuilt
+    # the rebuilt artifact serves a model of other weights (they are graph inputs, not constants)
+    torch.manual_seed(7)
+    other = tiny_llama()
+    tl.quantize_(other, "q4_0", progress=False)
+    third = tl.CompiledGenerator(other, max_cache_len=16, compile_cache_dir=tmp_path)
+    got = third.generate(ids, 3)
+    assert third.compiled_steps["decode"].loaded_from == path and third.compiled_steps["prefill"].loaded_from
+    assert torch.equal(got, other.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False))
+    assert not torch.equal(got, want)
 
 
 def test_the_key_follows_formats_and_shapes_not_weights():
