@@ -103,7 +103,7 @@ def _describe(value: Any, depth: int = 0) -> Any:
         return sorted(items, key=repr) if isinstance(value, (set, frozenset)) else items
     if isinstance(value, dict):
         return {str(k): _describe(v, depth) for k, v in value.items()}
-    if callable(value) and not hasattr(value, "__dict__") or inspect.isroutine(value) or inspect.isclass(value):
+    if inspect.isroutine(value) or inspect.isclass(value):
         return _name(value)
     if depth < 2 and hasattr(value, "__dict__"):
         return {"type": _name(type(value)), **{k: _describe(v, depth + 1) for k, v in vars(value).items()}}
@@ -205,7 +205,7 @@ def _check_sources(sources: list) -> None:
 def save_artifact(path: Path, signing_key: bytes, key: dict, compiled) -> None:
     """Written to a temp file in the same folder, then renamed over `path`: a reader sees the whole
     artifact or none."""
-    payload = compiled.serialize(compiled).serialized_data
+    payload = type(compiled).serialize(compiled).serialized_data
     header = json.dumps({"key": key, "sources": _traced_sources(compiled)}, sort_keys=True, default=str).encode()
     signed = header + b"\n" + payload
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
@@ -268,6 +268,7 @@ class CachedCompile:
         self.fn, self.name, self.dynamic = fn, name, dynamic
         self.directory = open_directory(directory)
         self._compiled = None
+        self._guards_passed = False  # once, before the caller may skip guard evaluation
         self._fallback = None
         self.fallback_calls = 0
         self.loaded_from: Optional[Path] = None  # the artifact a warm start loaded
@@ -300,7 +301,8 @@ class CachedCompile:
     def __call__(self, *args):
         if self._compiled is None:
             self._compiled = self._load_or_compile(args)
-        if _skipping_guards() or self._compiled.guard_check(*args):
+        if (self._guards_passed and _skipping_guards()) or self._compiled.guard_check(*args):
+            self._guards_passed = True
             return self._compiled.fn(*args)
         if self._fallback is None:
             log.warning("torch_lowbit compile cache: %s's arguments fail its guards (%s); compiling them with "
