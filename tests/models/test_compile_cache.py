@@ -125,6 +125,9 @@ def test_the_key_follows_formats_and_shapes_not_weights():
     assert key(quantized("q4_0"), kind="prefill") != base
     with torch.no_grad():
         assert key(quantized("q4_0")) != base  # grad mode is part of it too
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCH_LOWBIT_CPU_MAX_PATH", "avx2")  # another cap on the kernel paths
+        assert key(quantized("q4_0")) != base
 
 
 def test_an_artifact_from_another_key_or_user_is_never_unpickled(tmp_path, monkeypatch):
@@ -135,6 +138,16 @@ def test_an_artifact_from_another_key_or_user_is_never_unpickled(tmp_path, monke
     path.write_bytes(b"\x80\x04junk")
     with pytest.raises(compile_cache.StaleArtifact, match="not a torch_lowbit artifact"):
         compile_cache.load_artifact(path, compile_cache._signing_key(), {})
+
+
+def test_an_artifact_traced_from_changed_sources_is_stale():
+    from torch._dynamo.package import _hash_sourcelines
+    from torch_lowbit import generation
+    first = generation.greedy_step.__code__.co_firstlineno
+    current = _hash_sourcelines(generation, first, first + 5)
+    compile_cache._check_sources([["torch_lowbit.generation", first, first + 5, current]])  # unchanged: fine
+    with pytest.raises(compile_cache.StaleArtifact, match="changed"):
+        compile_cache._check_sources([["torch_lowbit.generation", first, first + 5, "0" * 64]])
 
 
 def test_a_folder_others_can_write_is_refused(tmp_path):
