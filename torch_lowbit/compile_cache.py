@@ -66,17 +66,23 @@ def open_directory(directory: Optional[os.PathLike | str] = None) -> Path:
 def _signing_key() -> bytes:
     """The user's secret (32 random bytes, mode 0600, in the default folder even when artifacts go to
     another: a folder someone hands over cannot bring its own key), made by the first process that needs it."""
-    key_path = open_directory() / _KEY_FILE
-    try:
-        fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        key = key_path.read_bytes()
-        if len(key) != 32:
-            raise PermissionError(f"{key_path} is not a torch_lowbit signing key; delete it (the cache is rebuilt)")
-        return key
-    key = secrets.token_bytes(32)
-    with os.fdopen(fd, "wb") as f:
-        f.write(key)
+    directory = open_directory()
+    key_path = directory / _KEY_FILE
+    if not key_path.exists():
+        # written whole to a temp file (mkstemp: mode 0600), then linked into place, which fails if a
+        # concurrent process got there first: nobody reads a half-written key
+        fd, tmp = tempfile.mkstemp(dir=directory)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
+        try:
+            os.link(tmp, key_path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    key = key_path.read_bytes()
+    if len(key) != 32:
+        raise PermissionError(f"{key_path} is not a torch_lowbit signing key; delete it (the cache is rebuilt)")
     return key
 
 
