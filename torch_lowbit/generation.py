@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import os
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Optional, Sequence, Union
 
 import torch
@@ -122,6 +124,19 @@ def _bind_kv_layers(model: nn.Module, cache, enabled: bool):
             del mod._lowbit_kv_layer
 
 
+def last_logits(model: nn.Module, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
+    """One forward over input_ids at cache_position (filling `cache`): [batch, vocab] logits of the last
+    position (what sampling draws from)."""
+    out = model(input_ids=input_ids, position_ids=cache_position.unsqueeze(0).expand(input_ids.shape[0], -1),
+                cache_position=cache_position, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1]
+
+
+def greedy_step(model: nn.Module, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
+    """One forward over input_ids at cache_position (filling `cache`): the greedy next token of each row."""
+    return last_logits(model, input_ids, cache_position, cache).argmax(-1, keepdim=True)
+
+
 def _skip_guards(skip: bool):
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True) if skip else contextlib.nullcontext()
 
@@ -172,11 +187,17 @@ class CompiledGenerator:
     instead of hundreds of kernel launches and custom-op dispatches. Default: on when compiling a
     model whose parameters are on CUDA. Each step's token is copied out of the graph's output buffer,
     which the next replay overwrites.
+
+    compile_cache: save the compiled steps to a per-user cache and load them in later processes with
+    the same model structure and shapes (a warm start skips compilation; torch_lowbit/compile_cache.py).
+    Default on when compiling without CUDA graphs, unless $TORCH_LOWBIT_COMPILE_CACHE is "0";
+    compile_cache_dir: its folder (default <$TORCH_LOWBIT_CACHE or ~/.cache/torch_lowbit>/compiled).
     """
 
     def __init__(self, model: nn.Module, *, max_cache_len: int = 1024, compile: bool = True,
                  attn_implementation: Optional[str] = ATTENTION, kv_bits: Optional[int] = None, kv_group: int = 64,
-                 kv_residual: int = 128, cuda_graphs: Optional[bool] = None):
+                 kv_residual: int = 128, cuda_graphs: Optional[bool] = None, compile_cache: Optional[bool] = None,
+                 compile_cache_dir: Optional[str] = None):
         from transformers import StaticCache
         if not hasattr(model, "config") or not callable(getattr(model, "forward", None)):
             raise TypeError(f"CompiledGenerator needs a transformers causal LM, got {type(model).__name__}")
@@ -194,7 +215,6 @@ class CompiledGenerator:
         if kv is None:
             self._static_cache = StaticCache
         else:
-            from functools import partial
             from .kv_cache import QuantizedKVCache
             self._static_cache = partial(QuantizedKVCache, bits=kv["bits"], group=kv["group"],
                                          residual_length=kv["residual_length"], rotate_keys=kv.get("rotate_keys", True))
@@ -207,13 +227,25 @@ class CompiledGenerator:
         if cuda_graphs and not compile:
             raise ValueError("cuda_graphs=True replays the compiled decode step: it needs compile=True")
         self.cuda_graphs = bool(cuda_graphs)
-        # one function per phase and output, one dynamo cache each: the prefill graph (dynamic length)
-        # never evicts the decode one, and the sampling graphs (last-position logits out; compiled on the
-        # first sampled call only) leave the greedy ones (argmax inside the graph) as they are
-        self._prefill = self._compiled(self._prefill_step, decode=False)
-        self._decode = self._compiled(self._decode_step, decode=True)
-        self._prefill_logits = self._compiled(self._prefill_logits_step, decode=False)
-        self._decode_logits = self._compiled(self._decode_logits_step, decode=True)
+        if compile_cache is None:
+            compile_cache = compile and not cuda_graphs and os.environ.get("TORCH_LOWBIT_COMPILE_CACHE") != "0"
+        if compile_cache and not (compile and not cuda_graphs):
+            raise ValueError("compile_cache=True saves compiled steps: it needs compile=True and cuda_graphs=False")
+        # one function per phase and output, one dynamo cache (or cache file) each: the prefill graph
+        # (dynamic length) never evicts the decode one, and the sampling graphs (last-position logits out;
+        # compiled on the first sampled call only) leave the greedy ones (argmax inside the graph) as they are
+        steps = {"prefill": greedy_step, "decode": greedy_step, "prefill_logits": last_logits, "decode_logits": last_logits}
+        self.compiled_steps = {}  # kind -> CachedCompile, where the compile cache is on
+        if compile_cache:
+            from .compile_cache import CachedCompile
+            self.compiled_steps = {kind: CachedCompile(fn, name=kind, dynamic=kind.startswith("prefill"),
+                                                       directory=compile_cache_dir) for kind, fn in steps.items()}
+            compiled = {kind: partial(step, self.model) for kind, step in self.compiled_steps.items()}
+        else:
+            compiled = {kind: self._compiled(partial(fn, self.model), decode=kind.startswith("decode"))
+                        for kind, fn in steps.items()}
+        self._prefill, self._decode = compiled["prefill"], compiled["decode"]
+        self._prefill_logits, self._decode_logits = compiled["prefill_logits"], compiled["decode_logits"]
 
     def _compiled(self, step, *, decode: bool):
         if not self.compiled:
@@ -221,18 +253,6 @@ class CompiledGenerator:
         if not decode:
             return torch.compile(step, fullgraph=True, dynamic=True)
         return torch.compile(step, fullgraph=True, dynamic=False, mode="reduce-overhead" if self.cuda_graphs else None)
-
-    def _prefill_step(self, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
-        return self._logits(input_ids, cache_position, cache).argmax(-1, keepdim=True)
-
-    def _decode_step(self, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
-        return self._logits(input_ids, cache_position, cache).argmax(-1, keepdim=True)
-
-    def _prefill_logits_step(self, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
-        return self._logits(input_ids, cache_position, cache)
-
-    def _decode_logits_step(self, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
-        return self._logits(input_ids, cache_position, cache)
 
     def _decode_once(self, decode, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
         """One decode step of `decode` (self._decode or self._decode_logits); from a CUDA graph, its
@@ -243,12 +263,6 @@ class CompiledGenerator:
         torch.compiler.cudagraph_mark_step_begin()
         return decode(input_ids, cache_position, cache).clone()
 
-    def _logits(self, input_ids: Tensor, cache_position: Tensor, cache) -> Tensor:
-        """[batch, vocab] logits of the last position."""
-        out = self.model(input_ids=input_ids, position_ids=cache_position.unsqueeze(0).expand(input_ids.shape[0], -1),
-                         cache_position=cache_position, past_key_values=cache, use_cache=True,
-                         logits_to_keep=1)
-        return out.logits[:, -1]
 
     def _fresh_cache(self, batch: int, device):
         if self._cache is None or self._cache_batch != batch:

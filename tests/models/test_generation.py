@@ -19,11 +19,28 @@ def quantized_tiny():
     return model
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _compile_cache_home(tmp_path_factory):
+    """Compiled steps (and the compile cache's signing key) go to a temporary folder, not the user's."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCH_LOWBIT_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
 @pytest.fixture(scope="module")
 def compiled(quantized_tiny):
     torch._dynamo.reset()
     gen = tl.CompiledGenerator(quantized_tiny, max_cache_len=48)
-    gen.generate(torch.randint(0, 256, (1, 5)), 3)  # compiles prefill and decode once
+    gen.generate(torch.randint(0, 256, (1, 5)), 3)  # compiles prefill and decode once (and saves them)
+    return gen
+
+
+@pytest.fixture(scope="module")
+def compiled_without_cache(quantized_tiny):
+    """Plain torch.compile (fullgraph) steps, traced by Dynamo in this process."""
+    torch._dynamo.reset()
+    gen = tl.CompiledGenerator(quantized_tiny, max_cache_len=48, compile_cache=False)
+    gen.generate(torch.randint(0, 256, (1, 5)), 3)
     return gen
 
 
@@ -32,7 +49,10 @@ def _hf_greedy(model, ids, n):
 
 
 @pytest.mark.parametrize("prompt_len", [1, 6, 13])
-def test_compiled_generation_equals_transformers_greedy_without_recompiling(quantized_tiny, compiled, prompt_len):
+@pytest.mark.parametrize("generator", ["compiled", "compiled_without_cache"])
+def test_compiled_generation_equals_transformers_greedy_without_recompiling(quantized_tiny, generator, prompt_len,
+                                                                            request):
+    compiled = request.getfixturevalue(generator)
     gen = torch.Generator().manual_seed(prompt_len)
     ids = torch.randint(0, quantized_tiny.config.vocab_size, (1, prompt_len), generator=gen)
     want = _hf_greedy(quantized_tiny, ids, 9)
@@ -40,6 +60,8 @@ def test_compiled_generation_equals_transformers_greedy_without_recompiling(quan
         got = compiled.generate(ids, 9)
     assert torch.equal(got, want)
     assert compiled.times.new_tokens == 9 and len(compiled.times.per_token_s) == 8
+    # with the compile cache: every call passed the saved steps' guards (none fell back to a new compile)
+    assert [s.fallback_calls for s in compiled.compiled_steps.values()] == ([0] * 4 if generator == "compiled" else [])
 
 
 def test_compiled_sampling_compiles_its_own_graphs_once_and_leaves_the_greedy_ones(quantized_tiny, compiled):
@@ -65,7 +87,9 @@ def test_int8_kernels_run_inside_the_compiled_decode_step(quantized_tiny, compil
     names = {e.name for e in prof.events()}
     assert "torch_lowbit::lut_i8_linear" in names, sorted(n for n in names if "lowbit" in n)
     assert "torch_lowbit::gqa_attention" in names, sorted(n for n in names if "lowbit" in n)  # decode attention
-    assert any("Torch-Compiled Region" in n or "CompiledFunction" in n for n in names), "ran eagerly"
+    # inductor's graph ran (a compiled region traced here, or the precompiled steps' FX graph call)
+    assert any("Torch-Compiled Region" in n or "CompiledFunction" in n or "Call CompiledFxGraph" in n
+               for n in names), "ran eagerly"
 
 
 def test_attention_implementation_is_restored(quantized_tiny):
