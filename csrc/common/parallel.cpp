@@ -41,13 +41,16 @@ constexpr uint32_t kClosed = 0xFFFFFFFFu;
 constexpr int64_t kChunksPerThread = 4;  // slack for a thread that is descheduled mid-job
 // How long an idle worker spins for the next job before it sleeps: a decode step calls a kernel
 // every ~50-200 µs, and waking a sleeping thread costs tens of µs.
-std::chrono::microseconds worker_spin() {
-  static const auto spin = [] {
-    const char* v = std::getenv("TORCH_LOWBIT_POOL_SPIN_US");
-    return std::chrono::microseconds(v ? std::strtol(v, nullptr, 10) : 100);
-  }();
-  return spin;
-}
+constexpr auto kWorkerSpin = std::chrono::microseconds(100);
+
+using Clock = std::chrono::steady_clock;
+
+// How a job went for the calling thread: the time it spent on its own chunks (and how many), and the
+// time it then waited for chunks workers had claimed.
+struct JobTimes {
+  Clock::duration own{}, wait{};
+  uint32_t own_chunks = 0;
+};
 
 class Pool {
  public:
@@ -67,7 +70,7 @@ class Pool {
   }
 
   // Runs the job on the calling thread plus the workers; returns when every chunk is done.
-  void run(int64_t begin, int64_t end, int64_t chunk, uint32_t chunks, const RangeFn& f) {
+  JobTimes run(int64_t begin, int64_t end, int64_t chunk, uint32_t chunks, const RangeFn& f) {
     const uint64_t gen = (claim_.load() >> 32) + 1;
     claim_.store(gen << 32 | kClosed);  // workers holding the previous word cannot claim any more
     f_.store(&f, std::memory_order_relaxed);
@@ -81,23 +84,29 @@ class Pool {
       { std::lock_guard<std::mutex> lk(sleep_mutex_); }
       wake_.notify_all();
     }
-    work(static_cast<uint32_t>(gen));
+    JobTimes times;
+    const auto start = Clock::now();
+    times.own_chunks = work(static_cast<uint32_t>(gen));
+    const auto own_done = Clock::now();
+    times.own = own_done - start;
     for (int spins = 0; done_.load(std::memory_order_acquire) < chunks; ++spins) {
       if (spins < 4096) cpu_relax();
       else std::this_thread::yield();  // a worker that claimed a chunk is not running: let it
     }
+    times.wait = Clock::now() - own_done;
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));  // f's first exception, any thread
+    return times;
   }
 
  private:
-  // Claims and runs chunks of generation `gen` until none is left.
-  void work(uint32_t gen) {
-    for (;;) {
+  // Claims and runs chunks of generation `gen` until none is left; how many it ran.
+  uint32_t work(uint32_t gen) {
+    for (uint32_t ran = 0;;) {
       uint64_t word = claim_.load(std::memory_order_acquire);
       const uint32_t next = static_cast<uint32_t>(word);
-      if ((word >> 32) != gen || next == kClosed) return;
+      if ((word >> 32) != gen || next == kClosed) return ran;
       const uint32_t chunks = chunks_.load(std::memory_order_relaxed);
-      if (next >= chunks) return;
+      if (next >= chunks) return ran;
       const RangeFn* f = f_.load(std::memory_order_relaxed);
       const int64_t begin = begin_.load(std::memory_order_relaxed), end = end_.load(std::memory_order_relaxed);
       const int64_t chunk = chunk_.load(std::memory_order_relaxed);
@@ -111,13 +120,14 @@ class Pool {
         if (!error_) error_ = std::current_exception();
       }
       done_.fetch_add(1, std::memory_order_release);
+      ++ran;
     }
   }
 
   void worker() {
     uint32_t seen = static_cast<uint32_t>(claim_.load() >> 32);
     for (;;) {
-      const auto spin_until = std::chrono::steady_clock::now() + worker_spin();
+      const auto spin_until = std::chrono::steady_clock::now() + kWorkerSpin;
       int spins = 0;
       while (static_cast<uint32_t>(claim_.load() >> 32) == seen && !stop_.load()) {
         cpu_relax();
@@ -229,6 +239,39 @@ void set_threading(const std::string& scheduler, int64_t threads) {
   settings().pool.store(mode == "pool");
 }
 
+namespace {
+
+// Beside a busy program, a worker that claimed a chunk may be preempted for a whole scheduler slice
+// (milliseconds) while the caller waits for it; one thread alone is then faster than two (SmolLM2
+// decode with the other core busy: 77 tok/s on one thread, 61 on two; docs/kernels/cpu.md). So when
+// the caller waits for a worker longer than two of its own chunks took (plus 50 µs of slack), later
+// calls run on the calling thread alone for 20x the time lost (1 to 200 ms): a stall then costs at
+// most ~5% against running on one thread, and on a quiet machine a rare one costs little. Decided by
+// the caller holding the pool; read by any caller.
+constexpr auto kStallSlack = std::chrono::microseconds(50);
+constexpr int kBackOffPerLost = 20;
+constexpr auto kShortestBackOff = std::chrono::milliseconds(1), kLongestBackOff = std::chrono::milliseconds(200);
+std::atomic<int64_t> inline_until{0};  // Clock ticks
+std::atomic<int64_t> pool_jobs{0}, stalled_jobs{0}, inline_jobs{0};  // for pool_stats()
+
+bool backing_off() { return Clock::now().time_since_epoch().count() < inline_until.load(std::memory_order_relaxed); }
+
+void note_job(const JobTimes& t) {
+  const auto expected = 2 * (t.own / std::max<uint32_t>(t.own_chunks, 1)) + kStallSlack;
+  pool_jobs.fetch_add(1, std::memory_order_relaxed);
+  if (t.wait <= expected) return;
+  stalled_jobs.fetch_add(1, std::memory_order_relaxed);
+  const auto back_off = std::clamp<Clock::duration>(kBackOffPerLost * (t.wait - expected), kShortestBackOff,
+                                                    kLongestBackOff);
+  inline_until.store((Clock::now() + back_off).time_since_epoch().count(), std::memory_order_relaxed);
+}
+
+}  // namespace
+
+std::vector<int64_t> pool_stats() {
+  return {pool_jobs.load(), stalled_jobs.load(), inline_jobs.load()};
+}
+
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const RangeFn& f) {
   if (begin >= end) return;
   if (!uses_own_thread_pool()) return at::parallel_for(begin, end, grain, f);
@@ -239,9 +282,13 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const RangeFn& f) {
   const int64_t chunk = std::max(grain, (range + threads * kChunksPerThread - 1) / (threads * kChunksPerThread));
   const int64_t chunks = (range + chunk - 1) / chunk;
   if (threads <= 1 || chunks <= 1) return f(begin, end);
+  if (backing_off()) {
+    inline_jobs.fetch_add(1, std::memory_order_relaxed);
+    return f(begin, end);
+  }
   std::unique_lock<std::mutex> lk(pool_mutex, std::try_to_lock);
   if (!lk.owns_lock()) return f(begin, end);  // another thread's call holds the pool
-  pool_with(static_cast<int>(threads - 1))->run(begin, end, chunk, static_cast<uint32_t>(chunks), f);
+  note_job(pool_with(static_cast<int>(threads - 1))->run(begin, end, chunk, static_cast<uint32_t>(chunks), f));
 }
 
 }  // namespace torch_lowbit

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace torch_lowbit {
 
@@ -44,5 +45,9 @@ int64_t pool_threads();
 // scheduler "pool" (threads: 0 follows torch, N fixes the count) or "openmp" (threads must be 0).
 // Takes effect at the next kernel call; the Python side is torch_lowbit.set_num_threads.
 void set_threading(const std::string& scheduler, int64_t threads);
+
+// Since the process started: jobs the pool ran, those where the caller waited on a stalled worker,
+// and jobs run on the calling thread alone while backing off after a stall (parallel.cpp).
+std::vector<int64_t> pool_stats();
 
 }  // namespace torch_lowbit
