@@ -59,6 +59,15 @@ def tiny_llama(**overrides):
     return LlamaForCausalLM(LlamaConfig(**cfg)).eval()
 
 
+def quantized_tiny_llama(fmt: str = "q4_0", seed: int = 0):
+    """tiny_llama() with torch's global seed set first (its random weights), its linears in `fmt`."""
+    import torch_lowbit as tl
+    torch.manual_seed(seed)
+    model = tiny_llama()
+    tl.quantize_(model, fmt, progress=False)
+    return model
+
+
 def random_linear(k, n, bias, gen):
     """An nn.Linear with heavy-ish tails and a per-row scale spread, like real weights."""
     lin = torch.nn.Linear(k, n, bias=bias)

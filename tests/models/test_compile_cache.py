@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import torch_lowbit as tl
-from conftest import tiny_llama
+from conftest import quantized_tiny_llama
 from torch_lowbit import compile_cache
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,10 +31,8 @@ _CHILD = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {tests!r})
     import torch, torch_lowbit as tl
-    from conftest import tiny_llama
-    torch.manual_seed(0)
-    model = tiny_llama()
-    tl.quantize_(model, "q4_0", progress=False)
+    from conftest import quantized_tiny_llama
+    model = quantized_tiny_llama("q4_0", seed=0)
     gen = tl.CompiledGenerator(model, max_cache_len=32, compile_cache_dir={folder!r})
     out = gen.generate(torch.arange(3, 9).unsqueeze(0), 5)
     print(json.dumps({{"tokens": out.tolist(), **{{kind: [str(s.loaded_from), str(s.saved_to), s.fallback_calls]
@@ -61,19 +59,14 @@ def test_a_fresh_process_loads_the_compiled_steps_and_gives_the_same_tokens(tmp_
     assert cold["prefill"][2] == cold["decode"][2] == warm["prefill"][2] == warm["decode"][2] == 0  # guards held
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     # the same tokens as transformers' own greedy generate
-    torch.manual_seed(0)
-    model = tiny_llama()
-    tl.quantize_(model, "q4_0", progress=False)
+    model = quantized_tiny_llama("q4_0", seed=0)
     want = model.generate(torch.arange(3, 9).unsqueeze(0), max_new_tokens=5, min_new_tokens=5, do_sample=False)
     assert warm["tokens"] == want.tolist()
 
 
 @pytest.fixture(scope="module")
 def quantized_tiny():
-    torch.manual_seed(99)
-    model = tiny_llama()
-    tl.quantize_(model, "q4_0", progress=False)
-    return model
+    return quantized_tiny_llama("q4_0", seed=99)
 
 
 def test_a_corrupt_artifact_is_rebuilt_with_a_log_line(quantized_tiny, tmp_path, caplog):
@@ -93,9 +86,7 @@ def test_a_corrupt_artifact_is_rebuilt_with_a_log_line(quantized_tiny, tmp_path,
     assert [r.getMessage() for r in caplog.records if "rebuilding" in r.getMessage()] == \
         [f"torch_lowbit compile cache: rebuilding {path} (signature mismatch (corrupt, or not written by this cache))"]
     # the rebuilt artifact serves a model of other weights (they are graph inputs, not constants)
-    torch.manual_seed(7)
-    other = tiny_llama()
-    tl.quantize_(other, "q4_0", progress=False)
+    other = quantized_tiny_llama("q4_0", seed=7)
     third = tl.CompiledGenerator(other, max_cache_len=16, compile_cache_dir=tmp_path)
     got = third.generate(ids, 3)
     assert third.compiled_steps["decode"].loaded_from == path and third.compiled_steps["prefill"].loaded_from
@@ -111,24 +102,18 @@ def test_the_key_follows_formats_and_shapes_not_weights():
         args = (model, ids, torch.tensor([0]), cache)
         return compile_cache.key_digest(compile_cache.step_key(tl.generation.greedy_step, args, dynamic=kind == "prefill"))
 
-    def quantized(fmt, seed=0):
-        torch.manual_seed(seed)
-        model = tiny_llama()
-        tl.quantize_(model, fmt, progress=False)
-        return model
-
-    base = key(quantized("q4_0"))
-    assert key(quantized("q4_0", seed=1)) == base  # other weights: same compiled code (weights are inputs)
-    assert key(quantized("q8_0")) != base  # another format
-    assert key(quantized("q4_0"), batch=2) != base  # another batch
-    assert key(quantized("q4_0"), cache_len=32) != base  # another cache length
-    assert key(quantized("q4_0"), kind="prefill") != base
+    base = key(quantized_tiny_llama("q4_0"))
+    assert key(quantized_tiny_llama("q4_0", seed=1)) == base  # other weights: same compiled code (weights are inputs)
+    assert key(quantized_tiny_llama("q8_0")) != base  # another format
+    assert key(quantized_tiny_llama("q4_0"), batch=2) != base  # another batch
+    assert key(quantized_tiny_llama("q4_0"), cache_len=32) != base  # another cache length
+    assert key(quantized_tiny_llama("q4_0"), kind="prefill") != base
     with torch.no_grad():
-        assert key(quantized("q4_0")) != base  # grad mode is part of it too
+        assert key(quantized_tiny_llama("q4_0")) != base  # grad mode is part of it too
     with pytest.MonkeyPatch.context() as mp:
         # another cap on the kernel paths than the run's own (CI may already cap at avx2)
         mp.setenv("TORCH_LOWBIT_CPU_MAX_PATH", "scalar" if os.environ.get("TORCH_LOWBIT_CPU_MAX_PATH") else "avx2")
-        assert key(quantized("q4_0")) != base
+        assert key(quantized_tiny_llama("q4_0")) != base
 
 
 def test_an_artifact_from_another_key_or_user_is_never_unpickled(tmp_path, monkeypatch):

@@ -8,15 +8,12 @@ import pytest
 import torch
 
 import torch_lowbit as tl
-from conftest import tiny_llama
+from conftest import quantized_tiny_llama, tiny_llama
 
 
 @pytest.fixture(scope="module")
 def quantized_tiny():
-    torch.manual_seed(1234)
-    model = tiny_llama()
-    tl.quantize_(model, "q4_0", progress=False)
-    return model
+    return quantized_tiny_llama("q4_0", seed=1234)
 
 
 @pytest.fixture(scope="module", autouse=True)
