@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/attention_row.h"
 #include "common/parallel.h"
 
 namespace torch_lowbit {
@@ -48,6 +49,7 @@ at::Tensor gqa_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at:
   const int64_t ms0 = mp ? mf.stride(0) : 0, ms1 = mp ? mf.stride(1) : 0, ms2 = mp ? mf.stride(2) : 0,
                 ms3 = mp ? mf.stride(3) : 0;
   // one task per (b, h, s) query row: scores over L keys, softmax, weighted sum of L value rows
+  const AttendRowFn attend = attend_row_kernel();
   parallel_for(0, B * H * S, 16, [&](int64_t r0, int64_t r1) {
     std::vector<float> p(L);
     for (int64_t r = r0; r < r1; ++r) {
@@ -56,30 +58,7 @@ at::Tensor gqa_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at:
       const float* kbase = kp + (b * Hkv + kv) * L * D;
       const float* vbase = vp + (b * Hkv + kv) * L * D;
       const float* mrow = mp ? mp + b * ms0 + h * ms1 + s * ms2 : nullptr;
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < L; ++j) {
-        const float* krow = kbase + j * D;
-        float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t i = 0; i < D; ++i) dot += qrow[i] * krow[i];
-        float sc = dot * fscale;
-        if (mrow) sc += mrow[j * ms3];
-        p[j] = sc;
-        mx = std::max(mx, sc);
-      }
-      float* orow = op + ((b * S + s) * H + h) * D;
-      for (int64_t i = 0; i < D; ++i) orow[i] = 0.f;
-      float total = 0.f;
-      for (int64_t j = 0; j < L; ++j) {
-        const float e = mx == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(p[j] - mx);
-        total += e;
-        if (e == 0.f) continue;
-        const float* vrow = vbase + j * D;
-#pragma omp simd
-        for (int64_t i = 0; i < D; ++i) orow[i] += e * vrow[i];
-      }
-      const float inv = total > 0.f ? 1.f / total : std::numeric_limits<float>::quiet_NaN();
-      for (int64_t i = 0; i < D; ++i) orow[i] *= inv;
+      attend(qrow, kbase, vbase, D, L, D, fscale, mrow, ms3, p.data(), op + ((b * S + s) * H + h) * D);
     }
   });
   return out.to(q.scalar_type());

@@ -62,6 +62,10 @@ TORCH_LIBRARY_IMPL(torch_lowbit, CPU, m) {
   m.impl("kv_attention", &torch_lowbit::kv_attention_cpu);
 }
 
+namespace torch_lowbit {
+void register_native_decoder(pybind11::module& m);  // csrc/native_decoder.cpp
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torch_lowbit CPU kernels (ops are registered under torch.ops.torch_lowbit)";
   m.def("available_cpu_paths", &torch_lowbit::available_cpu_paths, "CPU kernel paths this CPU can run, best first");
@@ -79,6 +83,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pool_stats", &torch_lowbit::pool_stats, "[pool jobs, jobs with a stalled worker, jobs run inline after a stall]");
   m.def("set_threading", &torch_lowbit::set_threading, "Choose the CPU kernels' scheduler (pool or openmp) and the "
         "pool's thread count (0: follow torch); torch_lowbit.set_num_threads is the public call");
+  torch_lowbit::register_native_decoder(m);
   m.def("cpu_has_avx_vnni", &torch_lowbit::cpu_has_avx_vnni, "AVX-VNNI (vpdpbusd on ymm: the avxvnni path)");
   m.def("cpu_has_avx512_vnni", &torch_lowbit::cpu_has_avx512_vnni, "AVX-512 VNNI (int8 kernels of the avx512 path)");
   m.def("cpu_has_avx512_vbmi", &torch_lowbit::cpu_has_avx512_vbmi, "AVX-512 VBMI (palette kernels of the avx512 path)");

@@ -21,7 +21,7 @@ LAYERS = [
     ("torch_lowbit.calibrate",),
     ("torch_lowbit.nn", "torch_lowbit.kv_cache"),  # modules; the quantized KV cache
     ("torch_lowbit.io", "torch_lowbit.compile_cache", "torch_lowbit.sampling", "torch_lowbit.generation",
-     "torch_lowbit.generate_route", "torch_lowbit.quarot"),  # checkpoints, GGUF; compiled steps saved; sampling, generation and its route; recipes
+     "torch_lowbit.generate_route", "torch_lowbit.native_decode", "torch_lowbit.quarot"),  # checkpoints, GGUF; compiled steps saved; sampling, generation, its route and the native decoder; recipes
     ("torch_lowbit.hf",),  # the transformers quantizer (LowbitConfig), HF folders, load_quantized_model
     ("torch_lowbit.eval", "torch_lowbit.bench", "torch_lowbit.tools"),
     ("torch_lowbit.cli", "torch_lowbit.__main__", "torch_lowbit"),

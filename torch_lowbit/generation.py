@@ -16,6 +16,7 @@ stopping criteria, cache bookkeeping) costs as much as a small model's whole for
 from __future__ import annotations
 
 import contextlib
+import logging
 import numbers
 import os
 import time
@@ -29,6 +30,8 @@ from torch import Tensor, nn
 from .ops.attention import gqa_attention as gqa_attention_op
 from .ops.threads import kernels_on_the_pool
 from .sampling import Sampler
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -188,6 +191,13 @@ class CompiledGenerator:
     model whose parameters are on CUDA. Each step's token is copied out of the graph's output buffer,
     which the next replay overwrites.
 
+    native: run prefill and decode with the native decoder (torch_lowbit/native_decode.py: the whole
+    forward step in C++ over the quantized buffers, no compiled graph to build or load) where the model
+    allows it: a Llama-family model on the CPU whose projections are lut_i8 QuantLinears or float32
+    nn.Linear, a float cache, and logits that match the model's own forward on a probe. Default (None):
+    on when compiling on the CPU, else off; a model it cannot run then uses the compiled steps, with
+    one log line saying why (`native_reason`). True: required (ValueError naming why not); False: off.
+
     compile_cache: save the compiled steps to a per-user cache and load them in later processes with
     the same model structure and shapes (a warm start skips compilation; torch_lowbit/compile_cache.py).
     Default on when compiling without CUDA graphs, unless $TORCH_LOWBIT_COMPILE_CACHE is "0";
@@ -197,7 +207,7 @@ class CompiledGenerator:
     def __init__(self, model: nn.Module, *, max_cache_len: int = 1024, compile: bool = True,
                  attn_implementation: Optional[str] = ATTENTION, kv_bits: Optional[int] = None, kv_group: int = 64,
                  kv_residual: int = 128, cuda_graphs: Optional[bool] = None, compile_cache: Optional[bool] = None,
-                 compile_cache_dir: Optional[str] = None):
+                 compile_cache_dir: Optional[str] = None, native: Optional[bool] = None):
         from transformers import StaticCache
         if not hasattr(model, "config") or not callable(getattr(model, "forward", None)):
             raise TypeError(f"CompiledGenerator needs a transformers causal LM, got {type(model).__name__}")
@@ -245,7 +255,27 @@ class CompiledGenerator:
             compiled = {kind: self._compiled(partial(fn, self.model), decode=kind.startswith("decode"))
                         for kind, fn in steps.items()}
         self._prefill, self._decode = compiled["prefill"], compiled["decode"]
+        self._native_required = native is True
+        self.native = native if native is not None else (compile and not cuda_graphs and kv is None)
+        if self.native and (cuda_graphs or kv is not None):
+            raise ValueError("native=True runs its own steps on a float cache: it excludes cuda_graphs and kv_bits")
+        self._native = None  # the NativeDecoder, built on the first call
+        self.native_reason: Optional[str] = None  # why the native decoder is not used, once decided
         self._prefill_logits, self._decode_logits = compiled["prefill_logits"], compiled["decode_logits"]
+
+    def _native_decoder(self, device: torch.device):
+        """The NativeDecoder where it runs this model (built and probed on the first call), else None."""
+        if not self.native or self.native_reason is not None:
+            return self._native
+        if self._native is None:
+            from .native_decode import native_decoder
+            self._native, self.native_reason = native_decoder(self.model, self.max_cache_len) \
+                if device.type == "cpu" else (None, "the model is not on the CPU")
+            if self._native is None:
+                if self._native_required:
+                    raise ValueError(f"native=True, but the native decoder cannot run this model: {self.native_reason}")
+                log.warning("torch_lowbit: native decoder off (%s); using the compiled steps", self.native_reason)
+        return self._native
 
     def _compiled(self, step, *, decode: bool):
         if not self.compiled:
@@ -278,6 +308,8 @@ class CompiledGenerator:
             self._cache_batch = batch
         else:
             self._cache.reset()  # reuse the buffers (and the compiled graphs that captured them)
+        if self._native is not None:
+            self._native.bind(self._cache)
         return self._cache
 
     @torch.no_grad()
@@ -315,6 +347,7 @@ class CompiledGenerator:
             sampler = None
         stop_ids = None if eos_token_id is None else torch.tensor(
             [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=input_ids.device)
+        self._native_decoder(input_ids.device)
         with _attention(self.model, self.attn_implementation):
             cache = self._fresh_cache(input_ids.shape[0], input_ids.device)
             with _bind_kv_layers(self.model, cache, self.attn_implementation == ATTENTION):
@@ -333,6 +366,10 @@ class CompiledGenerator:
         # greedy: the argmax inside the graph; sampling: the graph returns the logits, the sampler picks
         prefill, decode = (self._prefill, self._decode) if sampler is None else (self._prefill_logits, self._decode_logits)
         pick = sampler or (lambda token: token)
+        native = self._native
+        if native is not None:  # one C++ call per step, logits out: greedy picks the argmax here
+            prefill = decode = lambda ids, position, _cache: native(ids, int(position[0]))
+            pick = sampler or (lambda logits: logits.argmax(-1, keepdim=True))
         times = GenerationTimes(prompt_tokens=n * input_ids.shape[0], new_tokens=max_new_tokens)
         t0 = time.perf_counter()
         # a one-token prompt is a decode step (dynamic shapes specialize sizes 0 and 1: no own graph)
@@ -355,7 +392,7 @@ class CompiledGenerator:
                 t = time.perf_counter()
                 # after the first step has passed every guard, nothing they check can change until this
                 # loop ends (same model, cache, shapes): skip their evaluation (ms per token on small models)
-                with _skip_guards(self.compiled and i > 0):
+                with _skip_guards(self.compiled and native is None and i > 0):
                     token = pick(self._decode_once(decode, token, torch.tensor([n + i], device=device), cache))
                 if done is not None and pad_token_id is not None:
                     token = torch.where(done, pad_token_id, token)  # a finished row: padding from now on

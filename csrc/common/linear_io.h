@@ -7,19 +7,25 @@
 
 namespace torch_lowbit {
 
-inline void check_linear_io(const char* op, const at::Tensor& x, int64_t K, int64_t N, int64_t group,
-                            const c10::optional<at::Tensor>& bias, std::initializer_list<const at::Tensor*> cpu) {
-  TORCH_CHECK(x.is_floating_point() && x.scalar_type() != at::kDouble && x.dim() >= 1, op,
-              ": x must be a float32, bfloat16 or float16 tensor, got ", x.scalar_type());
-  TORCH_CHECK(x.size(-1) == K, op, ": x has ", x.size(-1), " features but the weight has K=", K);
+// The weight side: group size, bias, and the weight tensors on the CPU.
+inline void check_linear_params(const char* op, int64_t K, int64_t N, int64_t group,
+                                const c10::optional<at::Tensor>& bias, std::initializer_list<const at::Tensor*> cpu) {
   if (group != 0)  // 0: the format has no groups along K
     TORCH_CHECK(group > 0 && group % 32 == 0 && K % group == 0, op, ": group size ", group,
                 " must be a multiple of 32 dividing K=", K);
   if (bias.has_value())
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->is_floating_point(), op,
                 ": bias must be a float vector of length N=", N);
-  TORCH_CHECK(x.device().is_cpu(), op, " (CPU kernel): all tensors must be on the CPU");
   for (const at::Tensor* t : cpu) TORCH_CHECK(t->device().is_cpu(), op, " (CPU kernel): all tensors must be on the CPU");
+}
+
+inline void check_linear_io(const char* op, const at::Tensor& x, int64_t K, int64_t N, int64_t group,
+                            const c10::optional<at::Tensor>& bias, std::initializer_list<const at::Tensor*> cpu) {
+  TORCH_CHECK(x.is_floating_point() && x.scalar_type() != at::kDouble && x.dim() >= 1, op,
+              ": x must be a float32, bfloat16 or float16 tensor, got ", x.scalar_type());
+  TORCH_CHECK(x.size(-1) == K, op, ": x has ", x.size(-1), " features but the weight has K=", K);
+  TORCH_CHECK(x.device().is_cpu(), op, " (CPU kernel): all tensors must be on the CPU");
+  check_linear_params(op, K, N, group, bias, cpu);
 }
 
 inline void check_group_params(const char* op, const at::Tensor& scales, const c10::optional<at::Tensor>& mins,

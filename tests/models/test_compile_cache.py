@@ -33,7 +33,7 @@ _CHILD = textwrap.dedent("""
     import torch, torch_lowbit as tl
     from conftest import quantized_tiny_llama
     model = quantized_tiny_llama("q4_0", seed=0)
-    gen = tl.CompiledGenerator(model, max_cache_len=32, compile_cache_dir={folder!r})
+    gen = tl.CompiledGenerator(model, max_cache_len=32, compile_cache_dir={folder!r}, native=False)
     out = gen.generate(torch.arange(3, 9).unsqueeze(0), 5)
     print(json.dumps({{"tokens": out.tolist(), **{{kind: [str(s.loaded_from), str(s.saved_to), s.fallback_calls]
                                                    for kind, s in gen.compiled_steps.items()}}}}))
@@ -71,14 +71,14 @@ def quantized_tiny():
 
 def test_a_corrupt_artifact_is_rebuilt_with_a_log_line(quantized_tiny, tmp_path, caplog):
     ids = torch.randint(0, quantized_tiny.config.vocab_size, (1, 4), generator=torch.Generator().manual_seed(1))
-    first = tl.CompiledGenerator(quantized_tiny, max_cache_len=16, compile_cache_dir=tmp_path)
+    first = tl.CompiledGenerator(quantized_tiny, max_cache_len=16, compile_cache_dir=tmp_path, native=False)
     want = first.generate(ids, 3)
     path = first.compiled_steps["decode"].saved_to
     data = bytearray(path.read_bytes())
     data[-100] ^= 0xFF  # one flipped bit in the payload
     path.write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING, logger="torch_lowbit.compile_cache"):
-        again = tl.CompiledGenerator(quantized_tiny, max_cache_len=16, compile_cache_dir=tmp_path)
+        again = tl.CompiledGenerator(quantized_tiny, max_cache_len=16, compile_cache_dir=tmp_path, native=False)
         assert torch.equal(again.generate(ids, 3), want)
     steps = again.compiled_steps
     assert steps["prefill"].loaded_from == first.compiled_steps["prefill"].saved_to  # intact: loaded
@@ -87,7 +87,7 @@ def test_a_corrupt_artifact_is_rebuilt_with_a_log_line(quantized_tiny, tmp_path,
         [f"torch_lowbit compile cache: rebuilding {path} (signature mismatch (corrupt, or not written by this cache))"]
     # the rebuilt artifact serves a model of other weights (they are graph inputs, not constants)
     other = quantized_tiny_llama("q4_0", seed=7)
-    third = tl.CompiledGenerator(other, max_cache_len=16, compile_cache_dir=tmp_path)
+    third = tl.CompiledGenerator(other, max_cache_len=16, compile_cache_dir=tmp_path, native=False)
     got = third.generate(ids, 3)
     assert third.compiled_steps["decode"].loaded_from == path and third.compiled_steps["prefill"].loaded_from
     assert torch.equal(got, other.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False))
@@ -96,7 +96,7 @@ def test_a_corrupt_artifact_is_rebuilt_with_a_log_line(quantized_tiny, tmp_path,
 
 def test_the_key_follows_formats_and_shapes_not_weights():
     def key(model, batch=1, cache_len=16, kind="decode"):
-        gen = tl.CompiledGenerator(model, max_cache_len=cache_len, compile_cache=False)
+        gen = tl.CompiledGenerator(model, max_cache_len=cache_len, compile_cache=False, native=False)
         cache = gen._fresh_cache(batch, torch.device("cpu"))
         ids = torch.zeros(batch, 1, dtype=torch.long)
         args = (model, ids, torch.tensor([0]), cache)

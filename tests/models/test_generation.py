@@ -27,7 +27,7 @@ def _compile_cache_home(tmp_path_factory):
 @pytest.fixture(scope="module")
 def compiled(quantized_tiny):
     torch._dynamo.reset()
-    gen = tl.CompiledGenerator(quantized_tiny, max_cache_len=48)
+    gen = tl.CompiledGenerator(quantized_tiny, max_cache_len=48, native=False)
     gen.generate(torch.randint(0, 256, (1, 5)), 3)  # compiles prefill and decode once (and saves them)
     return gen
 
@@ -36,7 +36,7 @@ def compiled(quantized_tiny):
 def compiled_without_cache(quantized_tiny):
     """Plain torch.compile (fullgraph) steps, traced by Dynamo in this process."""
     torch._dynamo.reset()
-    gen = tl.CompiledGenerator(quantized_tiny, max_cache_len=48, compile_cache=False)
+    gen = tl.CompiledGenerator(quantized_tiny, max_cache_len=48, compile_cache=False, native=False)
     gen.generate(torch.randint(0, 256, (1, 5)), 3)
     return gen
 

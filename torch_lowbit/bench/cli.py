@@ -104,7 +104,7 @@ def cmd_bench(args) -> None:
         import torch
 
         from .cpu import dram_read_gbs
-        from .e2e import E2E_VARIANTS, llama_cpp_fact
+        from .e2e import E2E_VARIANTS, MODES, llama_cpp_fact
         from .e2e_gguf import e2e_sections
         from .machine import machine_line
         threads = max(args.threads)
@@ -117,7 +117,7 @@ def cmd_bench(args) -> None:
         sections = e2e_sections(e2e_models(args), args.gguf or (), tuple(args.formats or E2E_VARIANTS),
                                 prompt_tokens=prompt_tokens, new_tokens=args.new_tokens, threads=threads,
                                 repeats=repeats, peers=not args.no_peers,
-                                modes=("eager",) if args.quick else ("eager", "compiled"))
+                                modes=("eager",) if args.quick else MODES)
         for title, headers, rows in sections:
             print(f"\n{title}:")
             print(markdown_table(headers, rows), flush=True)

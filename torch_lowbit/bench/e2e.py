@@ -78,15 +78,30 @@ def _variant(name: str, base, tokenizer):
     return model, fmt + (f" + {embedding} embedding/head" if embedding else "")
 
 
-def _time_torch(model, ids: torch.Tensor, new_tokens: int, compiled: bool, repeats: int,
-                kv_bits: Optional[int] = None) -> tuple[float, float, float]:
-    """(prefill tok/s, decode tok/s, compile-and-first-run seconds) of CompiledGenerator, medians."""
+# How CompiledGenerator runs a row: transformers' forward eagerly, its compiled steps, or the native
+# decoder (torch_lowbit/native_decode.py; the default of CompiledGenerator on the CPU where it applies).
+MODES = ("eager", "compiled", "native")
+
+
+def _time_torch(model, ids: torch.Tensor, new_tokens: int, mode: str, repeats: int,
+                kv_bits: Optional[int] = None) -> Optional[tuple[float, float, float]]:
+    """(prefill tok/s, decode tok/s, compile-and-first-run seconds) of CompiledGenerator in `mode`,
+    medians; None where the native decoder cannot run the model (the generator's native_reason says why)."""
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    gen = CompiledGenerator(model, max_cache_len=ids.shape[1] + new_tokens + 8, compile=compiled, kv_bits=kv_bits,
-                            kv_group=min(64, head_dim), kv_residual=0)  # QuaRot's cache: every token rounded
+    native = mode == "native"
+    if native and kv_bits:
+        return None
+    gen = CompiledGenerator(model, max_cache_len=ids.shape[1] + new_tokens + 8, compile=mode != "eager",
+                            kv_bits=kv_bits, kv_group=min(64, head_dim), kv_residual=0,  # QuaRot's cache: every token rounded
+                            native=native)
     t0 = time.perf_counter()
-    gen.generate(ids, new_tokens)  # compiles (or warms up eager kernels)
+    try:
+        gen.generate(ids, new_tokens)  # compiles (or warms up eager kernels; probes the native decoder)
+    except ValueError:
+        if native and gen.native_reason:
+            return None
+        raise
     first = time.perf_counter() - t0
     prefill, decode = [], []
     for _ in range(repeats):
@@ -190,7 +205,7 @@ def peer_of(path: Path) -> Peer:
 
 
 def time_section(variants: Sequence[Variant], ids: torch.Tensor, peer: Optional[Peer], *, new_tokens: int,
-                 threads: int, repeats: int, modes=("eager", "compiled"), progress: Callable[[str], None],
+                 threads: int, repeats: int, modes=MODES, progress: Callable[[str], None],
                  facts: dict) -> list[Result]:
     """Each variant in each mode through CompiledGenerator; llama.cpp on peer.path (None: no llama.cpp
     rows) timed before and after ours, the median of both sets of runs (put in facts["llama.cpp runs"])."""
@@ -205,7 +220,11 @@ def time_section(variants: Sequence[Variant], ids: torch.Tensor, peer: Optional[
         label += f", {kv_bits}-bit KV cache" if kv_bits else ""
         mb, read = model_nbytes(model)["total"] / 1e6, decode_read_nbytes(model)
         for mode in modes:
-            p, d, first = _time_torch(model, ids, new_tokens, mode == "compiled", repeats, kv_bits)
+            timed = _time_torch(model, ids, new_tokens, mode, repeats, kv_bits)
+            if timed is None:
+                progress(f"  {label} {mode}: no row (the native decoder does not run this variant)")
+                continue
+            p, d, first = timed
             results.append(Result(label, mode, mb, read, p, d))
             progress(f"  {label} {mode}: prefill {p:.1f} tok/s, decode {d:.1f} tok/s (first run {first:.0f} s)")
         del model
@@ -232,7 +251,7 @@ def format_rows(results: Sequence[Result], vs_fp32: bool = True) -> list[list[st
 
 
 def bench_e2e(variants=E2E_VARIANTS, *, prompt_tokens: int = 256, new_tokens: int = 64, threads: int = 2,
-              repeats: int = 3, modes=("eager", "compiled"), peers: bool = True,
+              repeats: int = 3, modes=MODES, peers: bool = True,
               progress: Optional[Callable[[str], None]] = None) -> tuple[list[list[str]], dict]:
     """SmolLM2-135M: E2E_HEADERS rows of each variant (fp32, bf16, gguf: its bundled GGUF imported, F or
     F+E; each with @kv4 / @kv8) and llama.cpp on the bundled GGUF, and a dict of run facts (threads,

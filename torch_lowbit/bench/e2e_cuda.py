@@ -64,7 +64,7 @@ def bench_e2e_cuda(variants=CUDA_E2E_VARIANTS, models=CUDA_E2E_MODELS, *, prompt
         results = []
         for name in variants:
             model = base if name == "fp16" else quantize_(copy.deepcopy(base), name, progress=False)
-            p, d, first = _time_torch(model, ids, new_tokens, True, repeats)
+            p, d, first = _time_torch(model, ids, new_tokens, "compiled", repeats)
             results.append((name, model_nbytes(model)["total"] / 1e6, p, d))
             progress(f"  {label} {name}: prefill {p:.0f} tok/s, decode {d:.1f} tok/s (first run {first:.0f} s)")
             if model is not base:

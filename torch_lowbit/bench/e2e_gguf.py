@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
 from ..eval.speed import prompt_ids
-from .e2e import (E2E_HEADERS, E2E_VARIANTS, GGUFTypes, bench_e2e, format_rows, gguf_types, llama_cpp_available,
+from .e2e import (E2E_HEADERS, E2E_VARIANTS, MODES, GGUFTypes, bench_e2e, format_rows, gguf_types, llama_cpp_available,
                   llama_cpp_fact, peer_of, time_section)
 
 E2E_MODELS = ("smollm2", "llama-1b")
@@ -55,7 +55,7 @@ def import_plan(types: GGUFTypes) -> tuple[Optional[str], str]:
 
 
 def bench_e2e_gguf(path, *, tokenizer=None, prompt_tokens: int = 256, new_tokens: int = 64, threads: int = 2,
-                   repeats: int = 3, modes=("eager", "compiled"), peers: bool = True,
+                   repeats: int = 3, modes=MODES, peers: bool = True,
                    progress: Optional[Callable[[str], None]] = None) -> tuple[list[list[str]], dict]:
     """Rows (E2E_HEADERS but the fp32 column) of llama.cpp on the GGUF file at path and of from_gguf's
     import of it (requantized where its linear blocks are K-quants: import_plan), and a dict of run

@@ -63,6 +63,12 @@ class Layout(ABC):
                backend: str, out_features: int) -> Tensor:
         """y = x @ W.T + bias with the kernels of `backend` ("cpu" or "triton")."""
 
+    def lut_i8_args(self, fmt: Format, buffers: dict[str, Tensor]) -> Optional[tuple]:
+        """The weight arguments of lut_i8_linear (qweight, scales, mins, lut, code_bits, group, sub_groups)
+        when this layout's CPU forward is that one op on x as it comes (no rotation, no reordering): the
+        native decoder calls the kernels with them. None otherwise."""
+        return None
+
     def linear_int_acts(self, fmt: Format, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
                         backend: str, out_features: int, bits: int, clip: float, block: int = 0) -> Optional[Tensor]:
         """y = q(x) @ W.T + bias with x rounded per token (block > 0: per block of that many features)

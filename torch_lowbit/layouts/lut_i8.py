@@ -127,6 +127,10 @@ class LutI8Tiled(Layout):
                backend: str, out_features: int) -> Tensor:
         return self._run(x, buffers, self.bits, fmt.group_size, bias, backend, out_features)
 
+    def lut_i8_args(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor]) -> Optional[tuple]:
+        return (buffers["qweight"], buffers["scales"], buffers.get("mins"), buffers["lut_i8"], self.bits,
+                fmt.group_size, None)
+
 
 class NuqI8Tiled(LutI8Tiled):
     """nuq*: the same tiles, one scale per row (a single group of K), and the activations rotated
@@ -194,6 +198,9 @@ class NuqI8Tiled(LutI8Tiled):
 
     def linear_int_acts(self, *args, **kwargs) -> Optional[Tensor]:
         return None  # the kernel sees the rotated input; per-token rounding of x must come first
+
+    def lut_i8_args(self, fmt, buffers: dict[str, Tensor]) -> Optional[tuple]:
+        return None  # the activations are rotated (vq: also reordered) before the op
 
     def _kernel_activations(self, x: Tensor) -> Tensor:
         """The rotated activations as the kernel rounds them (int8 per 32 features, dequantized)."""

@@ -1,0 +1,324 @@
+// The native decoder: one forward step of a Llama-family model (RMSNorm, q/k/v projections with
+// rotary embeddings, grouped-query attention over a static KV cache, a SiLU-gated MLP, the LM head)
+// in C++ over the quantized weights, for generation on the CPU. A compiled decode step still pays
+// Python between its ~7 matrix products per block (inductor's wrapper, the dispatcher, guards): on
+// SmolLM2 about half of a step. Here a step is one call: embeddings in, last-position logits out,
+// every product on the kernels' thread pool, the projections that share an input (q/k/v, gate/up)
+// in one parallel region. torch_lowbit/native_decode.py builds it from a transformers model (only
+// after checking it against the model's own forward) and owns the cache it writes.
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "common/attention_row.h"
+#include "common/lut_i8_prepared.h"
+#include "common/parallel.h"
+
+namespace torch_lowbit {
+namespace {
+
+constexpr const char* kOp = "native decoder";
+
+// One projection: a lut_i8 weight (the kernels) or a dense fp32 one (at::linear).
+struct NativeLinear {
+  bool quantized = false;
+  LutI8Prepared q;
+  at::Tensor dense, dense_bias;  // fp32 [N, K], [N] or undefined
+  int64_t N = 0, K = 0;
+};
+
+// x [M, n] -> out = x * rsqrt(mean(x^2) + eps) * weight (transformers' RMSNorm in fp32).
+void rms_norm(const float* x, int64_t M, int64_t n, const float* weight, float eps, float* out) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* row = x + m * n;
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < n; ++i) ss += row[i] * row[i];
+    const float r = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+    float* o = out + m * n;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) o[i] = weight[i] * (row[i] * r);
+  }
+}
+
+void add_into(float* x, const float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+// transformers' rotate_half convention: x * cos + cat(-x2, x1) * sin over one head of D features.
+void rotate(float* x, const float* cos, const float* sin, int64_t D) {
+  const int64_t half = D / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[i], b = x[i + half];
+    x[i] = a * cos[i] - b * sin[i];
+    x[i + half] = b * cos[i + half] + a * sin[i + half];
+  }
+}
+
+}  // namespace
+
+class NativeDecoder {
+ public:
+  NativeDecoder(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate,
+                double attention_scale)
+      : hidden_(hidden), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), intermediate_(intermediate),
+        scale_(static_cast<float>(attention_scale)) {
+    TORCH_CHECK(hidden > 0 && heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim > 0 && head_dim % 2 == 0 &&
+                    intermediate > 0,
+                kOp, ": bad shape: hidden ", hidden, ", heads ", heads, ", kv_heads ", kv_heads, ", head_dim ", head_dim,
+                ", intermediate ", intermediate);
+  }
+
+  int64_t add_quant_linear(const at::Tensor& qweight, const at::Tensor& scales, const c10::optional<at::Tensor>& mins,
+                           const at::Tensor& lut, int64_t code_bits, int64_t group, int64_t out_features,
+                           const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& sub_groups) {
+    NativeLinear l;
+    l.quantized = true;
+    l.q = prepare_lut_i8(kOp, qweight, scales, mins, lut, code_bits, group, out_features, bias, sub_groups);
+    TORCH_CHECK(!l.q.w.pairs, kOp, ": pair codebooks (vq) reorder their activations: not supported");
+    l.N = l.q.w.N, l.K = l.q.w.K;
+    linears_.push_back(std::move(l));
+    return static_cast<int64_t>(linears_.size()) - 1;
+  }
+
+  int64_t add_dense_linear(const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+    TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(), kOp,
+                ": a dense weight must be fp32 [N, K] on the CPU");
+    NativeLinear l;
+    l.dense = weight.contiguous();
+    l.N = weight.size(0), l.K = weight.size(1);
+    if (bias.has_value()) {
+      TORCH_CHECK(bias->dim() == 1 && bias->size(0) == l.N, kOp, ": bias must be [N]");
+      l.dense_bias = bias->to(at::kFloat).contiguous();
+    }
+    linears_.push_back(std::move(l));
+    return static_cast<int64_t>(linears_.size()) - 1;
+  }
+
+  void add_block(const at::Tensor& in_norm, double in_eps, const at::Tensor& post_norm, double post_eps,
+                 std::vector<int64_t> qkv, std::vector<int64_t> o, std::vector<int64_t> gate_up,
+                 std::vector<int64_t> down) {
+    const int64_t D = head_dim_;
+    Block b{norm_weight(in_norm), static_cast<float>(in_eps), norm_weight(post_norm), static_cast<float>(post_eps),
+            group(qkv, hidden_, (heads_ + 2 * kv_heads_) * D, "q/k/v"), group(o, heads_ * D, hidden_, "o"),
+            group(gate_up, hidden_, 2 * intermediate_, "gate/up"), group(down, intermediate_, hidden_, "down")};
+    blocks_.push_back(std::move(b));
+  }
+
+  void set_head(const at::Tensor& final_norm, double eps, std::vector<int64_t> head) {
+    TORCH_CHECK(head.size() == 1, kOp, ": the LM head is one projection");
+    final_norm_ = norm_weight(final_norm);
+    final_eps_ = static_cast<float>(eps);
+    vocab_ = linears_.at(head[0]).N;
+    head_ = group(head, hidden_, vocab_, "lm_head");
+  }
+
+  // cos, sin: fp32 [positions, head_dim], the model's own rotary embedding of positions 0, 1, ...
+  void set_rotary(const at::Tensor& cos, const at::Tensor& sin) {
+    TORCH_CHECK(cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(1) == head_dim_ &&
+                    cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat,
+                kOp, ": rotary tables must be fp32 [positions, ", head_dim_, "]");
+    cos_ = cos.contiguous(), sin_ = sin.contiguous();
+  }
+
+  // One fp32 [B, kv_heads, L, head_dim] key and value tensor per block; written in place.
+  void bind_cache(std::vector<at::Tensor> keys, std::vector<at::Tensor> values) {
+    TORCH_CHECK(keys.size() == blocks_.size() && values.size() == blocks_.size(), kOp, ": one key and value cache per "
+                "block (", blocks_.size(), "), got ", keys.size(), " and ", values.size());
+    for (size_t i = 0; i < keys.size(); ++i)
+      for (const at::Tensor* t : {&keys[i], &values[i]})
+        TORCH_CHECK(t->dim() == 4 && t->scalar_type() == at::kFloat && t->is_contiguous() && t->device().is_cpu() &&
+                        t->size(0) == keys[0].size(0) && t->size(1) == kv_heads_ && t->size(2) == keys[0].size(2) &&
+                        t->size(3) == head_dim_,
+                    kOp, ": cache tensors must be contiguous fp32 [B, ", kv_heads_, ", L, ", head_dim_,
+                    "] of one shape, got ", t->sizes());
+    keys_ = std::move(keys), values_ = std::move(values);
+  }
+
+  // embeds fp32 [B, T, hidden]: the tokens at positions pos0 .. pos0 + T - 1 of each row (their keys and
+  // values are written to the cache); returns the last position's logits, fp32 [B, vocab].
+  at::Tensor forward(const at::Tensor& embeds, int64_t pos0) {
+    TORCH_CHECK(!blocks_.empty() && vocab_ > 0 && cos_.defined(), kOp, ": blocks, head and rotary tables must be set");
+    TORCH_CHECK(!keys_.empty(), kOp, ": bind_cache first");
+    TORCH_CHECK(embeds.dim() == 3 && embeds.size(2) == hidden_ && embeds.scalar_type() == at::kFloat &&
+                    embeds.device().is_cpu() && embeds.size(1) >= 1,
+                kOp, ": embeds must be fp32 [B, T >= 1, ", hidden_, "] on the CPU, got ", embeds.sizes());
+    const int64_t B = embeds.size(0), T = embeds.size(1), M = B * T, L = keys_[0].size(2);
+    TORCH_CHECK(B == keys_[0].size(0), kOp, ": batch ", B, " but the cache holds ", keys_[0].size(0), " rows");
+    TORCH_CHECK(pos0 >= 0 && pos0 + T <= L && pos0 + T <= cos_.size(0), kOp, ": positions ", pos0, "..",
+                pos0 + T - 1, " exceed the cache (", L, ") or the rotary table (", cos_.size(0), ")");
+    const int64_t D = head_dim_, G = heads_ / kv_heads_, qN = heads_ * D, kvN = kv_heads_ * D;
+    const int64_t qkvN = qN + 2 * kvN;
+    auto f32 = embeds.options();
+    at::Tensor h = embeds.reshape({M, hidden_}).clone();  // the residual stream
+    at::Tensor xn = at::empty({M, hidden_}, f32), qkv = at::empty({M, qkvN}, f32), attn = at::empty({M, qN}, f32);
+    at::Tensor delta = at::empty({M, hidden_}, f32), gu = at::empty({M, 2 * intermediate_}, f32);
+    at::Tensor act = at::empty({M, intermediate_}, f32);
+    float* hp = h.data_ptr<float>();
+    for (size_t li = 0; li < blocks_.size(); ++li) {
+      const Block& blk = blocks_[li];
+      rms_norm(hp, M, hidden_, blk.in_norm.data_ptr<float>(), blk.in_eps, xn.data_ptr<float>());
+      run(blk.qkv, xn, qkv.data_ptr<float>());
+      float* kc = keys_[li].data_ptr<float>();
+      float* vc = values_[li].data_ptr<float>();
+      float* qp = qkv.data_ptr<float>();
+      for (int64_t m = 0; m < M; ++m) {  // rotary on q and k, then k and v into the cache
+        const int64_t b = m / T, pos = pos0 + m % T;
+        const float* c = cos_.data_ptr<float>() + pos * D;
+        const float* s = sin_.data_ptr<float>() + pos * D;
+        float* row = qp + m * qkvN;
+        for (int64_t hd = 0; hd < heads_ + kv_heads_; ++hd) rotate(row + hd * D, c, s, D);
+        for (int64_t hk = 0; hk < kv_heads_; ++hk) {
+          const int64_t at_pos = ((b * kv_heads_ + hk) * L + pos) * D;
+          std::copy_n(row + qN + hk * D, D, kc + at_pos);
+          std::copy_n(row + qN + kvN + hk * D, D, vc + at_pos);
+        }
+      }
+      float* ap = attn.data_ptr<float>();
+      const AttendGroupFn attend = attend_group_kernel();
+      // one task per (row, KV head): the G query heads that read it, causal (position p sees keys 0..p)
+      parallel_for(0, M * kv_heads_, 1, [&](int64_t r0, int64_t r1) {
+        std::vector<float> p(static_cast<size_t>(G * (pos0 + T)));
+        for (int64_t r = r0; r < r1; ++r) {
+          const int64_t m = r / kv_heads_, hk = r % kv_heads_, b = m / T, pos = pos0 + m % T;
+          const int64_t base = (b * kv_heads_ + hk) * L * D;
+          attend(qp + m * qkvN + hk * G * D, G, kc + base, vc + base, D, pos + 1, D, scale_, p.data(),
+                 ap + m * qN + hk * G * D);
+        }
+      });
+      run(blk.o, attn, delta.data_ptr<float>());
+      add_into(hp, delta.data_ptr<float>(), M * hidden_);
+      rms_norm(hp, M, hidden_, blk.post_norm.data_ptr<float>(), blk.post_eps, xn.data_ptr<float>());
+      run(blk.gate_up, xn, gu.data_ptr<float>());
+      silu_mul(gu.data_ptr<float>(), M, act.data_ptr<float>());
+      run(blk.down, act, delta.data_ptr<float>());
+      add_into(hp, delta.data_ptr<float>(), M * hidden_);
+    }
+    at::Tensor last = h.view({B, T, hidden_}).select(1, T - 1).contiguous();
+    at::Tensor normed = at::empty({B, hidden_}, f32);
+    rms_norm(last.data_ptr<float>(), B, hidden_, final_norm_.data_ptr<float>(), final_eps_, normed.data_ptr<float>());
+    at::Tensor logits = at::empty({B, vocab_}, f32);
+    run(head_, normed, logits.data_ptr<float>());
+    return logits;
+  }
+
+  int64_t blocks() const { return static_cast<int64_t>(blocks_.size()); }
+
+ private:
+  // Projections that read one input, their outputs side by side in one [M, N] buffer.
+  struct Group {
+    std::vector<int64_t> ids;
+    int64_t K = 0, N = 0;
+  };
+  struct Block {
+    at::Tensor in_norm;
+    float in_eps;
+    at::Tensor post_norm;
+    float post_eps;
+    Group qkv, o, gate_up, down;
+  };
+
+  at::Tensor norm_weight(const at::Tensor& w) const {
+    TORCH_CHECK(w.dim() == 1 && w.size(0) == hidden_ && w.is_floating_point(), kOp, ": a norm weight must be [",
+                hidden_, "]");
+    return w.to(at::kFloat).contiguous();
+  }
+
+  Group group(const std::vector<int64_t>& ids, int64_t K, int64_t N, const char* what) const {
+    Group g{ids, K, 0};
+    for (int64_t id : ids) {
+      TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(linears_.size()), kOp, ": unknown projection ", id);
+      const NativeLinear& l = linears_[id];
+      TORCH_CHECK(l.K == K, kOp, ": ", what, " projection reads ", l.K, " features, expected ", K);
+      g.N += l.N;
+    }
+    TORCH_CHECK(g.N == N, kOp, ": ", what, " projections give ", g.N, " outputs, expected ", N);
+    return g;
+  }
+
+  // out [M, g.N] = x [M, g.K] through every projection of g: one parallel region over all their tiles.
+  void run(const Group& g, const at::Tensor& x, float* out) {
+    const int64_t M = x.size(0);
+    struct Job {
+      const LutI8Prepared* p;
+      size_t acts;  // index into `acts`
+      LutI8Fn kernel;
+      float* out;
+      int64_t first_tile;
+    };
+    std::vector<ActBuffers> acts;  // per distinct (group size, mins, sub-groups): usually one
+    std::vector<std::tuple<int64_t, bool, bool>> act_keys;
+    std::vector<Job> jobs;
+    int64_t tiles = 0, col = 0;
+    for (int64_t id : g.ids) {
+      const NativeLinear& l = linears_[id];
+      if (!l.quantized) {
+        at::Tensor y = at::linear(x, l.dense, l.dense_bias.defined() ? c10::optional<at::Tensor>(l.dense_bias)
+                                                                      : c10::optional<at::Tensor>());
+        at::from_blob(out, {M, g.N}).narrow(1, col, l.N).copy_(y);
+      } else {
+        const auto key = std::make_tuple(l.q.w.group, l.q.w.mins != nullptr, l.q.w.sub_groups != nullptr);
+        size_t a = std::find(act_keys.begin(), act_keys.end(), key) - act_keys.begin();
+        if (a == act_keys.size()) {
+          act_keys.push_back(key);
+          acts.push_back(lut_i8_activations(kOp, l.q, x));
+        }
+        jobs.push_back({&l.q, a, lut_i8_kernel(l.q.w), out + col, tiles});
+        tiles += l.q.tiles;
+      }
+      col += l.N;
+    }
+    if (jobs.empty() || M == 0) return;
+    parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+      for (const Job& j : jobs) {
+        const int64_t lo = std::max(t0, j.first_tile), hi = std::min(t1, j.first_tile + j.p->tiles);
+        if (lo < hi) j.kernel(j.p->w, acts[j.acts].acts, lo - j.first_tile, hi - j.first_tile, j.out, g.N);
+      }
+    });
+  }
+
+  // gu [M, 2I] (gate | up) -> act [M, I] = silu(gate) * up
+  void silu_mul(const float* gu, int64_t M, float* act) const {
+    const int64_t I = intermediate_;
+    parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m) {
+        const float* g = gu + m * 2 * I;
+        const float* u = g + I;
+        float* o = act + m * I;
+        for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+      }
+    });
+  }
+
+  int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_, vocab_ = 0;
+  float scale_;
+  std::vector<NativeLinear> linears_;
+  std::vector<Block> blocks_;
+  at::Tensor final_norm_;
+  float final_eps_ = 0.f;
+  Group head_;
+  at::Tensor cos_, sin_;
+  std::vector<at::Tensor> keys_, values_;
+};
+
+void register_native_decoder(pybind11::module& m) {
+  namespace py = pybind11;
+  py::class_<NativeDecoder>(m, "NativeDecoder",
+                            "A Llama-family forward step in C++ over lut_i8 / fp32 projections "
+                            "(torch_lowbit/native_decode.py builds it)")
+      .def(py::init<int64_t, int64_t, int64_t, int64_t, int64_t, double>(), py::arg("hidden"), py::arg("heads"),
+           py::arg("kv_heads"), py::arg("head_dim"), py::arg("intermediate"), py::arg("attention_scale"))
+      .def("add_quant_linear", &NativeDecoder::add_quant_linear)
+      .def("add_dense_linear", &NativeDecoder::add_dense_linear)
+      .def("add_block", &NativeDecoder::add_block)
+      .def("set_head", &NativeDecoder::set_head)
+      .def("set_rotary", &NativeDecoder::set_rotary)
+      .def("bind_cache", &NativeDecoder::bind_cache)
+      .def("forward", &NativeDecoder::forward, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("blocks", &NativeDecoder::blocks);
+}
+
+}  // namespace torch_lowbit

@@ -1,0 +1,179 @@
+"""The native decoder (csrc/native_decoder.cpp, torch_lowbit/native_decode.py): a whole Llama-family
+step in C++ over the quantized buffers, checked against the model's own forward and transformers'
+generate on random models of several shapes and formats."""
+import pytest
+import torch
+from torch import nn
+
+import torch_lowbit as tl
+from torch_lowbit.native_decode import native_decoder
+
+from conftest import quantized_tiny_llama, tiny_llama
+
+pytestmark = pytest.mark.skipif(not tl.ops.has_cpu_extension(), reason="the native decoder is C++")
+
+# Odd shapes: 5 query heads on 1 KV head, head_dim 32, MLP 224, a vocabulary of 250 (a ragged last tile).
+ODD = dict(vocab_size=250, hidden_size=160, intermediate_size=224, num_attention_heads=5, num_key_value_heads=1)
+
+
+class _Cache:
+    """The decoder writes keys and values into `layers[i].keys / .values` (a StaticCache's)."""
+
+    class Layer:
+        def __init__(self, shape):
+            self.keys, self.values = torch.zeros(shape), torch.zeros(shape)
+
+    def __init__(self, model, batch, length):
+        cfg = model.config
+        shape = (batch, cfg.num_key_value_heads, length, model.model.layers[0].self_attn.head_dim)
+        self.layers = [self.Layer(shape) for _ in range(cfg.num_hidden_layers)]
+
+
+def _model(fmt, seed, fuse=False, **config):
+    torch.manual_seed(seed)
+    model = tiny_llama(**config)
+    if fmt != "fp32":
+        tl.quantize_(model, fmt, progress=False, fuse=fuse)
+    return model
+
+
+def _relative(got, want):
+    return float((got - want).abs().max() / want.abs().max())
+
+
+@pytest.mark.parametrize("fmt, fuse, config", [
+    ("q4_0", False, {}),
+    ("q4_0", True, ODD),
+    ("int4_g32", False, dict(attention_bias=True, mlp_bias=True)),  # mins, biases
+    ("int2_g64", True, {}),
+    ("q8_0", False, ODD),
+    ("gcb2", False, dict(hidden_size=256, intermediate_size=512)),  # group codebooks (superblocks of 256)
+    ("fp32", False, ODD),  # float nn.Linear everywhere
+])
+def test_steps_match_the_models_forward(fmt, fuse, config):
+    seed = torch.seed() % 10_000
+    model = _model(fmt, seed, fuse, **config)
+    decoder, why = native_decoder(model, 32)
+    assert why is None, why
+    ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(seed))
+    decoder.bind(_Cache(model, 2, 32))
+    with torch.no_grad():
+        want = model(input_ids=ids, use_cache=False).logits.float()
+    # a prefill of 6 tokens, then 3 decode steps: each the logits of the model's forward at that position.
+    # Float weights: the same math to fp32 rounding. Quantized: the same kernels on the same int8
+    # activations, except that about one seed in ten has an activation on a rounding tie, which the
+    # last-bit differences of the norms and attention send to the neighbouring code (measured up to
+    # 3e-3); a wrong weight, slice or bias is off by O(1).
+    tolerance = 1e-5 if fmt == "fp32" else 2e-2
+    assert _relative(decoder(ids[:, :6], 0), want[:, 5]) < tolerance, f"seed {seed}"
+    for pos in range(6, 9):
+        assert _relative(decoder(ids[:, pos:pos + 1], pos), want[:, pos]) < tolerance, f"seed {seed}, position {pos}"
+
+
+def test_the_head_may_stay_float_while_the_embedding_is_q8_0():
+    model = _model("q4_0", 11)
+    tl.quantize_embeddings_(model, "q8_0")
+    decoder, why = native_decoder(model, 16)
+    assert why is None, why
+
+
+@pytest.mark.parametrize("prompt_len, batch", [(1, 1), (7, 2), (13, 1)])
+def test_generator_on_the_native_decoder_equals_transformers_greedy(prompt_len, batch):
+    model = quantized_tiny_llama("q4_0", seed=prompt_len)
+    ids = torch.randint(0, 256, (batch, prompt_len), generator=torch.Generator().manual_seed(batch))
+    gen = tl.CompiledGenerator(model, max_cache_len=40)
+    got = gen.generate(ids, 10)
+    assert gen._native is not None and gen.native_reason is None
+    want = model.generate(ids, max_new_tokens=10, min_new_tokens=10, do_sample=False)
+    assert torch.equal(got, want)
+    assert torch.equal(gen.generate(ids, 10), want)  # the cache reused
+
+
+def test_sampling_on_the_native_decoder_is_reproducible():
+    model = quantized_tiny_llama("q4_0", seed=5)
+    ids = torch.randint(0, 256, (1, 4), generator=torch.Generator().manual_seed(5))
+    gen = tl.CompiledGenerator(model, max_cache_len=32, native=True, compile=False)
+    run = lambda seed: gen.generate(ids, 8, do_sample=True, temperature=1.5, seed=seed)  # noqa: E731
+    assert torch.equal(run(1), run(1)) and not torch.equal(run(1), run(2))
+    assert torch.equal(gen.generate(ids, 8, do_sample=True, top_k=1, seed=3), gen.generate(ids, 8))
+
+
+class _OffsetNorm(nn.Module):
+    """Gemma's RMSNorm (weight + 1): the structure of Llama's, another computation."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.weight, self.variance_epsilon = norm.weight, norm.variance_epsilon
+
+    def forward(self, x):
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return x * (1.0 + self.weight)
+
+
+def test_an_architecture_that_only_looks_like_llama_is_refused_by_the_probe():
+    model = quantized_tiny_llama("q4_0", seed=2)
+    for layer in model.model.layers:
+        layer.input_layernorm = _OffsetNorm(layer.input_layernorm)
+    decoder, why = native_decoder(model, 16)
+    assert decoder is None and "differ from the model's forward" in why
+    with pytest.raises(ValueError, match="native=True, but the native decoder cannot run this model"):
+        tl.CompiledGenerator(model, max_cache_len=16, compile=False, native=True).generate(torch.tensor([[1, 2]]), 2)
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda m: tl.quantize_(m, "nuq3", progress=False), "has no native kernel"),
+    (lambda m: m.to(torch.bfloat16), "neither a QuantLinear nor a float32 nn.Linear"),
+    (lambda m: setattr(m.config, "hidden_act", "gelu"), "hidden_act 'gelu'"),
+    (lambda m: m.model.layers[0].add_module("adapter", nn.Identity()), "modules other than"),
+    (lambda m: m.model.layers[1].self_attn.add_module("q_norm", nn.Identity()), "unknown attention / MLP parts"),
+    (lambda m: setattr(m.config, "sliding_window", 8), "sliding-window attention"),
+])
+def test_models_it_cannot_run_are_named_with_the_reason(change, reason):
+    torch.manual_seed(0)
+    model = tiny_llama()
+    change(model)
+    decoder, why = native_decoder(model, 16)
+    assert decoder is None and reason in why
+
+
+def test_a_generator_without_it_uses_the_compiled_route_and_says_why(caplog):
+    model = quantized_tiny_llama("nuq3", seed=1)
+    ids = torch.tensor([[3, 4, 5]])
+    with caplog.at_level("WARNING", logger="torch_lowbit"):
+        gen = tl.CompiledGenerator(model, max_cache_len=16, compile=False, native=None)
+        gen.generate(ids, 3)
+    assert gen._native is None and not caplog.records  # compile=False: not asked for, nothing logged
+    gen = tl.CompiledGenerator(model, max_cache_len=16, native=None)
+    assert gen.native
+    with caplog.at_level("WARNING", logger="torch_lowbit"):
+        gen._native_decoder(torch.device("cpu"))
+    assert "native decoder off" in caplog.text and "has no native kernel" in caplog.text
+
+
+def test_bad_calls_are_refused():
+    model = quantized_tiny_llama("q4_0", seed=3)
+    decoder, _ = native_decoder(model, 16)
+    decoder.bind(_Cache(model, 1, 16))
+    with pytest.raises(RuntimeError, match="exceed the cache"):
+        decoder(torch.tensor([[1, 2]]), 15)
+    with pytest.raises(RuntimeError, match="batch 2 but the cache holds 1"):
+        decoder(torch.tensor([[1], [2]]), 0)
+    with pytest.raises(ValueError, match="excludes cuda_graphs and kv_bits"):
+        tl.CompiledGenerator(model, native=True, kv_bits=4, kv_group=32)
+
+
+@pytest.mark.parametrize("fmt, tolerance", [("fp32", 1e-5), ("q4_0", 2e-2)])
+def test_every_cpu_path_matches_the_models_forward(fmt, tolerance):
+    """Attention has one build per ISA path (the kernels' paths are checked byte for byte elsewhere)."""
+    seed = torch.seed() % 10_000
+    model = _model(fmt, seed, **ODD)
+    ids = torch.randint(0, model.config.vocab_size, (1, 11), generator=torch.Generator().manual_seed(seed))
+    for path in tl.ops.cpu_extension().available_cpu_paths():
+        with tl.use_backend("cpu", path=path):
+            decoder, why = native_decoder(model, 16)
+            assert why is None, f"{path}: {why}"
+            decoder.bind(_Cache(model, 1, 16))
+            with torch.no_grad():
+                want = model(input_ids=ids, use_cache=False).logits[:, -1].float()
+            decoder(ids[:, :10], 0)
+            assert _relative(decoder(ids[:, 10:], 10), want) < tolerance, f"{path}, seed {seed}"
