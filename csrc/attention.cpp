@@ -9,7 +9,7 @@
 #include <limits>
 #include <vector>
 
-#include "common/attention_row.h"
+#include "common/decoder_rows.h"
 #include "common/parallel.h"
 
 namespace torch_lowbit {

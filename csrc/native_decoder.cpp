@@ -12,7 +12,7 @@
 #include <cmath>
 #include <vector>
 
-#include "common/attention_row.h"
+#include "common/decoder_rows.h"
 #include "common/lut_i8_prepared.h"
 #include "common/parallel.h"
 
@@ -20,6 +20,9 @@ namespace torch_lowbit {
 namespace {
 
 constexpr const char* kOp = "native decoder";
+// From this many tokens per row a step's attention is torch's SDPA (blocked matrix products) instead
+// of one dot product per query and key.
+constexpr int64_t kSdpaTokens = 16;
 
 // One projection: a lut_i8 weight (the kernels) or a dense fp32 one (at::linear).
 struct NativeLinear {
@@ -150,7 +153,7 @@ class NativeDecoder {
     TORCH_CHECK(B == keys_[0].size(0), kOp, ": batch ", B, " but the cache holds ", keys_[0].size(0), " rows");
     TORCH_CHECK(pos0 >= 0 && pos0 + T <= L && pos0 + T <= cos_.size(0), kOp, ": positions ", pos0, "..",
                 pos0 + T - 1, " exceed the cache (", L, ") or the rotary table (", cos_.size(0), ")");
-    const int64_t D = head_dim_, G = heads_ / kv_heads_, qN = heads_ * D, kvN = kv_heads_ * D;
+    const int64_t D = head_dim_, qN = heads_ * D, kvN = kv_heads_ * D;
     const int64_t qkvN = qN + 2 * kvN;
     auto f32 = embeds.options();
     at::Tensor h = embeds.reshape({M, hidden_}).clone();  // the residual stream
@@ -178,17 +181,10 @@ class NativeDecoder {
         }
       }
       float* ap = attn.data_ptr<float>();
-      const AttendGroupFn attend = attend_group_kernel();
-      // one task per (row, KV head): the G query heads that read it, causal (position p sees keys 0..p)
-      parallel_for(0, M * kv_heads_, 1, [&](int64_t r0, int64_t r1) {
-        std::vector<float> p(static_cast<size_t>(G * (pos0 + T)));
-        for (int64_t r = r0; r < r1; ++r) {
-          const int64_t m = r / kv_heads_, hk = r % kv_heads_, b = m / T, pos = pos0 + m % T;
-          const int64_t base = (b * kv_heads_ + hk) * L * D;
-          attend(qp + m * qkvN + hk * G * D, G, kc + base, vc + base, D, pos + 1, D, scale_, p.data(),
-                 ap + m * qN + hk * G * D);
-        }
-      });
+      if (T >= kSdpaTokens)
+        prefill_attention(qkv, keys_[li], values_[li], B, T, pos0, attn);
+      else
+        decode_attention(qp, qkvN, kc, vc, M, T, L, pos0, ap);
       run(blk.o, attn, delta.data_ptr<float>());
       add_into(hp, delta.data_ptr<float>(), M * hidden_);
       rms_norm(hp, M, hidden_, blk.post_norm.data_ptr<float>(), blk.post_eps, xn.data_ptr<float>());
@@ -280,16 +276,44 @@ class NativeDecoder {
     });
   }
 
+  // One task per (row, KV head): the G query heads that read it, causal (position p sees keys 0..p).
+  void decode_attention(const float* qp, int64_t qkvN, const float* kc, const float* vc, int64_t M, int64_t T,
+                        int64_t L, int64_t pos0, float* ap) const {
+    const int64_t D = head_dim_, G = heads_ / kv_heads_, qN = heads_ * D;
+    const AttendGroupFn attend = attend_group_kernel();
+    parallel_for(0, M * kv_heads_, 1, [&](int64_t r0, int64_t r1) {
+      std::vector<float> p(static_cast<size_t>(G * (pos0 + T)));
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t m = r / kv_heads_, hk = r % kv_heads_, b = m / T, pos = pos0 + m % T;
+        const int64_t base = (b * kv_heads_ + hk) * L * D;
+        attend(qp + m * qkvN + hk * G * D, G, kc + base, vc + base, D, pos + 1, D, scale_, p.data(),
+               ap + m * qN + hk * G * D);
+      }
+    });
+  }
+
+  // A long prompt: torch's blocked SDPA (a matrix product per block of queries) over the cache's first
+  // pos0 + T positions, causal with the queries at pos0.. (a bool mask when pos0 > 0).
+  void prefill_attention(const at::Tensor& qkv, const at::Tensor& keys, const at::Tensor& values, int64_t B,
+                         int64_t T, int64_t pos0, at::Tensor& attn) const {
+    const int64_t D = head_dim_, qN = heads_ * D, S = pos0 + T;
+    const at::Tensor q = qkv.narrow(1, 0, qN).view({B, T, heads_, D}).transpose(1, 2);
+    const at::Tensor k = keys.narrow(2, 0, S), v = values.narrow(2, 0, S);
+    c10::optional<at::Tensor> mask;
+    if (pos0 > 0)  // query t sees keys 0 .. pos0 + t
+      mask = at::arange(S, qkv.options().dtype(at::kLong)).unsqueeze(0) <=
+             at::arange(pos0, S, qkv.options().dtype(at::kLong)).unsqueeze(1);
+    const at::Tensor out = at::scaled_dot_product_attention(q, k, v, mask, 0.0, /*is_causal=*/pos0 == 0, scale_,
+                                                            /*enable_gqa=*/true);
+    attn.view({B, T, heads_, D}).copy_(out.transpose(1, 2));
+  }
+
   // gu [M, 2I] (gate | up) -> act [M, I] = silu(gate) * up
   void silu_mul(const float* gu, int64_t M, float* act) const {
     const int64_t I = intermediate_;
+    const SiluMulFn gate = silu_mul_kernel();
     parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
-      for (int64_t m = m0; m < m1; ++m) {
-        const float* g = gu + m * 2 * I;
-        const float* u = g + I;
-        float* o = act + m * I;
-        for (int64_t i = 0; i < I; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
-      }
+      for (int64_t m = m0; m < m1; ++m) gate(gu + m * 2 * I, gu + m * 2 * I + I, I, act + m * I);
     });
   }
 

@@ -1,7 +1,8 @@
-// The body of one attention row (common/attention_row.h), included by one file per ISA path, each
+// The body of one attention row (common/decoder_rows.h), included by one file per ISA path, each
 // compiling it for its own target (the loops vectorize to that width).
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -116,6 +117,17 @@ inline void attend_group_impl(const float* q, int64_t G, const float* k, const f
   }
   for (int64_t g = 0; g < G; ++g)
     for (int64_t i = 0; i < D; ++i) out[g * D + i] *= inv[g];
+}
+
+// out = silu(g) * u = g * sigmoid(g) * u over n features; sigmoid from e^-|g| (never overflows).
+inline void silu_mul_impl(const float* g, const float* u, int64_t n, float* out) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = g[i];
+    const float e = exp_nonpositive(-std::abs(x));
+    const float sigmoid = (x >= 0.f ? 1.f : e) / (1.f + e);
+    out[i] = x * sigmoid * u[i];
+  }
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // One query row of attention over L keys: softmax(q · k_j · scale + mask_j) weighted sum of the v_j.
 // Shared by the gqa_attention op (csrc/attention.cpp) and the native decoder (csrc/native_decoder.cpp);
-// one build per ISA path (common/attention_row_impl.h is the code).
+// one build per ISA path (common/decoder_rows_impl.h is the code).
 #pragma once
 #include <cstdint>
 
@@ -34,8 +34,17 @@ void attend_group_avx512(TLB_ATTEND_GROUP_ARGS);
 #endif
 #undef TLB_ATTEND_GROUP_ARGS
 
+// out = silu(g) * u over n features.
+using SiluMulFn = void (*)(const float* g, const float* u, int64_t n, float* out);
+void silu_mul_scalar(const float*, const float*, int64_t, float*);
+#if defined(TORCH_LOWBIT_X86)
+void silu_mul_avx2(const float*, const float*, int64_t, float*);
+void silu_mul_avx512(const float*, const float*, int64_t, float*);
+#endif
+
 // The active ISA path's builds.
 AttendRowFn attend_row_kernel();
 AttendGroupFn attend_group_kernel();
+SiluMulFn silu_mul_kernel();
 
 }  // namespace torch_lowbit

@@ -1,15 +1,16 @@
-// One attention row and one GQA group of rows (common/attention_row_impl.h) compiled for AVX2 + FMA:
-// its dot products, exponentials and weighted sums vectorize to that width.
+// The decoder's row-wise pieces (common/decoder_rows_impl.h: attention rows, GQA groups, the SiLU gate)
+// compiled for AVX2 + FMA: their dot products, exponentials and weighted sums vectorize to that width.
 #if defined(TORCH_LOWBIT_X86)
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
-#include "common/attention_row.h"  // before the target pragma: shared inline code stays baseline x86-64
+#include "common/decoder_rows.h"  // before the target pragma: shared inline code stays baseline x86-64
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
-#include "common/attention_row_impl.h"
+#include "common/decoder_rows_impl.h"
 
 namespace torch_lowbit {
 
@@ -22,6 +23,8 @@ void attend_group_avx2(const float* q, int64_t G, const float* k, const float* v
                        int64_t D, float scale, float* p, float* out) {
   attend_group_impl(q, G, k, v, stride, L, D, scale, p, out);
 }
+
+void silu_mul_avx2(const float* g, const float* u, int64_t n, float* out) { silu_mul_impl(g, u, n, out); }
 
 }  // namespace torch_lowbit
 
