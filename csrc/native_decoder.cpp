@@ -9,6 +9,7 @@
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <vector>
 
@@ -161,10 +162,13 @@ class NativeDecoder {
     at::Tensor delta = at::empty({M, hidden_}, f32), gu = at::empty({M, 2 * intermediate_}, f32);
     at::Tensor act = at::empty({M, intermediate_}, f32);
     float* hp = h.data_ptr<float>();
+    Laps lap{profiling_ && T == 1, phase_s_, Clock::now()};  // decode steps only
     for (size_t li = 0; li < blocks_.size(); ++li) {
       const Block& blk = blocks_[li];
       rms_norm(hp, M, hidden_, blk.in_norm.data_ptr<float>(), blk.in_eps, xn.data_ptr<float>());
+      lap(kOther);
       run(blk.qkv, xn, qkv.data_ptr<float>());
+      lap(kProjections);
       float* kc = keys_[li].data_ptr<float>();
       float* vc = values_[li].data_ptr<float>();
       float* qp = qkv.data_ptr<float>();
@@ -181,27 +185,43 @@ class NativeDecoder {
         }
       }
       float* ap = attn.data_ptr<float>();
+      lap(kOther);
       if (T >= kSdpaTokens)
         prefill_attention(qkv, keys_[li], values_[li], B, T, pos0, attn);
       else
         decode_attention(qp, qkvN, kc, vc, M, T, L, pos0, ap);
+      lap(kAttention);
       run(blk.o, attn, delta.data_ptr<float>());
+      lap(kProjections);
       add_into(hp, delta.data_ptr<float>(), M * hidden_);
       rms_norm(hp, M, hidden_, blk.post_norm.data_ptr<float>(), blk.post_eps, xn.data_ptr<float>());
+      lap(kOther);
       run(blk.gate_up, xn, gu.data_ptr<float>());
+      lap(kProjections);
       silu_mul(gu.data_ptr<float>(), M, act.data_ptr<float>());
+      lap(kOther);
       run(blk.down, act, delta.data_ptr<float>());
+      lap(kProjections);
       add_into(hp, delta.data_ptr<float>(), M * hidden_);
     }
     at::Tensor last = h.view({B, T, hidden_}).select(1, T - 1).contiguous();
     at::Tensor normed = at::empty({B, hidden_}, f32);
     rms_norm(last.data_ptr<float>(), B, hidden_, final_norm_.data_ptr<float>(), final_eps_, normed.data_ptr<float>());
     at::Tensor logits = at::empty({B, vocab_}, f32);
+    lap(kOther);
     run(head_, normed, logits.data_ptr<float>());
+    lap(kProjections);
     return logits;
   }
 
   int64_t blocks() const { return static_cast<int64_t>(blocks_.size()); }
+
+  // Profiling: seconds spent in each phase of the decode steps (one token per row) since the last reset
+  // (projections: activation rounding and the kernels; attention; other: norms, rotary, cache writes,
+  // residuals, the SiLU gate).
+  void set_profiling(bool on) { profiling_ = on; }
+  std::vector<double> phase_seconds() const { return {phase_s_[kProjections], phase_s_[kAttention], phase_s_[kOther]}; }
+  void reset_phases() { std::fill(std::begin(phase_s_), std::end(phase_s_), 0.0); }
 
  private:
   // Projections that read one input, their outputs side by side in one [M, N] buffer.
@@ -317,6 +337,23 @@ class NativeDecoder {
     });
   }
 
+  using Clock = std::chrono::steady_clock;
+  enum Phase { kProjections = 0, kAttention = 1, kOther = 2 };
+  // Adds the time since the last lap to a phase (when profiling).
+  struct Laps {
+    bool on;
+    double* seconds;
+    Clock::time_point last;
+    void operator()(Phase phase) {
+      if (!on) return;
+      const Clock::time_point now = Clock::now();
+      seconds[phase] += std::chrono::duration<double>(now - last).count();
+      last = now;
+    }
+  };
+
+  bool profiling_ = false;
+  double phase_s_[3] = {};
   int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_, vocab_ = 0;
   float scale_;
   std::vector<NativeLinear> linears_;
@@ -342,7 +379,10 @@ void register_native_decoder(pybind11::module& m) {
       .def("set_rotary", &NativeDecoder::set_rotary)
       .def("bind_cache", &NativeDecoder::bind_cache)
       .def("forward", &NativeDecoder::forward, py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("blocks", &NativeDecoder::blocks);
+      .def_property_readonly("blocks", &NativeDecoder::blocks)
+      .def("set_profiling", &NativeDecoder::set_profiling)
+      .def("phase_seconds", &NativeDecoder::phase_seconds, "[projections, attention, other] seconds of decode steps since reset_phases")
+      .def("reset_phases", &NativeDecoder::reset_phases);
 }
 
 }  // namespace torch_lowbit

@@ -180,3 +180,19 @@ def test_every_cpu_path_matches_the_models_forward(fmt, tolerance):
             decoder.bind(_Cache(model, 1, 16))
             assert _relative(decoder(ids[:, :10], 0), want[:, 9]) < tolerance, f"{path}, seed {seed}"
             assert _relative(decoder(ids[:, 10:], 10), want[:, 10]) < tolerance, f"{path}, seed {seed}"
+
+
+def test_the_decode_step_profile_splits_the_wall_time():
+    from torch_lowbit.bench.e2e import native_decode_profile
+    model = quantized_tiny_llama("int2_g64", seed=9)
+    gen = tl.CompiledGenerator(model, max_cache_len=32)
+    ids = torch.randint(0, 256, (1, 5))
+    gen.generate(ids, 2)
+    parts = native_decode_profile(gen, ids, 9)
+    assert set(parts) == {"wall", "projections", "attention", "other C++", "outside C++"}
+    inside = parts["projections"] + parts["attention"] + parts["other C++"]
+    assert parts["projections"] > 0 and parts["attention"] > 0 and parts["other C++"] > 0
+    assert 0 < inside < parts["wall"]
+    before = gen._native.core.phase_seconds()
+    gen.generate(ids, 3)
+    assert gen._native.core.phase_seconds() == before  # profiling is off again

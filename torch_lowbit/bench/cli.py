@@ -116,7 +116,7 @@ def cmd_bench(args) -> None:
               f"decode GB/s columns draw on); llama.cpp: {llama_cpp_fact(not args.no_peers)}", flush=True)
         sections = e2e_sections(e2e_models(args), args.gguf or (), tuple(args.formats or E2E_VARIANTS),
                                 prompt_tokens=prompt_tokens, new_tokens=args.new_tokens, threads=threads,
-                                repeats=repeats, peers=not args.no_peers,
+                                repeats=repeats, peers=not args.no_peers, profile=args.profile,
                                 modes=("eager",) if args.quick else MODES)
         for title, headers, rows in sections:
             print(f"\n{title}:")
@@ -204,7 +204,9 @@ def add_bench_parser(sub, cpu_paths: Callable[[], list[str]]) -> None:
                     "file and from_gguf's import of it, eager and compiled; K-quant linear blocks are requantized "
                     "(Q2_K: int2_g64, Q3_K: int3_g64, Q4_K: int4_g32, Q5_K/Q6_K: q8_0), others imported as they are")
     sp.add_argument("--profile", action="store_true",
-                    help="gpu: also profile each contender's eager call on the host (cProfile, first shape, M = 1)")
+                    help="gpu: also profile each contender's eager call on the host (cProfile, first shape, M = 1); "
+                         "e2e: where a decode step of each native row goes (ms/token: projections, attention, "
+                         "the decoder's other C++ work, everything outside it)")
     sp.add_argument("--png", help="write the plot (cpu: roofline at the largest thread count; distortion: MSE "
                     "vs bits) to this PNG file")
     sp.set_defaults(fn=cmd_bench)

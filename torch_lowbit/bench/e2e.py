@@ -84,9 +84,10 @@ MODES = ("eager", "compiled", "native")
 
 
 def _time_torch(model, ids: torch.Tensor, new_tokens: int, mode: str, repeats: int,
-                kv_bits: Optional[int] = None) -> Optional[tuple[float, float, float]]:
+                kv_bits: Optional[int] = None, profile: Optional[dict] = None) -> Optional[tuple[float, float, float]]:
     """(prefill tok/s, decode tok/s, compile-and-first-run seconds) of CompiledGenerator in `mode`,
-    medians; None where the native decoder cannot run the model (the generator's native_reason says why)."""
+    medians; None where the native decoder cannot run the model (the generator's native_reason says why).
+    profile: a dict to fill with native_decode_profile's parts (native mode)."""
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     native = mode == "native"
@@ -108,7 +109,31 @@ def _time_torch(model, ids: torch.Tensor, new_tokens: int, mode: str, repeats: i
         gen.generate(ids, new_tokens)
         prefill.append(gen.times.prefill_tokens_per_s)
         decode.append(gen.times.decode_tokens_per_s)
+    if profile is not None and native:
+        profile.update(native_decode_profile(gen, ids, new_tokens))
     return _median(prefill), _median(decode), first
+
+
+def native_decode_profile(gen: CompiledGenerator, ids: torch.Tensor, new_tokens: int) -> dict[str, float]:
+    """Milliseconds per decoded token of a generator on the native decoder: the wall time of a decode step
+    in the generate loop, and its parts: the projections (activation rounding and kernels), attention,
+    the decoder's other C++ work (norms, rotary, cache writes, residuals, SiLU gate), and everything
+    outside the C++ step (the Python loop, the embedding lookup, the argmax). Over 3 calls."""
+    core, runs, decode_s = gen._native.core, 3, 0.0
+    core.set_profiling(True)  # times the phases of one-token steps
+    try:
+        core.reset_phases()
+        for _ in range(runs):
+            gen.generate(ids, new_tokens)
+            decode_s += gen.times.decode_s
+        seconds = core.phase_seconds()
+    finally:
+        core.set_profiling(False)
+    steps = (new_tokens - 1) * runs
+    parts = [s / steps * 1e3 for s in seconds]
+    wall = decode_s / steps * 1e3
+    return {"wall": wall, "projections": parts[0], "attention": parts[1], "other C++": parts[2],
+            "outside C++": wall - sum(parts)}
 
 
 def time_llama_cpp(path: Path, ids: list[int], new_tokens: int, threads: int, repeats: int) -> tuple[list, list]:
@@ -206,7 +231,7 @@ def peer_of(path: Path) -> Peer:
 
 def time_section(variants: Sequence[Variant], ids: torch.Tensor, peer: Optional[Peer], *, new_tokens: int,
                  threads: int, repeats: int, modes=MODES, progress: Callable[[str], None],
-                 facts: dict) -> list[Result]:
+                 facts: dict, profile: bool = False) -> list[Result]:
     """Each variant in each mode through CompiledGenerator; llama.cpp on peer.path (None: no llama.cpp
     rows) timed before and after ours, the median of both sets of runs (put in facts["llama.cpp runs"])."""
     torch.set_num_threads(threads)
@@ -220,13 +245,16 @@ def time_section(variants: Sequence[Variant], ids: torch.Tensor, peer: Optional[
         label += f", {kv_bits}-bit KV cache" if kv_bits else ""
         mb, read = model_nbytes(model)["total"] / 1e6, decode_read_nbytes(model)
         for mode in modes:
-            timed = _time_torch(model, ids, new_tokens, mode, repeats, kv_bits)
+            parts = {} if profile else None
+            timed = _time_torch(model, ids, new_tokens, mode, repeats, kv_bits, parts)
             if timed is None:
                 progress(f"  {label} {mode}: no row (the native decoder does not run this variant)")
                 continue
             p, d, first = timed
             results.append(Result(label, mode, mb, read, p, d))
             progress(f"  {label} {mode}: prefill {p:.1f} tok/s, decode {d:.1f} tok/s (first run {first:.0f} s)")
+            if parts:
+                progress(f"  {label} {mode}, a decode step (ms/token): " + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()))
         del model
     if peer_runs:  # timed again after ours, so a slow or fast phase of a shared machine hits both
         again = time_llama_cpp(peer.path, ids[0].tolist(), new_tokens, threads, repeats)
@@ -251,7 +279,7 @@ def format_rows(results: Sequence[Result], vs_fp32: bool = True) -> list[list[st
 
 
 def bench_e2e(variants=E2E_VARIANTS, *, prompt_tokens: int = 256, new_tokens: int = 64, threads: int = 2,
-              repeats: int = 3, modes=MODES, peers: bool = True,
+              repeats: int = 3, modes=MODES, peers: bool = True, profile: bool = False,
               progress: Optional[Callable[[str], None]] = None) -> tuple[list[list[str]], dict]:
     """SmolLM2-135M: E2E_HEADERS rows of each variant (fp32, bf16, gguf: its bundled GGUF imported, F or
     F+E; each with @kv4 / @kv8) and llama.cpp on the bundled GGUF, and a dict of run facts (threads,
@@ -269,5 +297,5 @@ def bench_e2e(variants=E2E_VARIANTS, *, prompt_tokens: int = 256, new_tokens: in
         return lambda: (*_variant(name, base, tok), kv_bits)
 
     results = time_section([variant(v) for v in variants], ids, peer, new_tokens=new_tokens, threads=threads,
-                           repeats=repeats, modes=modes, progress=progress, facts=facts)
+                           repeats=repeats, modes=modes, progress=progress, facts=facts, profile=profile)
     return format_rows(results), facts

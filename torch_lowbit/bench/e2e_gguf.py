@@ -55,7 +55,7 @@ def import_plan(types: GGUFTypes) -> tuple[Optional[str], str]:
 
 
 def bench_e2e_gguf(path, *, tokenizer=None, prompt_tokens: int = 256, new_tokens: int = 64, threads: int = 2,
-                   repeats: int = 3, modes=MODES, peers: bool = True,
+                   repeats: int = 3, modes=MODES, peers: bool = True, profile: bool = False,
                    progress: Optional[Callable[[str], None]] = None) -> tuple[list[list[str]], dict]:
     """Rows (E2E_HEADERS but the fp32 column) of llama.cpp on the GGUF file at path and of from_gguf's
     import of it (requantized where its linear blocks are K-quants: import_plan), and a dict of run
@@ -72,7 +72,7 @@ def bench_e2e_gguf(path, *, tokenizer=None, prompt_tokens: int = 256, new_tokens
     peer = peer_of(path) if peers and llama_cpp_available() else None
     imported = lambda: (from_gguf(path, requantize=requantize, tokenizer=False)[0], label, None)  # noqa: E731
     results = time_section([imported], ids, peer, new_tokens=new_tokens, threads=threads, repeats=repeats,
-                           modes=modes, progress=progress, facts=facts)
+                           modes=modes, progress=progress, facts=facts, profile=profile)
     return format_rows(results, vs_fp32=False), facts
 
 
@@ -81,7 +81,7 @@ def e2e_sections(models: Sequence[str] = ("smollm2",), gguf_paths: Sequence = ()
     """(title, headers, rows) of each table, as each is timed: SmolLM2 (its variants and llama.cpp on
     its bundled GGUF), the Llama-3.2-1B-shaped files (Q4_0 and Q2_K linear blocks; written once, then
     cached), then each GGUF path. timing: bench_e2e's keyword arguments (prompt_tokens, new_tokens,
-    threads, repeats, modes, peers, progress)."""
+    threads, repeats, modes, peers, profile, progress)."""
     from ..eval.assets import load_smollm2
     from .gguf_recipe import LLAMA_1B_RECIPES, bench_gguf
     unknown = [m for m in models if m not in E2E_MODELS]
