@@ -291,6 +291,41 @@ def test_from_gguf_rejects_bad_input(tmp_path):
         tl.from_gguf(good, dtype=torch.int8)
 
 
+def test_from_gguf_rejects_nan_block_scales(tmp_path):
+    path = write_gguf(llama(), tmp_path / "m.gguf", lambda name, nd: Q.Q4_0)
+    t = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.1.ffn_down.weight")
+    data = bytearray(path.read_bytes())
+    data[t.data_offset + 18 * 5:t.data_offset + 18 * 5 + 2] = np.float16(np.nan).tobytes()  # block 5's d
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="q4_0: scales/mins hold NaN/Inf"):
+        tl.from_gguf(path)
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "int4_g32", "iq4_nl", "q8_0"])
+def test_row_bytes_pack_like_codes_in_every_layout(fmt):
+    """QuantLinear.from_quantized of GGUF block bytes (codes_as_row_bytes) holds the same buffers as of
+    the decoded codes, in every layout that holds the format (the CPU ones move the bytes)."""
+    from torch_lowbit.io.gguf_blocks import block_tensors, decode_blocks
+    from torch_lowbit.layouts import get_layout, layouts
+    qtype = {v: k for k, v in IMPORTS.items()}[fmt]
+    raw = iq4_nl_blocks(np.random.randn(40, 96).astype(np.float32)) if qtype == Q.IQ4_NL else \
+        gguf.quants.quantize(np.random.randn(40, 96).astype(np.float32), qtype)
+    as_bytes, codes = block_tensors(raw, qtype.name), decode_blocks(raw, qtype.name)
+    held = [name for name in layouts() if get_layout(name).supports(tl.get_format(fmt))]
+    assert {"lut4_i8_n16", "q4_4x4", "q4_8x8"} <= set(held) if fmt in ("q4_0", "iq4_nl") else len(held) >= 2
+    for name in held:
+        a = tl.QuantLinear.from_quantized(fmt, as_bytes, 40, 96, layout=name, codes_as_row_bytes=True)
+        b = tl.QuantLinear.from_quantized(fmt, codes, 40, 96, layout=name)
+        assert a.packed.keys() == b.packed.keys(), name
+        assert all(torch.equal(a.packed[k], b.packed[k]) for k in a.packed), name
+    if fmt != "q8_0":  # 8-bit codes are their own row bytes
+        with pytest.raises(ValueError, match=r"codes must be torch.uint8 \[40, 96\], got torch.uint8 \[40, 48\]"):
+            tl.QuantLinear.from_quantized(fmt, as_bytes, 40, 96)
+    with pytest.raises(ValueError, match="no row-byte form"):
+        tl.QuantLinear.from_quantized("int2_g32", tl.get_format("int2_g32").quantize(torch.randn(8, 64)), 8, 64,
+                                      codes_as_row_bytes=True)
+
+
 # ---- to_gguf -------------------------------------------------------------------------------------
 
 def quantized(fmt, fuse=True, **kw):
