@@ -1,6 +1,8 @@
 """GGUF import / export: files are written here with gguf's own GGUFWriter and quantizers (and read back
 with its GGUFReader and dequantizer), so every check compares against an independent implementation."""
 import logging
+import os
+import time
 
 import numpy as np
 import pytest
@@ -443,6 +445,22 @@ def test_tokenizer_cache_refuses_a_folder_others_can_write(tmp_path, monkeypatch
         _, tok = tl.from_gguf(path)
     assert "writable by others" in caplog.text and tok("the cap").input_ids
     assert not any((tmp_path / "cache" / "tokenizers").iterdir())
+
+
+def test_tokenizer_cache_keeps_the_most_recent_entries(tmp_path, monkeypatch):
+    from torch_lowbit.io import tokenizer_cache
+    monkeypatch.setenv("TORCH_LOWBIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(tokenizer_cache, "MAX_ENTRIES", 1)
+    root = tmp_path / "cache" / "tokenizers"
+    first = tokenizer_gguf(tmp_path)
+    tl.from_gguf(first)
+    crashed = root / ".partial-crashed"  # a writer killed mid-write an hour ago
+    crashed.mkdir()
+    os.utime(crashed, (time.time() - 7200,) * 2)
+    (tmp_path / "b").mkdir()
+    _, tok = tl.from_gguf(tokenizer_gguf(tmp_path / "b"))
+    assert [p.name for p in root.iterdir()] == [tokenizer_cache.entry_key(tmp_path / "b" / "t.gguf")]
+    assert tok("the cap").input_ids
 
 
 # ---- to_gguf -------------------------------------------------------------------------------------

@@ -7,10 +7,12 @@ converting its vocabulary (3-6 s).
 used only when it is this user's and nobody else can write to it. The key hashes the file's resolved
 path, size and mtime with the transformers / tokenizers versions (their conversion may change). An
 entry is written to a temporary folder and renamed into place, so a crash never leaves half of one;
-an entry that fails to load is removed and converted again.
+an entry that fails to load is removed and converted again. The MAX_ENTRIES most recently used
+entries are kept (a moved or rewritten file leaves its old entry behind).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -18,6 +20,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -27,6 +30,9 @@ log = logging.getLogger(__name__)
 
 CACHE_VERSION = 1  # bump when what an entry holds changes
 REQUIRED_FILES = ("tokenizer.json", "tokenizer_config.json")
+MAX_ENTRIES = 16  # ~3.4 MB each for a 49k vocabulary
+PARTIAL_PREFIX = ".partial-"
+STALE_PARTIAL_S = 3600  # a temporary folder this old was left by a crashed writer, not a running one
 
 
 def tokenizer_cache_dir() -> Optional[Path]:
@@ -73,13 +79,17 @@ def cached_tokenizer(path: Path, convert: Callable[[], object]):
     entry = root / entry_key(path)
     if entry.is_dir():
         try:
-            return _load(entry)
+            tokenizer = _load(entry)
         except Exception as e:  # truncated or edited JSON, a file removed: convert again
             log.warning("tokenizer cache entry %s unreadable (%s: %s); converting the tokenizer again", entry,
                         type(e).__name__, e)
             shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.utime(entry)  # recently used: kept by _prune
+            return tokenizer
     tokenizer = convert()
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".partial-"))
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=PARTIAL_PREFIX))
     try:
         tokenizer.save_pretrained(str(tmp))
         os.rename(tmp, entry)  # atomic; fails if another process renamed its copy first, which is as good
@@ -89,4 +99,21 @@ def cached_tokenizer(path: Path, convert: Callable[[], object]):
             log.warning("tokenizer cache entry %s not written (%s); the tokenizer is converted again next time",
                         entry, e)
             return tokenizer
+    _prune(root)
     return _load(entry)
+
+
+def _prune(root: Path) -> None:
+    """Removes all but the MAX_ENTRIES most recently used entries, and crashed writers' temporary folders."""
+    entries, now = [], time.time()
+    for p in root.iterdir():
+        try:
+            mtime = p.stat().st_mtime
+        except OSError:
+            continue  # removed meanwhile by another process
+        if not p.name.startswith(PARTIAL_PREFIX):
+            entries.append((mtime, p))
+        elif now - mtime > STALE_PARTIAL_S:
+            shutil.rmtree(p, ignore_errors=True)
+    for _, p in sorted(entries, reverse=True)[MAX_ENTRIES:]:
+        shutil.rmtree(p, ignore_errors=True)
