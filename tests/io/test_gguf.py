@@ -436,6 +436,20 @@ def test_from_gguf_parses_the_file_once_and_caches_the_tokenizer(tmp_path, monke
     assert json_ok.startswith("{") and json_ok.rstrip().endswith("}")
 
 
+def test_open_gguf_reads_what_ggufs_reader_reads(tmp_path):
+    from torch_lowbit.io.gguf import open_gguf
+    path = write_gguf(llama(vocab_size=TOKENIZER_VOCAB), tmp_path / "t.gguf", lambda name, nd: Q.Q4_1,
+                      metadata=byte_level_tokenizer)
+    got, want = open_gguf(path), gguf.GGUFReader(path)
+    assert isinstance(got, gguf.GGUFReader) and list(got.fields) == list(want.fields)
+    for key, field in want.fields.items():
+        assert got.fields[key].contents() == field.contents(), key
+        assert got.fields[key].types == field.types and got.fields[key].data == field.data, key
+    assert [(t.name, t.tensor_type, list(t.shape), t.data_offset) for t in got.tensors] == \
+        [(t.name, t.tensor_type, list(t.shape), t.data_offset) for t in want.tensors]
+    assert all(np.array_equal(a.data, b.data) for a, b in zip(got.tensors, want.tensors))
+
+
 def test_tokenizer_cache_refuses_a_folder_others_can_write(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("TORCH_LOWBIT_CACHE", str(tmp_path / "cache"))
     (tmp_path / "cache" / "tokenizers").mkdir(parents=True)

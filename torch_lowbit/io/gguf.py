@@ -11,6 +11,7 @@ dequantizes everything). Export: gguf_export.to_gguf.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from pathlib import Path
@@ -82,14 +83,27 @@ def resolve_layout(layout: Union[None, str, Layout], fmt: Format) -> Layout:
     return layout
 
 
+@functools.lru_cache(maxsize=None)
+def _reader_class():
+    """gguf.GGUFReader over a plain ndarray view of its memory map (still mapped, nothing read): the
+    reader slices the map once per value, 200k times for a 49k-entry vocabulary and its merges, and
+    each numpy.memmap slice runs memmap's Python-level __array_finalize__ (SmolLM2: 2.3 s -> 0.7 s)."""
+    class PlainArrayReader(require_gguf().GGUFReader):
+        def __setattr__(self, name, value):
+            if name == "data" and isinstance(value, np.memmap):
+                value = value.view(np.ndarray)
+            super().__setattr__(name, value)
+    return PlainArrayReader
+
+
 def open_gguf(path: Union[str, os.PathLike]):
     """A gguf.GGUFReader of path, or a GGUFError saying why the file is not a readable GGUF."""
-    gguf = require_gguf()
+    reader_class = _reader_class()  # without the gguf package: ImportError, not a GGUFError
     path = Path(os.fspath(path))
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
     try:
-        reader = gguf.GGUFReader(path)
+        reader = reader_class(path)
     except Exception as e:  # bad magic, truncated header or tensor data: numpy / struct errors
         raise GGUFError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); pass a complete "
                         "llama.cpp .gguf model file") from e
@@ -240,13 +254,13 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
                 qs.append({**qr, "codes": row_bytes(qr["codes"], fmt.code_bits)} if any(native) else qr)
             b = tensor_of(f"{fqn}.bias", False) if fqn != head_fqn or not tied else None
             biases.append(_float_weight(b, config, arch).to(dtype) if b is not None else None)
-        q = {k: torch.cat([p[k] for p in qs]) for k in qs[0]}
         sizes = [p["codes"].shape[0] for p in qs]
-        bias = None if all(b is None for b in biases) else torch.cat(
-            [b if b is not None else torch.zeros(n, dtype=dtype) for b, n in zip(biases, sizes)])
         pfqn, names, fused_name = job
         in_features = int(sources[members[0]].shape[0])  # ggml's shape: [K, N]
-        with _torch_on_one_thread():
+        with _torch_on_one_thread():  # concatenating and packing: byte moves
+            q = {k: torch.cat([p[k] for p in qs]) for k in qs[0]}
+            bias = None if all(b is None for b in biases) else torch.cat(
+                [b if b is not None else torch.zeros(n, dtype=dtype) for b, n in zip(biases, sizes)])
             module = QuantLinear.from_quantized(fmt, q, sum(sizes), in_features, bias=bias, layout=lay,
                                                 split_sizes=sizes if fused_name is not None else None,
                                                 codes_as_row_bytes=any(native))
