@@ -1,6 +1,8 @@
 """GGUF import / export: files are written here with gguf's own GGUFWriter and quantizers (and read back
 with its GGUFReader and dequantizer), so every check compares against an independent implementation."""
 import logging
+import os
+import time
 
 import numpy as np
 import pytest
@@ -51,10 +53,13 @@ def iq4_nl_blocks(w: np.ndarray) -> np.ndarray:
     return np.concatenate([d, qs.astype(np.uint8)], axis=-1).reshape(n, -1)
 
 
-def write_gguf(model, path, qtype_of, arch="llama"):
-    """model's tensors as a GGUF file; qtype_of(gguf_name, ndim) -> GGMLQuantizationType."""
+def write_gguf(model, path, qtype_of, arch="llama", metadata=None):
+    """model's tensors as a GGUF file; qtype_of(gguf_name, ndim) -> GGMLQuantizationType; metadata(writer)
+    adds more keys (a tokenizer)."""
     cfg = model.config
     w = gguf.GGUFWriter(str(path), arch)
+    if metadata is not None:
+        metadata(w)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_block_count(cfg.num_hidden_layers)
@@ -289,6 +294,187 @@ def test_from_gguf_rejects_bad_input(tmp_path):
         tl.from_gguf(good, layout="palette_dense")
     with pytest.raises(TypeError, match="floating"):
         tl.from_gguf(good, dtype=torch.int8)
+
+
+def test_from_gguf_rejects_nan_block_scales(tmp_path):
+    path = write_gguf(llama(), tmp_path / "m.gguf", lambda name, nd: Q.Q4_0)
+    t = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.1.ffn_down.weight")
+    data = bytearray(path.read_bytes())
+    data[t.data_offset + 18 * 5:t.data_offset + 18 * 5 + 2] = np.float16(np.nan).tobytes()  # block 5's d
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="q4_0: scales/mins hold NaN/Inf"):
+        tl.from_gguf(path)
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "int4_g32", "iq4_nl", "q8_0"])
+def test_row_bytes_pack_like_codes_in_every_layout(fmt):
+    """QuantLinear.from_quantized of GGUF block bytes (codes_as_row_bytes) holds the same buffers as of
+    the decoded codes, in every layout that holds the format (the CPU ones move the bytes)."""
+    from torch_lowbit.io.gguf_blocks import block_tensors, decode_blocks
+    from torch_lowbit.layouts import get_layout, layouts
+    qtype = {v: k for k, v in IMPORTS.items()}[fmt]
+    raw = iq4_nl_blocks(np.random.randn(40, 96).astype(np.float32)) if qtype == Q.IQ4_NL else \
+        gguf.quants.quantize(np.random.randn(40, 96).astype(np.float32), qtype)
+    as_bytes, codes = block_tensors(raw, qtype.name), decode_blocks(raw, qtype.name)
+    held = [name for name in layouts() if get_layout(name).supports(tl.get_format(fmt))]
+    assert {"lut4_i8_n16", "q4_4x4", "q4_8x8"} <= set(held) if fmt in ("q4_0", "iq4_nl") else len(held) >= 2
+    for name in held:
+        a = tl.QuantLinear.from_quantized(fmt, as_bytes, 40, 96, layout=name, codes_as_row_bytes=True)
+        b = tl.QuantLinear.from_quantized(fmt, codes, 40, 96, layout=name)
+        assert a.packed.keys() == b.packed.keys(), name
+        assert all(torch.equal(a.packed[k], b.packed[k]) for k in a.packed), name
+    if fmt != "q8_0":  # 8-bit codes are their own row bytes
+        with pytest.raises(ValueError, match=r"codes must be torch.uint8 \[40, 96\], got torch.uint8 \[40, 48\]"):
+            tl.QuantLinear.from_quantized(fmt, as_bytes, 40, 96)
+    with pytest.raises(ValueError, match="no row-byte form"):
+        tl.QuantLinear.from_quantized("int2_g32", tl.get_format("int2_g32").quantize(torch.randn(8, 64)), 8, 64,
+                                      codes_as_row_bytes=True)
+
+
+# ---- one parse: the config from the reader's fields, the tokenizer cache --------------------------
+
+def byte_level_tokenizer(w):
+    """A small GPT-2 style byte-level BPE vocabulary with merges, special tokens and a chat template,
+    the keys llama.cpp writes for SmolLM2."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ c", "a p", "Ġc ap"]
+    special = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
+    tokens = list(bytes_to_unicode().values()) + [m.replace(" ", "") for m in merges] + special
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (len(tokens) - len(special)) + [3] * len(special))
+    w.add_token_merges(merges)
+    w.add_bos_token_id(tokens.index("<|im_start|>"))
+    w.add_eos_token_id(tokens.index("<|im_end|>"))
+    w.add_pad_token_id(tokens.index("<|im_end|>"))
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+TOKENIZER_VOCAB = 256 + 10 + 3
+
+
+def tokenizer_gguf(tmp_path):
+    return write_gguf(llama(vocab_size=TOKENIZER_VOCAB), tmp_path / "t.gguf", lambda name, nd: Q.Q4_0,
+                      metadata=byte_level_tokenizer)
+
+
+def tiny_qwen3():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    return Qwen3ForCausalLM(Qwen3Config(vocab_size=256, hidden_size=128, intermediate_size=160, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                        max_position_embeddings=128, rms_norm_eps=EPS)).eval()
+
+
+@pytest.mark.parametrize("case", ["llama", "llama-tied", "mistral", "qwen2", "qwen3"])
+def test_from_gguf_config_is_transformers_own(tmp_path, case):
+    """The config built from from_gguf's own reader equals AutoConfig.from_pretrained(gguf_file=)'s."""
+    from transformers import AutoConfig
+    make, arch = {"llama": (llama, "llama"), "llama-tied": (lambda: llama(tie_word_embeddings=True), "llama"),
+                  "mistral": (llama, "llama"), "qwen2": (tiny_qwen2, "qwen2"), "qwen3": (tiny_qwen3, "qwen3")}[case]
+    metadata = {"mistral": lambda w: w.add_name("mistral"), "qwen3": lambda w: w.add_key_length(32)}.get(case)
+    path = write_gguf(make(), tmp_path / "c.gguf", lambda name, nd: Q.Q8_0, arch=arch, metadata=metadata)
+    model, _ = tl.from_gguf(path)
+    want = AutoConfig.from_pretrained(str(tmp_path), gguf_file="c.gguf")
+    if case == "qwen3":
+        want.head_dim = 32  # {arch}.attention.key_length, which from_gguf reads and transformers does not
+    assert model.config.model_type == want.model_type == ("mistral" if case == "mistral" else arch)
+    # all but dtype, which building the model (from_gguf's dtype=) sets
+    assert {k: v for k, v in model.config.to_dict().items() if k != "dtype"} == \
+        {k: v for k, v in want.to_dict().items() if k != "dtype"}
+
+
+def test_from_gguf_parses_the_file_once_and_caches_the_tokenizer(tmp_path, monkeypatch, caplog):
+    import transformers.modeling_gguf_pytorch_utils as hf_gguf
+    from transformers import AutoTokenizer
+    monkeypatch.setenv("TORCH_LOWBIT_CACHE", str(tmp_path / "cache"))
+    path = tokenizer_gguf(tmp_path)
+    want = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="t.gguf")  # transformers' own conversion
+    parses = []
+    reader_init = gguf.GGUFReader.__init__
+
+    def counted_init(self, *args, **kwargs):
+        parses.append(args)
+        reader_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(gguf.GGUFReader, "__init__", counted_init)
+    _, first = tl.from_gguf(path)  # converts (transformers reads the file again) and writes the entry
+    root = tmp_path / "cache" / "tokenizers"
+    entries = list(root.iterdir())
+    assert len(entries) == 1 and (root.stat().st_mode & 0o777) == 0o700
+    assert sorted(p.name for p in entries[0].iterdir()) == ["chat_template.jinja", "tokenizer.json",
+                                                           "tokenizer_config.json"]
+    parses.clear()
+    with monkeypatch.context() as m:
+        m.setattr(hf_gguf, "load_gguf_checkpoint", lambda *a, **kw: pytest.fail("transformers parsed the GGUF again"))
+        model, tok = tl.from_gguf(path)
+    assert len(parses) == 1  # from_gguf's own reader, nothing else
+    texts = ["the cap in the hat", "  Ünïcödé\n\tdigits 12345 ", "<|im_start|>user\nhi<|im_end|>", ""]
+    for t in (first, tok):
+        for text in texts:
+            ids = t(text).input_ids
+            assert ids == want(text).input_ids, text
+            assert t.decode(ids) == want.decode(ids) and t.decode(ids, skip_special_tokens=True) == \
+                want.decode(ids, skip_special_tokens=True)
+        assert (t.bos_token, t.eos_token, t.pad_token, t.unk_token) == \
+            (want.bos_token, want.eos_token, want.pad_token, want.unk_token)
+        assert t.all_special_ids == want.all_special_ids
+        chat = [{"role": "user", "content": "the cap"}, {"role": "assistant", "content": "in"}]
+        assert t.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
+            want.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert model.config.vocab_size == TOKENIZER_VOCAB
+
+    # a corrupt entry (a crash mid-write elsewhere, an edit) is converted again, not an error
+    (entries[0] / "tokenizer.json").write_text('{"version": "1.0", "model": {')
+    with caplog.at_level(logging.WARNING, logger="torch_lowbit.io.tokenizer_cache"):
+        _, rebuilt = tl.from_gguf(path)
+    assert "unreadable" in caplog.text
+    assert rebuilt(texts[0]).input_ids == want(texts[0]).input_ids
+    assert [p.name for p in root.iterdir()] == [entries[0].name]  # rebuilt in place, no partial folder left
+    json_ok = (entries[0] / "tokenizer.json").read_text()
+    assert json_ok.startswith("{") and json_ok.rstrip().endswith("}")
+
+
+def test_open_gguf_reads_what_ggufs_reader_reads(tmp_path):
+    from torch_lowbit.io.gguf import open_gguf
+    path = write_gguf(llama(vocab_size=TOKENIZER_VOCAB), tmp_path / "t.gguf", lambda name, nd: Q.Q4_1,
+                      metadata=byte_level_tokenizer)
+    got, want = open_gguf(path), gguf.GGUFReader(path)
+    assert isinstance(got, gguf.GGUFReader) and list(got.fields) == list(want.fields)
+    for key, field in want.fields.items():
+        assert got.fields[key].contents() == field.contents(), key
+        assert got.fields[key].types == field.types and got.fields[key].data == field.data, key
+    assert [(t.name, t.tensor_type, list(t.shape), t.data_offset) for t in got.tensors] == \
+        [(t.name, t.tensor_type, list(t.shape), t.data_offset) for t in want.tensors]
+    assert all(np.array_equal(a.data, b.data) for a, b in zip(got.tensors, want.tensors))
+
+
+def test_tokenizer_cache_refuses_a_folder_others_can_write(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("TORCH_LOWBIT_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache" / "tokenizers").mkdir(parents=True)
+    (tmp_path / "cache" / "tokenizers").chmod(0o777)
+    path = tokenizer_gguf(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="torch_lowbit.io.tokenizer_cache"):
+        _, tok = tl.from_gguf(path)
+    assert "writable by others" in caplog.text and tok("the cap").input_ids
+    assert not any((tmp_path / "cache" / "tokenizers").iterdir())
+
+
+def test_tokenizer_cache_keeps_the_most_recent_entries(tmp_path, monkeypatch):
+    from torch_lowbit.io import tokenizer_cache
+    monkeypatch.setenv("TORCH_LOWBIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(tokenizer_cache, "MAX_ENTRIES", 1)
+    root = tmp_path / "cache" / "tokenizers"
+    first = tokenizer_gguf(tmp_path)
+    tl.from_gguf(first)
+    crashed = root / ".partial-crashed"  # a writer killed mid-write an hour ago
+    crashed.mkdir()
+    os.utime(crashed, (time.time() - 7200,) * 2)
+    (tmp_path / "b").mkdir()
+    _, tok = tl.from_gguf(tokenizer_gguf(tmp_path / "b"))
+    assert [p.name for p in root.iterdir()] == [tokenizer_cache.entry_key(tmp_path / "b" / "t.gguf")]
+    assert tok("the cap").input_ids
 
 
 # ---- to_gguf -------------------------------------------------------------------------------------

@@ -87,6 +87,8 @@ def pad_rows(t: Tensor, rows: int) -> Tensor:
 
 def pack_codes(codes: Tensor, bits: int) -> Tensor:
     """uint8 codes [N, K] (K % 32 == 0, values < 2^bits) -> qweight [ceil(N/16), K/32, 64 bits]."""
+    if bits in ROW_BYTE_CODE_BITS:
+        return tile_row_bytes(row_bytes(codes.to(torch.uint8), bits), bits)
     n, k = codes.shape
     tiles, kb = -(-n // TILE), k // 32
     c = pad_rows(codes, tiles * TILE).reshape(tiles, TILE, kb, 8, 4)  # t, r, block, quad, j
@@ -96,6 +98,16 @@ def pack_codes(codes: Tensor, bits: int) -> Tensor:
         byte = sum(v[:, :, :, f] << (w * f) for f in range(8 // w))  # t, r, block, chunk, j
         chunks.append(byte.permute(0, 2, 3, 1, 4))  # t, block, chunk, r, j
     return torch.cat(chunks, dim=2).reshape(tiles, kb, 64 * bits).to(torch.uint8).contiguous()
+
+
+def tile_row_bytes(b: Tensor, bits: int) -> Tensor:
+    """pack_codes of 4- or 8-bit codes given as row bytes (row_bytes): a (tile, block)'s chunk c, byte
+    r*4 + j is row r's block byte 4c + j (4 bits: codes 4c + j and 16 + 4c + j in one byte, as a plane
+    of width 4 holds quads c and 4 + c), so packing only moves bytes."""
+    n = b.shape[0]
+    tiles, kb = -(-n // TILE), b.shape[1] // (4 * bits)
+    t = pad_rows(b, tiles * TILE).reshape(tiles, TILE, kb, bits, 4)  # t, r, block, chunk, j
+    return t.permute(0, 2, 3, 1, 4).reshape(tiles, kb, 64 * bits).contiguous()
 
 
 def _row_codes(b: Tensor, bits: int) -> Tensor:
@@ -138,14 +150,39 @@ def unpack_nibbles(packed: Tensor) -> Tensor:
     return torch.stack((b & 0x0F, b >> 4), dim=2).reshape(n, half * 2)
 
 
+ROW_BYTE_CODE_BITS = (4, 8)  # code widths whose rows have a byte form (row_bytes): ggml's block payloads
+
+
+def row_bytes(codes: Tensor, bits: int) -> Tensor:
+    """uint8 codes [N, K] as each row's bytes in ggml's block order: 4 bits pack_nibbles' [N, K/2],
+    8 bits the codes themselves. A GGUF Q4_0 / Q4_1 / IQ4_NL block's payload is exactly these bytes
+    (Q8_0's with each top bit flipped, q + 128), so layouts can pack it without unpacking
+    (Layout.pack_row_bytes)."""
+    if bits not in ROW_BYTE_CODE_BITS:
+        raise ValueError(f"{bits}-bit codes have no row-byte form (only {ROW_BYTE_CODE_BITS})")
+    return pack_nibbles(codes) if bits == 4 else codes
+
+
+def row_bytes_codes(b: Tensor, bits: int) -> Tensor:
+    """Inverse of row_bytes: uint8 codes [N, K]."""
+    if bits not in ROW_BYTE_CODE_BITS:
+        raise ValueError(f"{bits}-bit codes have no row-byte form (only {ROW_BYTE_CODE_BITS})")
+    return unpack_nibbles(b) if bits == 4 else b
+
+
 def interleave_nibble_rows(codes: Tensor, rows: int, chunk: int, toggle: bool) -> Tensor:
     """uint8 codes [N, K] (values < 16, K % 32 == 0) -> [ceil(N/rows), K/32, 16 rows] bytes of the
     interleaved q4_{rows}x{chunk} layouts (csrc/common/q4x.h): each row's block as pack_nibbles' 16 bytes,
     cut into chunks of `chunk` bytes, chunk i of a block = row i % rows's bytes (i // rows) * chunk ..;
     toggle: every nibble's top bit flipped (c ^ 8, the signed value c - 8 in two's complement)."""
-    n, k = codes.shape
-    groups, kb = -(-n // rows), k // 32
-    qs = pack_nibbles(pad_rows(codes, groups * rows)).reshape(groups, rows, kb, 16 // chunk, chunk)
+    return interleave_nibble_bytes(pack_nibbles(codes), rows, chunk, toggle)
+
+
+def interleave_nibble_bytes(nibbles: Tensor, rows: int, chunk: int, toggle: bool) -> Tensor:
+    """interleave_nibble_rows of codes given as pack_nibbles' bytes [N, K/2] (a GGUF block's payload)."""
+    n, half = nibbles.shape
+    groups, kb = -(-n // rows), half // 16
+    qs = pad_rows(nibbles, groups * rows).reshape(groups, rows, kb, 16 // chunk, chunk)
     if toggle:
         qs = qs ^ 0x88
     return qs.permute(0, 2, 3, 1, 4).reshape(groups, kb, 16 * rows).contiguous()  # group, block, c, r, s

@@ -76,10 +76,15 @@ class Format(ABC):
                     "layer with filter_fn")
         return None
 
-    def check_quantized(self, q: dict[str, Tensor], out_features: int, in_features: int) -> None:
+    def check_quantized(self, q: dict[str, Tensor], out_features: int, in_features: int, *,
+                        codes_as_row_bytes: bool = False) -> None:
         """Rejects already-quantized tensors (as quantize() returns them, e.g. read from a GGUF file)
         that this format cannot hold for an [out_features, in_features] weight, naming the fix. The
-        base checks the shape and that q is a dict of tensors; formats add their tensors' shapes."""
+        base checks the shape and that q is a dict of tensors; formats add their tensors' shapes.
+        codes_as_row_bytes: q["codes"] holds each row's codes as bytes (core.packing.row_bytes), which
+        only 4- and 8-bit scalar-codebook formats have."""
+        if codes_as_row_bytes:
+            raise ValueError(f"{self.name}: its codes have no row-byte form; pass one code per byte")
         problem = self.shape_problem(out_features, in_features)
         if problem:
             raise ValueError(f"{self.name}: a weight of {out_features}x{in_features} {problem}")

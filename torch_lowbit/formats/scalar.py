@@ -14,6 +14,7 @@ from typing import ClassVar, Optional
 import torch
 from torch import Tensor
 
+from ..core.packing import ROW_BYTE_CODE_BITS
 from .base import Format
 
 FP16_MAX = 65504.0
@@ -88,10 +89,14 @@ class ScalarCodebookFormat(Format):
             q["mins"] = mn16.reshape(shape[0], -1)
         return q
 
-    def check_quantized(self, q: dict[str, Tensor], out_features: int, in_features: int) -> None:
+    def check_quantized(self, q: dict[str, Tensor], out_features: int, in_features: int, *,
+                        codes_as_row_bytes: bool = False) -> None:
+        if codes_as_row_bytes and self.code_bits not in ROW_BYTE_CODE_BITS:
+            raise ValueError(f"{self.name}: {self.code_bits}-bit codes have no row-byte form; pass one code per byte")
         super().check_quantized(q, out_features, in_features)
         groups = in_features // self.group_size
-        expected = {"codes": ((out_features, in_features), torch.uint8),
+        code_columns = in_features * self.code_bits // 8 if codes_as_row_bytes else in_features
+        expected = {"codes": ((out_features, code_columns), torch.uint8),
                     "scales": ((out_features, groups), torch.float16)}
         if self.has_mins:
             expected["mins"] = ((out_features, groups), torch.float16)
@@ -102,7 +107,8 @@ class ScalarCodebookFormat(Format):
             if tuple(t.shape) != shape or t.dtype != dtype:
                 raise ValueError(f"{self.name}: {name} must be {dtype} {list(shape)}, got {t.dtype} "
                                  f"{list(t.shape)}; convert it (e.g. codes as uint8, scales with .half())")
-        if self.code_bits < 8 and int(q["codes"].max()) >= 1 << self.code_bits:
+        # every nibble or byte of the row-byte form is a valid code: nothing to scan
+        if self.code_bits < 8 and not codes_as_row_bytes and int(q["codes"].max()) >= 1 << self.code_bits:
             raise ValueError(f"{self.name}: codes must be below {1 << self.code_bits} ({self.code_bits}-bit), "
                              f"got {int(q['codes'].max())}")
         if not all(bool(torch.isfinite(q[n]).all()) for n in expected if n != "codes"):

@@ -227,8 +227,10 @@ class Int4PerChannel(ScalarCodebookFormat):
     def dequantize(self, q: dict[str, Tensor]) -> Tensor:
         return super(Int4PerChannel, self.for_layer(q["codes"].shape[1])).dequantize(q)
 
-    def check_quantized(self, q: dict[str, Tensor], out_features: int, in_features: int) -> None:
-        super(Int4PerChannel, self.for_layer(in_features)).check_quantized(q, out_features, in_features)
+    def check_quantized(self, q: dict[str, Tensor], out_features: int, in_features: int, *,
+                        codes_as_row_bytes: bool = False) -> None:
+        super(Int4PerChannel, self.for_layer(in_features)).check_quantized(q, out_features, in_features,
+                                                                           codes_as_row_bytes=codes_as_row_bytes)
 
     def bits_per_weight(self) -> float:
         return 4 + 16 / (self.group or 4096)  # one fp16 per row (counted at 4096 inputs while unbound)

@@ -3,26 +3,32 @@ modules holding the file's own blocks (Q4_0 -> q4_0, Q4_1 -> int4_g32, IQ4_NL ->
 where that format is registered), decoded byte for byte, never requantized. Other tensor types are
 dequantized to float (or, with requantize=, quantized to a named format), one log line per tensor.
 
-The config (and the tokenizer) come from transformers' GGUF metadata conversion; the weights never
-go through its loader (which dequantizes everything). Export: gguf_export.to_gguf.
+The file is parsed once (one gguf.GGUFReader): the config is transformers' GGUF metadata mapping
+applied to that reader's fields, the tokenizer transformers' conversion, cached as JSON after a file's
+first import (io.tokenizer_cache); the weights never go through transformers' loader (which
+dequantizes everything). Export: gguf_export.to_gguf.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 from pathlib import Path
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..core.packing import row_bytes
 from ..formats import Format, get_format
 from ..layouts import Layout, default_layout, get_layout
 from ..nn.fusion import fusion_jobs, install_fused, job_members
 from ..nn.embedding import QuantEmbedding
 from ..nn.linear import QuantLinear
-from .gguf_blocks import decode_blocks, native_format, rope_rows
+from .gguf_blocks import block_tensors, native_format, rope_rows
+from .tokenizer_cache import cached_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +83,27 @@ def resolve_layout(layout: Union[None, str, Layout], fmt: Format) -> Layout:
     return layout
 
 
+@functools.lru_cache(maxsize=None)
+def _reader_class():
+    """gguf.GGUFReader over a plain ndarray view of its memory map (still mapped, nothing read): the
+    reader slices the map once per value, 200k times for a 49k-entry vocabulary and its merges, and
+    each numpy.memmap slice runs memmap's Python-level __array_finalize__ (SmolLM2: 2.3 s -> 0.7 s)."""
+    class PlainArrayReader(require_gguf().GGUFReader):
+        def __setattr__(self, name, value):
+            if name == "data" and isinstance(value, np.memmap):
+                value = value.view(np.ndarray)
+            super().__setattr__(name, value)
+    return PlainArrayReader
+
+
 def open_gguf(path: Union[str, os.PathLike]):
     """A gguf.GGUFReader of path, or a GGUFError saying why the file is not a readable GGUF."""
-    gguf = require_gguf()
+    reader_class = _reader_class()  # without the gguf package: ImportError, not a GGUFError
     path = Path(os.fspath(path))
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
     try:
-        reader = gguf.GGUFReader(path)
+        reader = reader_class(path)
     except Exception as e:  # bad magic, truncated header or tensor data: numpy / struct errors
         raise GGUFError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); pass a complete "
                         "llama.cpp .gguf model file") from e
@@ -117,13 +136,28 @@ def _float_weight(t, config, arch: str) -> Tensor:
     return w
 
 
+@contextlib.contextmanager
+def _torch_on_one_thread() -> Iterator[None]:
+    """torch's ops on the calling thread, for moving block bytes: many small memory-bound ops, for which
+    waking and joining torch's OpenMP threads costs more than the work, and a thread on a busy core
+    stalls every op (SmolLM2's blocks on 2 cores: 0.3 s on one thread, 1.8 s on two)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _native_q(t, config, arch: str) -> dict[str, Tensor]:
-    """The tensor's blocks as its format's codes / scales (/ mins), rows in HF order."""
-    q = decode_blocks(t.data, t.tensor_type.name)
-    heads = qk_heads(t.name, config, arch)
-    if heads is not None:
-        idx = rope_rows(q["codes"].shape[0], heads, to_gguf=False)
-        q = {k: v[idx] for k, v in q.items()}
+    """The tensor's blocks as its format's scales (/ mins) and codes as row bytes (block_tensors), rows
+    in HF order."""
+    with _torch_on_one_thread():
+        q = block_tensors(t.data, t.tensor_type.name)
+        heads = qk_heads(t.name, config, arch)
+        if heads is not None:
+            idx = rope_rows(q["codes"].shape[0], heads, to_gguf=False)
+            q = {k: v[idx] for k, v in q.items()}
     return q
 
 
@@ -163,7 +197,8 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
     to that format instead. layout: one layout for every QuantLinear (default: each format's CPU
     default). fuse: q/k/v and gate/up of one block become one QuantLinear where they share a format
     (rows concatenated: lossless). The tokenizer returned is None when the file has no tokenizer
-    metadata, or with tokenizer=False (transformers' conversion of a GGUF vocabulary takes seconds).
+    metadata, or with tokenizer=False (transformers' conversion of a GGUF vocabulary takes seconds on a
+    file's first import; later imports load it from the tokenizer cache).
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
@@ -173,7 +208,7 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
     path = Path(os.fspath(path))
     reader = open_gguf(path)
     arch = gguf_architecture(reader, path)
-    config, model = _skeleton(path, dtype, _field(reader, f"{arch}.attention.key_length"))
+    config, model = _skeleton(reader, arch, path, dtype)
     name_map = tensor_name_map(arch, config.num_hidden_layers)
     tensors = {t.name: t for t in reader.tensors}
     used: set[str] = set()
@@ -208,26 +243,31 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
     for job in jobs:
         members = job_members(job)
         fmt, lay = plan[members[0]], layouts[members[0]]
+        native = [native_format(sources[fqn].tensor_type.name) is not None for fqn in members]
         qs, biases = [], []
-        for fqn in members:
+        for fqn, is_native in zip(members, native):
             t = sources[fqn]
-            qs.append(_native_q(t, config, arch) if native_format(t.tensor_type.name) else
-                      fmt.quantize(_float_weight(t, config, arch)))
+            if is_native:
+                qs.append(_native_q(t, config, arch))
+            else:  # requantized; beside native blocks (fused with them) its codes take their byte form
+                qr = fmt.quantize(_float_weight(t, config, arch))
+                qs.append({**qr, "codes": row_bytes(qr["codes"], fmt.code_bits)} if any(native) else qr)
             b = tensor_of(f"{fqn}.bias", False) if fqn != head_fqn or not tied else None
             biases.append(_float_weight(b, config, arch).to(dtype) if b is not None else None)
-        q = {k: torch.cat([p[k] for p in qs]) for k in qs[0]}
         sizes = [p["codes"].shape[0] for p in qs]
-        bias = None if all(b is None for b in biases) else torch.cat(
-            [b if b is not None else torch.zeros(n, dtype=dtype) for b, n in zip(biases, sizes)])
-        in_features = q["codes"].shape[1]
         pfqn, names, fused_name = job
+        in_features = int(sources[members[0]].shape[0])  # ggml's shape: [K, N]
+        with _torch_on_one_thread():  # concatenating and packing: byte moves
+            q = {k: torch.cat([p[k] for p in qs]) for k in qs[0]}
+            bias = None if all(b is None for b in biases) else torch.cat(
+                [b if b is not None else torch.zeros(n, dtype=dtype) for b, n in zip(biases, sizes)])
+            module = QuantLinear.from_quantized(fmt, q, sum(sizes), in_features, bias=bias, layout=lay,
+                                                split_sizes=sizes if fused_name is not None else None,
+                                                codes_as_row_bytes=any(native))
         if fused_name is None:
-            _set_child(model, pfqn, QuantLinear.from_quantized(fmt, q, sum(sizes), in_features, bias=bias, layout=lay))
+            _set_child(model, pfqn, module)
         else:
-            parent = model.get_submodule(pfqn) if pfqn else model
-            install_fused(parent, tuple(names), fused_name,
-                          QuantLinear.from_quantized(fmt, q, sum(sizes), in_features, bias=bias, layout=lay,
-                                                       split_sizes=sizes))
+            install_fused(model.get_submodule(pfqn) if pfqn else model, tuple(names), fused_name, module)
 
     if qemb is not None and tied:
         _set_child(model, head_fqn, qemb.tied_head())
@@ -272,9 +312,11 @@ def _quantized_embedding(t, model: nn.Module, config, arch: str, dtype: torch.dt
     fmt, old = get_format(native), model.get_input_embeddings()
     log.info("%s: GGUF %s kept as %s blocks (QuantEmbedding; rows dequantized as they are looked up)",
              t.name, t.tensor_type.name, fmt.name)
-    return QuantEmbedding.from_quantized(fmt, _native_q(t, config, arch), old.num_embeddings, old.embedding_dim,
-                                         layout=resolve_layout(layout, fmt), padding_idx=old.padding_idx,
-                                         out_dtype=dtype)
+    q = _native_q(t, config, arch)
+    with _torch_on_one_thread():
+        return QuantEmbedding.from_quantized(fmt, q, old.num_embeddings, old.embedding_dim,
+                                             layout=resolve_layout(layout, fmt), padding_idx=old.padding_idx,
+                                             out_dtype=dtype, codes_as_row_bytes=True)
 
 
 def _set_child(model: nn.Module, fqn: str, new: nn.Module) -> None:
@@ -282,18 +324,42 @@ def _set_child(model: nn.Module, fqn: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
 
 
-def _skeleton(path: Path, dtype: torch.dtype, head_dim: Optional[int]):
-    """(config, model with parameters on the meta device and real buffers) of the GGUF's metadata.
-    head_dim: {arch}.attention.key_length, which transformers does not read for every architecture."""
+def gguf_config_dict(reader, arch: str) -> dict:
+    """The config dict transformers' load_gguf_checkpoint builds from a file's metadata (its key map and
+    defaults, for the architectures from_gguf supports), read from this reader's fields: transformers
+    would parse the whole file again, its 49k-entry vocabulary included."""
+    from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
+    # transformers' test is `"mistral" in [general.name]`: only a file named exactly "mistral" is one
+    model_type = "mistral" if arch == "llama" and _field(reader, "general.name") == "mistral" else arch
+    config = {"tie_word_embeddings": all(t.name != "output.weight" for t in reader.tensors)}
+    config.update(GGUF_CONFIG_DEFAULTS_MAPPING.get(model_type, {}))
+    for key, field in reader.fields.items():
+        prefix, _, rest = key.replace(arch, model_type).partition(".")
+        name = GGUF_CONFIG_MAPPING.get(prefix, {}).get(rest)
+        if name is None or name == -1:
+            continue
+        value = field.contents()
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]
+        config[name] = value.replace(arch, model_type) if isinstance(value, str) else value
+    if "vocab_size" not in config and "tokenizer.ggml.tokens" in reader.fields:
+        config["vocab_size"] = len(reader.fields["tokenizer.ggml.tokens"].data)
+    return config
+
+
+def _skeleton(reader, arch: str, path: Path, dtype: torch.dtype):
+    """(config, model with parameters on the meta device and real buffers) of the GGUF's metadata."""
     from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     try:
-        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        config_dict = gguf_config_dict(reader, arch)
+        config = CONFIG_MAPPING[config_dict["model_type"]].from_dict(config_dict)
+        config._name_or_path = str(path.parent)  # as AutoConfig.from_pretrained(folder, gguf_file=) sets it
     except Exception as e:
         raise GGUFError(f"{path}: transformers cannot build a config from this GGUF's metadata "
                         f"({type(e).__name__}: {e})") from e
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
+    head_dim = _field(reader, f"{arch}.attention.key_length")  # transformers does not read it for every arch
     if head_dim is not None:
         config.head_dim = int(head_dim)
     with init_empty_weights(include_buffers=False):
@@ -302,9 +368,10 @@ def _skeleton(path: Path, dtype: torch.dtype, head_dim: Optional[int]):
 
 
 def gguf_tokenizer(reader, path: Path):
-    """transformers' tokenizer from the file's tokenizer.* keys; None when it has none."""
+    """transformers' tokenizer from the file's tokenizer.* keys (converted on a file's first import,
+    then loaded from the tokenizer cache: io.tokenizer_cache); None when it has none."""
     if "tokenizer.ggml.model" not in reader.fields:
         log.info("%s has no tokenizer metadata: no tokenizer returned", path.name)
         return None
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return cached_tokenizer(path, lambda: AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name))

@@ -26,7 +26,7 @@ from torch import Tensor
 from ..formats import Format, get_format
 from ..formats.registry import formats
 from ..formats.uniform import IntAsym
-from ..core.packing import pack_nibbles, unpack_nibbles
+from ..core.packing import pack_nibbles, row_bytes_codes
 
 BLOCK = 32  # weights per block of every type handled here
 
@@ -61,20 +61,26 @@ def _fp16_column(blocks: np.ndarray, offset: int) -> Tensor:
     return torch.from_numpy(raw.view(np.float16)[..., 0].copy())
 
 
-def decode_blocks(raw: np.ndarray, type_name: str) -> dict[str, Tensor]:
-    """uint8 [N, K/32 * block bytes] of a GGUF tensor -> the format's codes / scales (/ mins)."""
+def block_tensors(raw: np.ndarray, type_name: str) -> dict[str, Tensor]:
+    """uint8 [N, K/32 * block bytes] of a GGUF tensor -> the format's scales (/ mins) and its codes as
+    row bytes (core.packing.row_bytes: Q4_0 / Q4_1 / IQ4_NL the payload as stored, Q8_0 q + 128), which
+    QuantLinear.from_quantized(codes_as_row_bytes=True) packs without unpacking them."""
     fmt_name, nbytes, head = NATIVE[type_name]
     rows = raw.shape[0]
     blocks = np.asarray(raw, dtype=np.uint8).reshape(rows, -1, nbytes)
     payload = torch.from_numpy(np.array(blocks[:, :, head:]).reshape(rows, -1))
     if type_name == "Q8_0":
-        codes = (payload.view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
-    else:
-        codes = unpack_nibbles(payload)
-    q = {"codes": codes, "scales": _fp16_column(blocks, 0)}
+        payload ^= 0x80  # int8 q -> the code q + 128
+    q = {"codes": payload, "scales": _fp16_column(blocks, 0)}
     if type_name == "Q4_1":
         q["mins"] = _fp16_column(blocks, 2)
     return q
+
+
+def decode_blocks(raw: np.ndarray, type_name: str) -> dict[str, Tensor]:
+    """uint8 [N, K/32 * block bytes] of a GGUF tensor -> the format's codes / scales (/ mins)."""
+    q = block_tensors(raw, type_name)
+    return {**q, "codes": row_bytes_codes(q["codes"], format_of(type_name).code_bits)}
 
 
 def encode_blocks(fmt: Format, q: dict[str, Tensor]) -> tuple[str, np.ndarray]:

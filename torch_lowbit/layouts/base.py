@@ -9,6 +9,7 @@ from typing import Optional
 
 from torch import Tensor
 
+from ..core.packing import row_bytes_codes
 from ..formats.base import Format
 from ..ops import Backend, OpCall
 
@@ -39,6 +40,12 @@ class Layout(ABC):
     @abstractmethod
     def pack(self, fmt: Format, q: dict[str, Tensor]) -> dict[str, Tensor]:
         """Persistent buffers (saved in checkpoints) from a format's quantize() output."""
+
+    def pack_row_bytes(self, fmt: Format, q: dict[str, Tensor]) -> dict[str, Tensor]:
+        """pack() of a 4- or 8-bit scalar format's q whose "codes" are its rows' bytes
+        (core.packing.row_bytes: a GGUF block's payload). This base unpacks them; layouts whose
+        buffers are those bytes rearranged move them instead."""
+        return self.pack(fmt, {**q, "codes": row_bytes_codes(q["codes"], fmt.code_bits)})
 
     @abstractmethod
     def unpack(self, fmt: Format, buffers: dict[str, Tensor], out_features: int, in_features: int) -> dict[str, Tensor]:

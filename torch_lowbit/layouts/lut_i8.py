@@ -27,7 +27,8 @@ from ..core.activations import KERNEL_ACT_BLOCKS, fake_quantize_q8_blocks, fake_
 from ..formats.gcb import dequantize_subgroups
 from ..formats.palette import NUQ, VQ
 from ..formats.scalar import ScalarCodebookFormat, dequantize_groups
-from ..core.packing import LUT_I8_CODE_BITS, TILE, pack_codes, pad_rows, tile_rows_codes, unpack_codes
+from ..core.packing import (LUT_I8_CODE_BITS, TILE, pack_codes, pad_rows, tile_row_bytes, tile_rows_codes,
+                            unpack_codes)
 from ..ops.lut_i8 import lut_i8_linear, register_reference_cpu_impls
 from ..rotations import hadamard_transform
 from .base import Layout, register_cpu_preference, register_layout
@@ -68,8 +69,16 @@ class LutI8Tiled(Layout):
 
     def pack(self, fmt: ScalarCodebookFormat, q: dict[str, Tensor]) -> dict[str, Tensor]:
         self._check(fmt)
-        out = {"qweight": pack_codes(q["codes"], self.bits)}
-        tiles = out["qweight"].shape[0]
+        return self._with_params(fmt, q, pack_codes(q["codes"], self.bits))
+
+    def pack_row_bytes(self, fmt: ScalarCodebookFormat, q: dict[str, Tensor]) -> dict[str, Tensor]:
+        self._check(fmt)
+        return self._with_params(fmt, q, tile_row_bytes(q["codes"], self.bits))
+
+    def _with_params(self, fmt: ScalarCodebookFormat, q: dict[str, Tensor], qweight: Tensor) -> dict[str, Tensor]:
+        """The buffers: qweight and the group parameters tiled as it is."""
+        out = {"qweight": qweight}
+        tiles = qweight.shape[0]
         for name in ("scales", "mins") if fmt.has_mins else ("scales",):
             p = pad_rows(q[name], tiles * TILE)
             out[name] = p.reshape(tiles, TILE, -1).permute(0, 2, 1).contiguous()
@@ -148,6 +157,7 @@ class NuqI8Tiled(LutI8Tiled):
         return isinstance(fmt, self.format_class)
 
     gather_rows = Layout.gather_rows  # one scale per row of rotated codes: no embedding use
+    pack_row_bytes = Layout.pack_row_bytes  # its own pack (one scale per row), after unpacking
 
     def holds_width(self, fmt, in_features: int) -> bool:
         return in_features % (32 * self.weights_per_code) == 0  # whole int8 activation blocks (per coordinate)

@@ -21,7 +21,8 @@ from torch import Tensor
 
 from ..core.activations import KERNEL_ACT_BLOCKS, fake_quantize_q8_blocks
 from ..formats.scalar import ScalarCodebookFormat, dequantize_groups
-from ..core.packing import deinterleave_nibble_rows, interleave_nibble_rows, interleaved_rows_codes, pad_rows
+from ..core.packing import (deinterleave_nibble_rows, interleave_nibble_bytes, interleave_nibble_rows,
+                            interleaved_rows_codes, pad_rows)
 from ..ops.q4x import q4x_linear, register_reference_cpu_impls
 from .base import Layout, register_cpu_preference, register_layout
 from .lut_i8 import int8_table
@@ -69,7 +70,14 @@ class Q4xInterleaved(Layout):
 
     def pack(self, fmt: ScalarCodebookFormat, q: dict[str, Tensor]) -> dict[str, Tensor]:
         self._check(fmt)
-        qweight = interleave_nibble_rows(q["codes"], self.rows, self.chunk, _toggled(fmt))
+        return self._with_scales(q, interleave_nibble_rows(q["codes"], self.rows, self.chunk, _toggled(fmt)))
+
+    def pack_row_bytes(self, fmt: ScalarCodebookFormat, q: dict[str, Tensor]) -> dict[str, Tensor]:
+        self._check(fmt)
+        return self._with_scales(q, interleave_nibble_bytes(q["codes"], self.rows, self.chunk, _toggled(fmt)))
+
+    def _with_scales(self, q: dict[str, Tensor], qweight: Tensor) -> dict[str, Tensor]:
+        """The buffers: qweight and the scales interleaved as it is."""
         groups = qweight.shape[0]
         scales = pad_rows(q["scales"], groups * self.rows).reshape(groups, self.rows, -1).permute(0, 2, 1)
         return {"qweight": qweight, "scales": scales.contiguous()}

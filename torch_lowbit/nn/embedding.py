@@ -67,15 +67,17 @@ class QuantEmbedding(nn.Module):
     @classmethod
     def from_quantized(cls, fmt: Union[str, Format], q: dict[str, Tensor], num_embeddings: int, embedding_dim: int,
                        *, layout: Union[None, str, Layout] = None, padding_idx: Optional[int] = None,
-                       out_dtype: torch.dtype = torch.float32) -> "QuantEmbedding":
+                       out_dtype: torch.dtype = torch.float32, codes_as_row_bytes: bool = False) -> "QuantEmbedding":
         """From a format's already-quantized tensors q (what fmt.quantize() returns for the
         [num_embeddings, embedding_dim] table, e.g. a GGUF token_embd), packed without re-quantizing:
         dequantize() equals fmt.dequantize(q) bit for bit. layout default: the CPU default for the
-        format if q is on the CPU (q8_0: lut8_i8_n16), so tied_head() runs the CPU kernels."""
+        format if q is on the CPU (q8_0: lut8_i8_n16), so tied_head() runs the CPU kernels.
+        codes_as_row_bytes: as QuantLinear.from_quantized's."""
         fmt = _scalar_format(fmt)
-        fmt.check_quantized(q, num_embeddings, embedding_dim)
+        fmt.check_quantized(q, num_embeddings, embedding_dim, codes_as_row_bytes=codes_as_row_bytes)
         layout = _resolve_layout(layout, fmt, next(iter(q.values())).device.type)
-        return cls(num_embeddings, embedding_dim, fmt, layout.pack(fmt, q), layout=layout, padding_idx=padding_idx,
+        buffers = layout.pack_row_bytes(fmt, q) if codes_as_row_bytes else layout.pack(fmt, q)
+        return cls(num_embeddings, embedding_dim, fmt, buffers, layout=layout, padding_idx=padding_idx,
                    out_dtype=out_dtype)
 
     @classmethod

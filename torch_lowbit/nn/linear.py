@@ -96,19 +96,23 @@ class QuantLinear(nn.Module):
     @classmethod
     def from_quantized(cls, fmt: Union[str, Format], q: dict[str, Tensor], out_features: int, in_features: int,
                        bias: Optional[Tensor] = None, layout: Union[None, str, Layout] = None,
-                       split_sizes: Optional[Sequence[int]] = None) -> "QuantLinear":
+                       split_sizes: Optional[Sequence[int]] = None,
+                       codes_as_row_bytes: bool = False) -> "QuantLinear":
         """A module from a format's already-quantized tensors q (exactly what fmt.quantize() returns,
         e.g. q8_0 {"codes": uint8 [N, K], "scales": fp16 [N, K/32]} read from a GGUF file), packed into
         `layout` (default: the best one for q's device) without re-quantizing: dequantize() equals
-        fmt.dequantize(q) bit for bit. bias: float [out_features] or None."""
+        fmt.dequantize(q) bit for bit. bias: float [out_features] or None. codes_as_row_bytes: 4- and
+        8-bit codes given as each row's bytes (core.packing.row_bytes, a GGUF block's payload), which
+        the CPU layouts rearrange without unpacking."""
         fmt = get_format(fmt).for_layer(in_features)
-        fmt.check_quantized(q, out_features, in_features)
+        fmt.check_quantized(q, out_features, in_features, codes_as_row_bytes=codes_as_row_bytes)
         if bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (out_features,)
                                  or not bias.is_floating_point()):
             raise ValueError(f"from_quantized: bias must be a float tensor of shape [{out_features}] or None")
         layout = _resolve_layout(layout, fmt, next(iter(q.values())).device.type, in_features)
-        return cls(in_features, out_features, fmt, layout.pack(fmt, q),
-                   bias.detach().clone() if bias is not None else None, layout=layout, split_sizes=split_sizes)
+        buffers = layout.pack_row_bytes(fmt, q) if codes_as_row_bytes else layout.pack(fmt, q)
+        return cls(in_features, out_features, fmt, buffers, bias.detach().clone() if bias is not None else None,
+                   layout=layout, split_sizes=split_sizes)
 
     @classmethod
     def empty(cls, in_features: int, out_features: int, fmt: Union[str, Format], *, bias: bool,
