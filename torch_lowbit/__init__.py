@@ -10,7 +10,7 @@
     with tl.use_backend("reference"): ...          # pure torch; "cpu" compiled kernels; "triton"
     tl.set_num_threads(2)                          # the CPU kernels' threads (work-claiming pool)
     tl.generate(model, ids, max_new_tokens=64)      # the fast route (falls back to model.generate, says why)
-    tl.CompiledGenerator(model).generate(ids, 64)  # static KV cache + torch.compile'd steps
+    tl.CompiledGenerator(model).generate(ids, 64)  # static KV cache; native C++ steps or torch.compile'd ones
     tl.rotate_(model, seed=0)                      # QuaRot: fold norms, Hadamard-rotate (function unchanged)
     tl.QuantizedKVCache(model.config, 1024, bits=4)  # int4 KV cache (needs transformers)
     tl.quantize_(model, tl.QuaRot.parse("W4A4KV4"), calibration=batches)  # rotation + W4 + A4 + KV4

@@ -112,7 +112,7 @@ def cmd_demo(args) -> None:
     from .eval import perplexity, wiki_text
     from .eval.assets import smollm2_gguf
     from .eval.speed import model_nbytes, prompt_ids
-    from .generate_route import generate, timed_transformers_generate
+    from .generate_route import fast_route, generate, timed_transformers_generate
     from .nn import quantize_embeddings_
     print("loading SmolLM2-135M-Instruct (converted once from the bundled GGUF, then cached)...", flush=True)
     model, tok = _load_model("smollm2")
@@ -149,14 +149,15 @@ def cmd_demo(args) -> None:
             f"{', lm_head too' if args.include_lm_head else ''})" + \
             (f" + {args.embedding} embedding/head" if args.embedding != "none" else "")
     compile = not args.no_compile
-    route = "torch_lowbit.generate, compiled" if compile else "torch_lowbit.generate, eager loop"
     q_ppl = ppl_of(qmodel)
     if compile:
-        print("generating on the fast route: its first call compiles the prefill and decode steps (about 2 "
-              "minutes on 2 cores); the timed calls after it reuse the graphs...", flush=True)
+        print("generating on the fast route: the native decoder where it runs the model (at once), else compiled "
+              "steps (the first call compiles, about 2 minutes on 2 cores)...", flush=True)
     # eos_token_id=None: every run decodes all n tokens, as the fp32 row's min_new_tokens makes it
-    q_decode = add_row(label, route, model_nbytes(qmodel)["total"] / 1e6, q_ppl, timed(
-        lambda: generate(qmodel, ids, n, compile=compile, eos_token_id=None, return_times=True)))
+    q_times = timed(lambda: generate(qmodel, ids, n, compile=compile, eos_token_id=None, return_times=True))
+    route = {"native": "torch_lowbit.generate, native decoder", "compiled": "torch_lowbit.generate, compiled",
+             "eager": "torch_lowbit.generate, eager loop"}.get(fast_route(qmodel), "model.generate (fallback)")
+    q_decode = add_row(label, route, model_nbytes(qmodel)["total"] / 1e6, q_ppl, q_times)
     sample = generate(qmodel, tok("The three laws of thermodynamics", return_tensors="pt").input_ids, 24,
                       compile=compile)
     peer = None
@@ -220,7 +221,7 @@ def cmd_generate(args) -> None:
     or, saying why, model.generate); prefill and decode tok/s to stderr."""
     from transformers import TextStreamer
 
-    from .generate_route import generate
+    from .generate_route import fast_route, generate
     print(f"loading {args.model}...", file=sys.stderr, flush=True)
     model, tok = _load_for_generation(args)
     ids = _prompt_ids(tok, args.prompt, args.raw)
@@ -230,13 +231,14 @@ def cmd_generate(args) -> None:
     if model.generation_config.eos_token_id is None and tok.eos_token_id is not None:
         options["eos_token_id"] = tok.eos_token_id
     if not args.no_compile:
-        print("the first call compiles the prefill and decode steps (a minute or more on a small CPU)...",
-              file=sys.stderr, flush=True)
+        print("the fast route: the native decoder where it runs the model, else compiled steps (their first call "
+              "compiles: a minute or more on a small CPU)...", file=sys.stderr, flush=True)
     out, times = generate(model, ids, args.max_new_tokens, compile=not args.no_compile, seed=args.seed,
                           streamer=TextStreamer(tok, skip_prompt=not args.raw, skip_special_tokens=True),
                           return_times=True, **options)
     print(f"prefill {times.prefill_tokens_per_s:.1f} tok/s ({times.prompt_tokens} prompt tokens), decode "
-          f"{times.decode_tokens_per_s:.1f} tok/s ({out.shape[1] - ids.shape[1]} new tokens)", file=sys.stderr)
+          f"{times.decode_tokens_per_s:.1f} tok/s ({out.shape[1] - ids.shape[1]} new tokens); "
+          f"{fast_route(model) or 'model.generate'}", file=sys.stderr)
 
 
 def cmd_quantize(args) -> None:

@@ -43,6 +43,7 @@ class _GeneratorSlot:
 
     def __init__(self):
         self.generators: dict = {}
+        self.latest: Optional[CompiledGenerator] = None  # the one the latest fast-route call ran on
         self.architecture: dict = {}  # compile flag -> why the fast route cannot run the model (None: it can)
         self.logged: set = set()
 
@@ -134,7 +135,17 @@ def _cached_generator(model: nn.Module, compile: bool, device: torch.device, nee
         attn = "torch_lowbit" if getattr(model, "_supports_attention_backend", False) else None
         gen = generators[(compile, device)] = CompiledGenerator(model, max_cache_len=size, compile=compile,
                                                                 attn_implementation=attn)
+    _slot(model).latest = gen
     return gen
+
+
+def fast_route(model: nn.Module) -> Optional[str]:
+    """How the model's latest fast-route call ran: "native" (the native decoder), "compiled" or "eager";
+    None before any."""
+    gen = _slot(model).latest
+    if gen is None:
+        return None
+    return "native" if gen._native is not None else "compiled" if gen.compiled else "eager"
 
 
 class _TimedStreamer:

@@ -196,3 +196,17 @@ def test_the_decode_step_profile_splits_the_wall_time():
     before = gen._native.core.phase_seconds()
     gen.generate(ids, 3)
     assert gen._native.core.phase_seconds() == before  # profiling is off again
+
+
+def test_generate_takes_the_native_decoder_and_says_so():
+    from torch_lowbit.generate_route import fast_route
+    model = quantized_tiny_llama("q4_0", seed=12)
+    ids = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(12))
+    assert fast_route(model) is None
+    got = tl.generate(model, ids, max_new_tokens=7)
+    assert fast_route(model) == "native"
+    assert torch.equal(got, model.generate(ids, max_new_tokens=7, min_new_tokens=7, do_sample=False))
+    tl.generate(model, ids, max_new_tokens=3, compile=False)
+    assert fast_route(model) == "eager"
+    tl.generate(model, ids, max_new_tokens=3)
+    assert fast_route(model) == "native"  # the first generator again
