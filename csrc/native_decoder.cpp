@@ -121,6 +121,48 @@ class NativeDecoder {
     head_ = group(head, hidden_, vocab_, "lm_head");
   }
 
+  // The input embedding as lut_i8 tiles (a QuantEmbedding's packed rows: q8_0, q4_0, int4_g32, ...), so
+  // forward_ids looks rows up here: row r = table[code] * scale (+ min) per group, as the format's
+  // reference dequantizer computes it (the same floats).
+  void set_embedding(const at::Tensor& qweight, const at::Tensor& scales, const c10::optional<at::Tensor>& mins,
+                     const at::Tensor& lut, int64_t code_bits, int64_t group, int64_t rows) {
+    embedding_ = prepare_lut_i8(kOp, qweight, scales, mins, lut, code_bits, group, rows, c10::nullopt, c10::nullopt);
+    TORCH_CHECK(!embedding_.w.pairs && embedding_.w.K == hidden_, kOp, ": the embedding must be lut_i8 tiles of ",
+                hidden_, " features (no pair codebooks)");
+    has_embedding_ = true;
+  }
+
+  // ids int64 [B, T]: forward on their embeddings (set_embedding first).
+  at::Tensor forward_ids(const at::Tensor& ids, int64_t pos0) {
+    TORCH_CHECK(has_embedding_, kOp, ": set_embedding first");
+    TORCH_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong && ids.device().is_cpu(), kOp,
+                ": ids must be int64 [B, T] on the CPU");
+    const at::Tensor idc = ids.contiguous();
+    const int64_t* id = idc.data_ptr<int64_t>();
+    const LutI8Weights& w = embedding_.w;
+    at::Tensor embeds = at::empty({ids.size(0), ids.size(1), hidden_}, ids.options().dtype(at::kFloat));
+    float* out = embeds.data_ptr<float>();
+    const int64_t groups = w.K / w.group;
+    for (int64_t i = 0; i < idc.numel(); ++i) {
+      const int64_t r = id[i];
+      TORCH_CHECK(r >= 0 && r < w.N, kOp, ": token id ", r, " is outside the vocabulary [0, ", w.N, ")");
+      const int64_t t = r / kI8TileRows, rr = r % kI8TileRows;
+      float* row = out + i * hidden_;
+      for (int64_t b = 0; b < w.K / 32; ++b) {
+        const int64_t at_scale = (t * groups + b * 32 / w.group) * kI8TileRows + rr;
+        const float scale = static_cast<float>(w.scales[at_scale]);
+        const float mn = w.mins ? static_cast<float>(w.mins[at_scale]) : 0.f;
+        const uint8_t* p = lut_i8_block(w, t, b);
+        for (int k = 0; k < 32; ++k) {
+          const float v = static_cast<float>(static_cast<int>(w.utable[lut_i8_code(p, w.bits, static_cast<int>(rr), k)]) -
+                                             w.offset) * scale;
+          row[b * 32 + k] = w.mins ? v + mn : v;
+        }
+      }
+    }
+    return forward(embeds, pos0);
+  }
+
   // cos, sin: fp32 [positions, head_dim], the model's own rotary embedding of positions 0, 1, ...
   void set_rotary(const at::Tensor& cos, const at::Tensor& sin) {
     TORCH_CHECK(cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(1) == head_dim_ &&
@@ -353,6 +395,8 @@ class NativeDecoder {
     }
   };
 
+  LutI8Prepared embedding_;
+  bool has_embedding_ = false;
   bool profiling_ = false;
   double phase_s_[3] = {};
   int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_, vocab_ = 0;
@@ -380,6 +424,8 @@ void register_native_decoder(pybind11::module& m) {
       .def("set_rotary", &NativeDecoder::set_rotary)
       .def("bind_cache", &NativeDecoder::bind_cache)
       .def("forward", &NativeDecoder::forward, py::call_guard<py::gil_scoped_release>())
+      .def("set_embedding", &NativeDecoder::set_embedding)
+      .def("forward_ids", &NativeDecoder::forward_ids, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("blocks", &NativeDecoder::blocks)
       .def("set_profiling", &NativeDecoder::set_profiling)
       .def("phase_seconds", &NativeDecoder::phase_seconds, "[projections, attention, other] seconds of decode steps since reset_phases")

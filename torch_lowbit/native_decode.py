@@ -15,6 +15,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from .layouts.lut_i8 import int8_table
+from .nn.embedding import QuantEmbedding
 from .nn.fusion import ProjectionSlot
 from .nn.linear import QuantLinear
 from .ops.extension import cpu_extension, has_cpu_extension
@@ -90,6 +92,7 @@ class NativeDecoder:
 
     def __init__(self, model: nn.Module, core, embed: nn.Module, positions: int):
         self.model, self.core, self.embed, self.positions = model, core, embed, positions
+        self.embed_in_core = _embedding_in_core(core, embed)
 
     def bind(self, cache) -> None:
         """Write keys and values into `cache` (a transformers StaticCache of fp32 layers)."""
@@ -105,10 +108,26 @@ class NativeDecoder:
     def __call__(self, input_ids: Tensor, position: int) -> Tensor:
         """Logits [batch, vocab] of the last of input_ids' tokens, which sit at positions position,
         position + 1, ... (their keys and values go into the bound cache)."""
+        if self.embed_in_core:  # the rows looked up in C++ (a lut_i8 QuantEmbedding)
+            return self.core.forward_ids(input_ids, int(position))
         embeds = self.embed(input_ids)
         if embeds.dtype != torch.float32:
             embeds = embeds.float()
         return self.core.forward(embeds.contiguous(), int(position))
+
+
+def _embedding_in_core(core, embed: nn.Module) -> bool:
+    """Hands the decoder a QuantEmbedding's lut_i8 rows (a Python lookup costs ~0.1 ms a token); False
+    where the module's own lookup runs instead."""
+    if not isinstance(embed, QuantEmbedding) or embed.out_dtype != torch.float32:
+        return False
+    table = int8_table(embed.fmt) if hasattr(embed.fmt, "code_values") else None
+    args = None if table is None else embed.layout.lut_i8_args(embed.fmt, {**embed.packed, "lut_i8": table})
+    if args is None or args[6] is not None:  # not lut_i8 tiles, or per-row codebooks
+        return False
+    qweight, scales, mins, lut, bits, group, _ = args
+    core.set_embedding(qweight, scales, mins, lut, bits, group, embed.num_embeddings)
+    return True
 
 
 def _build(model: nn.Module, max_cache_len: int) -> NativeDecoder:

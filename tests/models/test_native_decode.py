@@ -210,3 +210,19 @@ def test_generate_takes_the_native_decoder_and_says_so():
     assert fast_route(model) == "eager"
     tl.generate(model, ids, max_new_tokens=3)
     assert fast_route(model) == "native"  # the first generator again
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "int4_g32"])
+def test_embedding_rows_looked_up_in_the_decoder_equal_the_modules(fmt):
+    model = _model("q4_0", 13, **ODD)
+    tl.quantize_embeddings_(model, fmt)
+    decoder, why = native_decoder(model, 16)
+    assert why is None and decoder.embed_in_core, why
+    ids = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(13))
+    ids[0, 0], ids[1, -1] = 0, model.config.vocab_size - 1  # the first row and the ragged last tile's last
+    decoder.bind(_Cache(model, 2, 16))
+    with_lookup = decoder(ids, 0)
+    decoder.embed_in_core = False  # the module's own lookup, the same floats in
+    assert torch.equal(decoder(ids, 0), with_lookup)
+    with pytest.raises(RuntimeError, match="outside the vocabulary"):
+        decoder.core.forward_ids(torch.tensor([[model.config.vocab_size]]), 0)
