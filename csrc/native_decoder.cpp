@@ -113,6 +113,18 @@ class NativeDecoder {
     blocks_.push_back(std::move(b));
   }
 
+  // Per-head RMSNorms of the last block's queries and keys before the rotary embedding (Qwen3's
+  // q_norm / k_norm: a weight of head_dim).
+  void set_qk_norms(const at::Tensor& q_norm, double q_eps, const at::Tensor& k_norm, double k_eps) {
+    TORCH_CHECK(!blocks_.empty(), kOp, ": add_block first");
+    for (const at::Tensor* w : {&q_norm, &k_norm})
+      TORCH_CHECK(w->dim() == 1 && w->size(0) == head_dim_ && w->is_floating_point(), kOp,
+                  ": q/k norm weights must be [", head_dim_, "]");
+    Block& b = blocks_.back();
+    b.q_norm = q_norm.to(at::kFloat).contiguous(), b.k_norm = k_norm.to(at::kFloat).contiguous();
+    b.q_eps = static_cast<float>(q_eps), b.k_eps = static_cast<float>(k_eps);
+  }
+
   void set_head(const at::Tensor& final_norm, double eps, std::vector<int64_t> head) {
     TORCH_CHECK(head.size() == 1, kOp, ": the LM head is one projection");
     final_norm_ = norm_weight(final_norm);
@@ -220,6 +232,10 @@ class NativeDecoder {
         const float* c = cos_.data_ptr<float>() + pos * D;
         const float* s = sin_.data_ptr<float>() + pos * D;
         float* row = qp + m * qkvN;
+        if (blk.q_norm.defined()) {  // in place: rms_norm reads each value before writing it
+          rms_norm(row, heads_, D, blk.q_norm.data_ptr<float>(), blk.q_eps, row);
+          rms_norm(row + qN, kv_heads_, D, blk.k_norm.data_ptr<float>(), blk.k_eps, row + qN);
+        }
         for (int64_t hd = 0; hd < heads_ + kv_heads_; ++hd) rotate(row + hd * D, c, s, D);
         for (int64_t hk = 0; hk < kv_heads_; ++hk) {
           const int64_t at_pos = ((b * kv_heads_ + hk) * L + pos) * D;
@@ -278,6 +294,8 @@ class NativeDecoder {
     at::Tensor post_norm;
     float post_eps;
     Group qkv, o, gate_up, down;
+    at::Tensor q_norm, k_norm;  // per-head norms before rotary, or undefined
+    float q_eps = 0.f, k_eps = 0.f;
   };
 
   at::Tensor norm_weight(const at::Tensor& w) const {
@@ -421,6 +439,7 @@ void register_native_decoder(pybind11::module& m) {
       .def("add_dense_linear", &NativeDecoder::add_dense_linear)
       .def("add_block", &NativeDecoder::add_block)
       .def("set_head", &NativeDecoder::set_head)
+      .def("set_qk_norms", &NativeDecoder::set_qk_norms)
       .def("set_rotary", &NativeDecoder::set_rotary)
       .def("bind_cache", &NativeDecoder::bind_cache)
       .def("forward", &NativeDecoder::forward, py::call_guard<py::gil_scoped_release>())

@@ -2,7 +2,8 @@
 over the model's own quantized buffers, for generation on the CPU without a compiled graph.
 
 `native_decoder(model)` reads the model's structure (facts, not names: decoder blocks of RMSNorm,
-q/k/v/o projections with rotary embeddings and grouped-query attention, a SiLU-gated MLP; every
+q/k/v/o projections (per-head q/k RMSNorms allowed) with rotary embeddings and grouped-query
+attention, a SiLU-gated MLP; every
 projection a QuantLinear whose CPU forward is one lut_i8_linear call, or a float32 nn.Linear), hands
 the C++ decoder references to the same tensors (no copy of the weights), and then runs a short
 probe through both the decoder and the model's own forward: only a decoder whose logits match is
@@ -33,7 +34,7 @@ PROBE_NUDGE = 1e-5
 PROBE_TOKENS = 8
 
 _LAYER_CHILDREN = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
-_ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj"}
+_ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "q_norm", "k_norm"}
 _MLP_CHILDREN = {"gate_proj", "up_proj", "down_proj", "gate_up_proj", "act_fn"}
 
 
@@ -160,7 +161,7 @@ def _build(model: nn.Module, max_cache_len: int) -> NativeDecoder:
             raise Unsupported(f"{where} has modules other than attention, MLP and two norms: {sorted(extra)}")
         extra = ({n for n, _ in attn.named_children()} - _ATTENTION_CHILDREN) | \
                 ({n for n, _ in mlp.named_children()} - _MLP_CHILDREN)
-        if extra:  # per-head q/k norms, routers, experts, ...
+        if extra:  # routers, experts, ...
             raise Unsupported(f"{where}: unknown attention / MLP parts {sorted(extra)}")
         if "SiLU" not in type(getattr(mlp, "act_fn", None)).__name__:
             raise Unsupported(f"{where}.mlp.act_fn is not SiLU")
@@ -173,6 +174,13 @@ def _build(model: nn.Module, max_cache_len: int) -> NativeDecoder:
                        [_projection(core, attn.o_proj, f"{where}.self_attn.o_proj")],
                        _projections(core, mlp, ("gate_proj", "up_proj"), "gate_up_proj", f"{where}.mlp"),
                        [_projection(core, mlp.down_proj, f"{where}.mlp.down_proj")])
+        norms = [getattr(attn, n, None) for n in ("q_norm", "k_norm")]
+        if any(n is not None for n in norms):  # per-head RMSNorms before rotary (Qwen3)
+            if any(n is None or getattr(n, "weight", None) is None or n.weight.shape != (head_dim,) for n in norms):
+                raise Unsupported(f"{where}: q_norm / k_norm are not both RMSNorms over head_dim")
+            q, k = norms
+            core.set_qk_norms(q.weight.detach(), _eps(q, f"{where}.self_attn.q_norm"), k.weight.detach(),
+                              _eps(k, f"{where}.self_attn.k_norm"))
     core.set_head(base.norm.weight.detach(), _eps(base.norm, "model.norm"), [_projection(core, head, "lm_head")])
     # the model's own rotary embedding (its scaling, e.g. llama3's, included) at every cache position
     positions = torch.arange(max_cache_len).unsqueeze(0)

@@ -128,7 +128,8 @@ def test_an_architecture_that_only_looks_like_llama_is_refused_by_the_probe():
     (lambda m: m.to(torch.bfloat16), "neither a QuantLinear nor a float32 nn.Linear"),
     (lambda m: setattr(m.config, "hidden_act", "gelu"), "hidden_act 'gelu'"),
     (lambda m: m.model.layers[0].add_module("adapter", nn.Identity()), "modules other than"),
-    (lambda m: m.model.layers[1].self_attn.add_module("q_norm", nn.Identity()), "unknown attention / MLP parts"),
+    (lambda m: m.model.layers[1].self_attn.add_module("rope_gate", nn.Identity()), "unknown attention / MLP parts"),
+    (lambda m: m.model.layers[1].self_attn.add_module("q_norm", nn.Identity()), "q_norm / k_norm are not both"),
     (lambda m: setattr(m.config, "sliding_window", 8), "sliding-window attention"),
 ])
 def test_models_it_cannot_run_are_named_with_the_reason(change, reason):
@@ -226,3 +227,20 @@ def test_embedding_rows_looked_up_in_the_decoder_equal_the_modules(fmt):
     assert torch.equal(decoder(ids, 0), with_lookup)
     with pytest.raises(RuntimeError, match="outside the vocabulary"):
         decoder.core.forward_ids(torch.tensor([[model.config.vocab_size]]), 0)
+
+
+@pytest.mark.parametrize("arch", ["Qwen2", "Qwen3", "Mistral"])
+def test_other_llama_family_architectures_generate_transformers_tokens(arch):
+    """Qwen2's q/k/v biases, Qwen3's per-head q/k norms, Mistral (its window off)."""
+    import transformers
+    config = getattr(transformers, f"{arch}Config")(
+        vocab_size=256, hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, **({"head_dim": 32} if arch == "Qwen3" else {}),
+        **({"sliding_window": None} if arch == "Mistral" else {}))
+    model = getattr(transformers, f"{arch}ForCausalLM")(config).eval()
+    tl.quantize_(model, "q4_0", progress=False)
+    ids = torch.randint(0, 256, (1, 9))
+    gen = tl.CompiledGenerator(model, max_cache_len=32)
+    got = gen.generate(ids, 8)
+    assert gen.native_reason is None and gen._native is not None, gen.native_reason
+    assert torch.equal(got, model.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False))
