@@ -132,3 +132,16 @@ inline void silu_mul_impl(const float* g, const float* u, int64_t n, float* out)
 
 }  // namespace
 }  // namespace torch_lowbit
+
+// The entry points of one build (decoder_rows.h), named by its suffix: each file that includes this header
+// under its own target says TLB_DECODER_ROWS(avx2) and the like, inside namespace torch_lowbit.
+#define TLB_DECODER_ROWS(isa)                                                                                      \
+  void attend_row_##isa(const float* q, const float* k, const float* v, int64_t stride, int64_t L, int64_t D,      \
+                        float scale, const float* mask, int64_t mask_stride, float* p, float* out) {              \
+    attend_row_impl(q, k, v, stride, L, D, scale, mask, mask_stride, p, out);                                     \
+  }                                                                                                               \
+  void attend_group_##isa(const float* q, int64_t G, const float* k, const float* v, int64_t stride, int64_t L,   \
+                          int64_t D, float scale, float* p, float* out) {                                         \
+    attend_group_impl(q, G, k, v, stride, L, D, scale, p, out);                                                   \
+  }                                                                                                               \
+  void silu_mul_##isa(const float* g, const float* u, int64_t n, float* out) { silu_mul_impl(g, u, n, out); }

@@ -14,17 +14,7 @@
 
 namespace torch_lowbit {
 
-void attend_row_avx512(const float* q, const float* k, const float* v, int64_t stride, int64_t L, int64_t D,
-                     float scale, const float* mask, int64_t mask_stride, float* p, float* out) {
-  attend_row_impl(q, k, v, stride, L, D, scale, mask, mask_stride, p, out);
-}
-
-void attend_group_avx512(const float* q, int64_t G, const float* k, const float* v, int64_t stride, int64_t L,
-                       int64_t D, float scale, float* p, float* out) {
-  attend_group_impl(q, G, k, v, stride, L, D, scale, p, out);
-}
-
-void silu_mul_avx512(const float* g, const float* u, int64_t n, float* out) { silu_mul_impl(g, u, n, out); }
+TLB_DECODER_ROWS(avx512)
 
 }  // namespace torch_lowbit
 
