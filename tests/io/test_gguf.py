@@ -296,6 +296,34 @@ def test_from_gguf_rejects_bad_input(tmp_path):
         tl.from_gguf(good, dtype=torch.int8)
 
 
+def test_from_gguf_says_up_front_what_it_keeps_dequantizes_and_the_memory(tmp_path, caplog):
+    kept = write_gguf(llama(), tmp_path / "kept.gguf", lambda name, nd: Q.Q8_0 if "token_embd" in name else Q.Q4_0)
+    with caplog.at_level(logging.INFO, logger="torch_lowbit.io.gguf"):
+        tl.from_gguf(kept, tokenizer=False)
+    line = next(r for r in caplog.records if r.getMessage().startswith("from_gguf kept.gguf: kept as blocks"))
+    assert line.levelno == logging.INFO, line.getMessage()
+    reader = gguf.GGUFReader(kept)
+    n_q4 = sum(t.tensor_type == Q.Q4_0 for t in reader.tensors)
+    assert f"Q4_0 x{n_q4} -> q4_0" in line.getMessage() and "Q8_0 x1 -> q8_0" in line.getMessage()
+    expected_mb = sum(int(t.n_bytes) if t.tensor_type != Q.F32 else int(t.n_elements) * 4 for t in reader.tensors) / 1e6
+    assert f"~{expected_mb:.1f} MB in memory" in line.getMessage()
+    # weight matrices in a type without a format: said first, as a warning naming the fix
+    caplog.clear()
+    floated = write_gguf(llama(), tmp_path / "f.gguf", lambda name, nd: Q.MXFP4 if "ffn" in name else Q.Q4_0)
+    with caplog.at_level(logging.INFO, logger="torch_lowbit.io.gguf"):
+        tl.from_gguf(floated, tokenizer=False)
+    first = next(r for r in caplog.records if r.getMessage().startswith("from_gguf f.gguf:"))
+    assert first.levelno == logging.WARNING and "(MXFP4) become float" in first.getMessage()
+    assert "requantize='q4_0'" in first.getMessage()
+    per_tensor = [i for i, r in enumerate(caplog.records) if "MXFP4 dequantized to float" in r.getMessage()]
+    assert per_tensor and caplog.records.index(first) < min(per_tensor)  # the summary comes first
+    # a tensor type nothing here reads: refused before any weight is read
+    odd = write_gguf(llama(), tmp_path / "odd.gguf", lambda name, nd: Q.Q4_0,
+                     metadata=lambda w: w.add_tensor("blk.0.odd.weight", np.arange(12, dtype=np.int32).reshape(3, 4)))
+    with pytest.raises(tl.GGUFError, match=r"blk.0.odd.weight \(I32\).*llama-quantize"):
+        tl.from_gguf(odd, tokenizer=False)
+
+
 def test_from_gguf_rejects_nan_block_scales(tmp_path):
     path = write_gguf(llama(), tmp_path / "m.gguf", lambda name, nd: Q.Q4_0)
     t = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.1.ffn_down.weight")

@@ -28,6 +28,7 @@ from ..nn.fusion import fusion_jobs, install_fused, job_members
 from ..nn.embedding import QuantEmbedding
 from ..nn.linear import QuantLinear
 from .gguf_blocks import block_tensors, native_format, rope_rows
+from .gguf_summary import DEQUANTIZED, KEPT, REQUANTIZED, ImportSummary, readable_type
 from .tokenizer_cache import cached_tokenizer
 
 log = logging.getLogger(__name__)
@@ -161,8 +162,9 @@ def _native_q(t, config, arch: str) -> dict[str, Tensor]:
     return q
 
 
-def _plan_format(t, fqn: str, requantize: Optional[Format], is_head: bool) -> Optional[Format]:
-    """The format a Linear layer's GGUF tensor becomes (None: float), with one log line if not native."""
+def _plan_format(t, fqn: str, requantize: Optional[Format], is_head: bool, notes: list) -> Optional[Format]:
+    """The format a Linear layer's GGUF tensor becomes (None: float); a line for `notes` (logged after
+    the import summary) if not native."""
     native = native_format(t.tensor_type.name)
     if native is not None:
         return get_format(native)
@@ -171,13 +173,13 @@ def _plan_format(t, fqn: str, requantize: Optional[Format], is_head: bool) -> Op
     if requantize is not None and not is_head:
         problem = requantize.shape_problem(rows, cols)
         if problem is None:
-            log.info("%s: GGUF %s is not a torch_lowbit format; dequantized and requantized to %s (lossy)",
-                     t.name, kind, requantize.name)
+            notes.append((logging.INFO, f"{t.name}: GGUF {kind} is not a torch_lowbit format; dequantized and "
+                                        f"requantized to {requantize.name} (lossy)"))
             return requantize
-        log.warning("%s: GGUF %s kept in float: %s %s", t.name, kind, requantize.name, problem)
+        notes.append((logging.WARNING, f"{t.name}: GGUF {kind} kept in float: {requantize.name} {problem}"))
         return None
     why = " (the q8_0 format is not in this torch_lowbit)" if kind == "Q8_0" else ""
-    log.info("%s: GGUF %s%s dequantized to float (%s)", t.name, kind, why, fqn)
+    notes.append((logging.INFO, f"{t.name}: GGUF {kind}{why} dequantized to float ({fqn})"))
     return None
 
 
@@ -228,15 +230,21 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
     tied = bool(getattr(config, "tie_word_embeddings", False)) and tensor_of(f"{head_fqn}.weight", False) is None
     embed_fqn = next(n for n, m in model.named_modules() if m is model.get_input_embeddings())
 
-    qemb = _quantized_embedding(tensor_of(f"{embed_fqn}.weight"), model, config, arch, dtype, layout) \
-        if quantized_embedding else None
+    embed_t = tensor_of(f"{embed_fqn}.weight")
+    embed_kept = quantized_embedding and native_format(embed_t.tensor_type.name) is not None
+    linears = {fqn: m for fqn, m in model.named_modules() if isinstance(m, nn.Linear)
+               and not (embed_kept and tied and fqn == head_fqn)}
+    sources = {fqn: tensor_of(f"{embed_fqn if tied and fqn == head_fqn else fqn}.weight") for fqn in linears}
+    notes: list = []
+    plan = {fqn: _plan_format(t, fqn, requantize, fqn == head_fqn, notes) for fqn, t in sources.items()}
+    layouts = {fqn: resolve_layout(layout, f) for fqn, f in plan.items() if f is not None}
+    _announce(path, reader, dtype, sources, plan, embed_t, embed_kept, shared_head=head_fqn if tied else None)
+    for level, note in notes:
+        log.log(level, "%s", note)
+
+    qemb = _quantized_embedding(embed_t, model, config, arch, dtype, layout) if embed_kept else None
     if qemb is not None:
         _set_child(model, embed_fqn, qemb)
-    linears = {fqn: m for fqn, m in model.named_modules() if isinstance(m, nn.Linear)
-               and not (qemb is not None and tied and fqn == head_fqn)}
-    sources = {fqn: tensor_of(f"{embed_fqn if tied and fqn == head_fqn else fqn}.weight") for fqn in linears}
-    plan = {fqn: _plan_format(t, fqn, requantize, fqn == head_fqn) for fqn, t in sources.items()}
-    layouts = {fqn: resolve_layout(layout, f) for fqn, f in plan.items() if f is not None}
     targets = [fqn for fqn, f in plan.items() if f is not None]
     jobs = fusion_jobs(model, targets, fuse, may_fuse=lambda fqns: len({plan[f] for f in fqns}) == 1)
 
@@ -300,6 +308,41 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
             counts[f"{m.fmt.name}/{m.layout.name}"] = counts.get(f"{m.fmt.name}/{m.layout.name}", 0) + 1
     log.info("from_gguf %s: %s QuantLinear module(s) %s", path.name, sum(counts.values()), counts)
     return model.eval(), gguf_tokenizer(reader, path) if tokenizer else None
+
+
+def _announce(path: Path, reader, dtype: torch.dtype, sources: dict, plan: dict, embed_t, embed_kept: bool,
+              shared_head: Optional[str]) -> None:
+    """Refuses tensors no dequantizer here reads, then logs the import summary (io.gguf_summary) before
+    any weight is read."""
+    unreadable = sorted({f"{t.name} ({t.tensor_type.name})" for t in reader.tensors if not readable_type(t.tensor_type)})
+    if unreadable:
+        raise GGUFError(f"{path}: tensor type(s) that neither torch_lowbit nor gguf can read: {', '.join(unreadable[:5])}; "
+                        "convert the file with llama.cpp's llama-quantize to a common type (e.g. Q4_K_M or Q8_0)")
+    summary = ImportSummary(path.name, path.stat().st_size, dtype)
+    counted = set()
+    for fqn, t in sources.items():
+        fmt = plan[fqn]
+        if fqn == shared_head and fmt is None:
+            continue  # a float head tied to the embedding shares its weight
+        if fmt is None:
+            summary.add(t, DEQUANTIZED)
+        elif native_format(t.tensor_type.name) == fmt.name:
+            summary.add(t, KEPT, fmt.name)
+        else:
+            summary.add(t, REQUANTIZED, fmt.name, fmt.bits_per_weight())
+        counted.add(t.name)
+    for t in reader.tensors:
+        if t.name in counted:
+            continue
+        if t is embed_t and embed_kept:
+            summary.add(t, KEPT, native_format(t.tensor_type.name))
+        else:
+            summary.add(t, DEQUANTIZED)
+    fix = summary.fix()
+    if fix:
+        log.warning("%s. %s", summary.line(), fix)
+    else:
+        log.info("%s", summary.line())
 
 
 def _quantized_embedding(t, model: nn.Module, config, arch: str, dtype: torch.dtype,
