@@ -188,3 +188,32 @@ def test_bad_gguf_inputs_are_one_line_errors_before_anything_is_timed(tmp_path, 
             e2e_gguf.check_bench_gguf(path)
     with pytest.raises(ValueError, match="unknown model 'llama-8b'"):
         next(e2e_gguf.e2e_sections(["llama-8b"]))
+
+
+def test_perplexity_rows_are_eval_perplexity_of_the_import(tiny_files):
+    import torch_lowbit as tl
+    from torch_lowbit.eval.assets import wiki_text
+    from torch_lowbit.eval.perplexity import perplexity
+    path = tiny_files["Q4_0"]
+    rows = e2e_gguf.perplexity_rows(path, tokens=300, ctx=100, threads=1, peers=False)
+    model, tokenizer = tl.from_gguf(path)
+    expected = perplexity(model, tokenizer, wiki_text(400), ctx=100, max_tokens=300, progress=False)
+    assert rows == [["GGUF import: q4_0 + q8_0 embedding/head", f"{expected:.4f}", "-"]]
+
+
+def test_llama_cpp_perplexity_matches_ours_on_the_same_file(tiny_files):
+    pytest.importorskip("llama_cpp")  # the optional [peers] extra
+    import torch_lowbit as tl
+    from torch_lowbit.eval.assets import wiki_text
+    from torch_lowbit.eval.perplexity import perplexity
+    path = tiny_files["Q4_0"]
+    model, tokenizer = tl.from_gguf(path)
+    ids = tokenizer(wiki_text(400), return_tensors="pt").input_ids[0][:300]
+    theirs = e2e.llama_cpp_perplexity(path, ids, 100, 1)
+    ours = perplexity(model, tokenizer, wiki_text(400), ctx=100, max_tokens=300, progress=False)
+    assert abs(theirs / ours - 1) < 0.01, (theirs, ours)  # the same blocks; int8-activation rounding apart
+
+
+def test_ppl_without_a_gguf_file_is_a_clear_error(cache):
+    r = _bench("--ppl", "--models", "llama-1b", cache=cache, timeout=120)
+    assert r.returncode == 2 and "--ppl goes with bench e2e --gguf FILE" in r.stderr

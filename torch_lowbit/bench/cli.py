@@ -117,7 +117,7 @@ def cmd_bench(args) -> None:
         sections = e2e_sections(e2e_models(args), args.gguf or (), tuple(args.formats or E2E_VARIANTS),
                                 prompt_tokens=prompt_tokens, new_tokens=args.new_tokens, threads=threads,
                                 repeats=repeats, peers=not args.no_peers, profile=args.profile,
-                                modes=("eager",) if args.quick else MODES)
+                                modes=("eager",) if args.quick else MODES, ppl=args.ppl)
         for title, headers, rows in sections:
             print(f"\n{title}:")
             print(markdown_table(headers, rows), flush=True)
@@ -203,6 +203,9 @@ def add_bench_parser(sub, cpu_paths: Callable[[], list[str]]) -> None:
                     help="e2e (CPU): also time these llama.cpp GGUF files (llama, qwen2, qwen3): llama.cpp on the "
                     "file and from_gguf's import of it, eager and compiled; K-quant linear blocks are requantized "
                     "(Q2_K: int2_g64, Q3_K: int3_g64, Q4_K: int4_g32, Q5_K/Q6_K: q8_0), others imported as they are")
+    sp.add_argument("--ppl", action="store_true",
+                    help="e2e with --gguf: also the perplexity of our import and of llama.cpp on each file, over the "
+                         "same first 2048 Wikipedia tokens in windows of 512 (every next token scored for both)")
     sp.add_argument("--profile", action="store_true",
                     help="gpu: also profile each contender's eager call on the host (cProfile, first shape, M = 1); "
                          "e2e: where a decode step of each native row goes (ms/token: projections, attention, "
@@ -217,6 +220,9 @@ def bench_format_names(p: argparse.ArgumentParser, args, cpu_paths: Callable[[],
     --path this CPU cannot run is an error on the parser."""
     if args.gguf and (args.what != "e2e" or args.device != "cpu"):
         p.error("--gguf goes with bench e2e on the CPU (llama.cpp and our import of the file)")
+    if args.ppl and not args.gguf:
+        p.error("--ppl goes with bench e2e --gguf FILE (perplexity needs a real model: the llama-1b files hold "
+                "random weights)")
     if args.what == "e2e" and args.device == "cuda":
         names = [f for f in args.formats or [] if f != "fp16"]
     elif args.what == "e2e":

@@ -9,6 +9,7 @@ any GGUF file.
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 import sys
 import time
@@ -155,6 +156,26 @@ def time_llama_cpp(path: Path, ids: list[int], new_tokens: int, threads: int, re
             prefill.append(len(ids) / (t1 - t0))
             decode.append((new_tokens - 1) / (t2 - t1))
     return prefill, decode
+
+
+def llama_cpp_perplexity(path: Path, ids, ctx: int, threads: int) -> float:
+    """llama.cpp's perplexity on the GGUF file at path over the token ids, with the windows and NLL of
+    eval.perplexity (non-overlapping windows of ctx, every next token scored), so it compares with ours
+    number for number (llama.cpp's own tool scores only the second half of each window)."""
+    import llama_cpp
+    import numpy as np
+
+    from ..eval.perplexity import window_nll, windows
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=ctx, n_batch=ctx, n_threads=threads, n_threads_batch=threads,
+                          logits_all=True, verbose=False)
+    nll, count = 0.0, 0
+    for window in windows(torch.as_tensor(ids), ctx):
+        llm.reset()
+        llm.eval(window.tolist())
+        logits = torch.from_numpy(np.array(llm.scores[:ctx], dtype=np.float32))
+        nll += window_nll(logits, window)
+        count += ctx - 1
+    return math.exp(nll / count)
 
 
 def llama_cpp_fact(peers: bool) -> str:

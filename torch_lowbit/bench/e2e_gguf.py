@@ -16,6 +16,8 @@ from .e2e import (E2E_HEADERS, E2E_VARIANTS, MODES, GGUFTypes, bench_e2e, format
 E2E_MODELS = ("smollm2", "llama-1b")
 GGUF_E2E_HEADERS = E2E_HEADERS[:-1]  # no fp32 row to compare with
 RANDOM_WEIGHTS = "random weights N(0, 0.02): speed only, never quality"
+PPL_TOKENS, PPL_CTX = 2048, 512  # --ppl: the text and windows of docs' perplexity tables
+PPL_HEADERS = ["model", "perplexity", "vs llama.cpp"]
 
 # K-quant type -> the format its linear weights are requantized to (dequantized by gguf, then RTN):
 # the most common non-native type of a file picks the one format every non-native layer gets.
@@ -76,11 +78,43 @@ def bench_e2e_gguf(path, *, tokenizer=None, prompt_tokens: int = 256, new_tokens
     return format_rows(results, vs_fp32=False), facts
 
 
+def perplexity_rows(path, *, tokens: int = PPL_TOKENS, ctx: int = PPL_CTX, threads: int = 2,
+                    peers: bool = True) -> list[list[str]]:
+    """PPL_HEADERS rows: our import of the GGUF file at path (as bench_e2e_gguf imports it) and llama.cpp
+    on the file, both over the first `tokens` tokens of the Wikipedia text (the file's tokenizer) in
+    windows of ctx, every next token scored (eval.perplexity's protocol for both)."""
+    import torch
+
+    from ..eval.assets import wiki_text
+    from ..eval.perplexity import perplexity
+    from ..io import from_gguf
+    from ..io.gguf import gguf_tokenizer, open_gguf
+    from .e2e import llama_cpp_perplexity
+    path = Path(path)
+    requantize, label = import_plan(check_bench_gguf(path))
+    tokenizer = gguf_tokenizer(open_gguf(path), path)
+    text = wiki_text(400)
+    model = from_gguf(path, requantize=requantize, tokenizer=False)[0]
+    ours = perplexity(model, tokenizer, text, ctx=ctx, max_tokens=tokens, progress=False)
+    del model
+    rows = []
+    if peers and llama_cpp_available():
+        ids = tokenizer(text, return_tensors="pt").input_ids[0][:tokens]
+        theirs = llama_cpp_perplexity(path, ids, ctx, threads)
+        rows.append(["llama.cpp (the file)", f"{theirs:.4f}", "1.0000x"])
+        rows.append([label, f"{ours:.4f}", f"{ours / theirs:.4f}x"])
+    else:
+        rows.append([label, f"{ours:.4f}", "-"])
+    torch.set_num_threads(threads)
+    return rows
+
+
 def e2e_sections(models: Sequence[str] = ("smollm2",), gguf_paths: Sequence = (), variants=E2E_VARIANTS,
-                 **timing) -> Iterator[tuple[str, list[str], list[list[str]]]]:
+                 ppl: bool = False, **timing) -> Iterator[tuple[str, list[str], list[list[str]]]]:
     """(title, headers, rows) of each table, as each is timed: SmolLM2 (its variants and llama.cpp on
     its bundled GGUF), the Llama-3.2-1B-shaped files (Q4_0 and Q2_K linear blocks; written once, then
-    cached), then each GGUF path. timing: bench_e2e's keyword arguments (prompt_tokens, new_tokens,
+    cached), then each GGUF path (ppl: and its perplexity next to llama.cpp's, perplexity_rows).
+    timing: bench_e2e's keyword arguments (prompt_tokens, new_tokens,
     threads, repeats, modes, peers, profile, progress)."""
     from ..eval.assets import load_smollm2
     from .gguf_recipe import LLAMA_1B_RECIPES, bench_gguf
@@ -102,3 +136,7 @@ def e2e_sections(models: Sequence[str] = ("smollm2",), gguf_paths: Sequence = ()
     for path in gguf_paths:
         rows, facts = bench_e2e_gguf(path, **timing)
         yield f"{path}: GGUF {facts['types'].describe()}", GGUF_E2E_HEADERS, rows
+        if ppl:
+            yield (f"{path}: perplexity, first {PPL_TOKENS} Wikipedia tokens, windows of {PPL_CTX} (the same "
+                   "tokens and windows for both)", PPL_HEADERS,
+                   perplexity_rows(path, threads=timing.get("threads", 2), peers=timing.get("peers", True)))

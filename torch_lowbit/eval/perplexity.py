@@ -15,25 +15,35 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 
-@torch.no_grad()
-def perplexity(model, tokenizer, text: str, ctx: int = 512, max_tokens: Optional[int] = None, *,
-               progress: bool = True, kv_cache: Optional[Callable[[], object]] = None) -> float:
+def windows(ids: torch.Tensor, ctx: int) -> list[torch.Tensor]:
+    """The protocol's non-overlapping windows of ctx tokens of a 1-D id tensor (the tail dropped)."""
     if ctx < 2:
         raise ValueError(f"ctx must be at least 2, got {ctx}")
-    ids = tokenizer(text, return_tensors="pt").input_ids[0]
-    if max_tokens is not None:
-        ids = ids[:max_tokens]
     n_windows = ids.numel() // ctx
     if n_windows == 0:
         raise ValueError(f"the text has {ids.numel()} tokens, fewer than one window of ctx={ctx}")
+    return [ids[w * ctx:(w + 1) * ctx] for w in range(n_windows)]
+
+
+def window_nll(logits: torch.Tensor, window: torch.Tensor) -> float:
+    """Summed next-token NLL of one window from its logits [ctx, vocab]: ctx - 1 predicted tokens."""
+    return F.cross_entropy(logits[:-1].float(), window[1:].to(logits.device), reduction="sum").item()
+
+
+@torch.no_grad()
+def perplexity(model, tokenizer, text: str, ctx: int = 512, max_tokens: Optional[int] = None, *,
+               progress: bool = True, kv_cache: Optional[Callable[[], object]] = None) -> float:
+    ids = tokenizer(text, return_tensors="pt").input_ids[0]
+    if max_tokens is not None:
+        ids = ids[:max_tokens]
     device = next(model.parameters()).device
     nll, count = 0.0, 0
-    for w in tqdm(range(n_windows), desc="perplexity", disable=None if progress else True, leave=False):
-        window = ids[w * ctx:(w + 1) * ctx].unsqueeze(0).to(device)
+    for window in tqdm(windows(ids, ctx), desc="perplexity", disable=None if progress else True, leave=False):
+        window = window.unsqueeze(0).to(device)
         if kv_cache is None:
-            logits = model(window, use_cache=False).logits.float()
+            logits = model(window, use_cache=False).logits
         else:
-            logits = model(window, past_key_values=kv_cache(), use_cache=True).logits.float()
-        nll += F.cross_entropy(logits[0, :-1], window[0, 1:], reduction="sum").item()
+            logits = model(window, past_key_values=kv_cache(), use_cache=True).logits
+        nll += window_nll(logits[0], window[0])
         count += ctx - 1
     return math.exp(nll / count)
