@@ -120,8 +120,8 @@ class NativeDecoder:
 def _embedding_in_core(core, embed: nn.Module) -> bool:
     """Hands the decoder a QuantEmbedding's lut_i8 rows (a Python lookup costs ~0.1 ms a token); False
     where the module's own lookup runs instead."""
-    if not isinstance(embed, QuantEmbedding) or embed.out_dtype != torch.float32:
-        return False
+    if not isinstance(embed, QuantEmbedding) or embed.out_dtype != torch.float32 or embed.scale != 1.0:
+        return False  # a scaled embedding (Gemma) keeps the module's own lookup
     table = int8_table(embed.fmt) if hasattr(embed.fmt, "code_values") else None
     args = None if table is None else embed.layout.lut_i8_args(embed.fmt, {**embed.packed, "lut_i8": table})
     if args is None or args[6] is not None:  # not lut_i8 tiles, or per-row codebooks

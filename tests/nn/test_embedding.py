@@ -227,3 +227,39 @@ def test_smollm2_tied_embedding_in_q8_0_is_the_gguf_token_embd(smollm2):
     # the embedding/head values are the fp32 model's own: only the head's int8 activations differ
     torch.testing.assert_close(exact, ref, rtol=1e-4, atol=1e-4)
     assert ((out - ref).norm() / ref.norm()).item() < 2e-2
+
+
+def _tiny_gemma3(**kw):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    cfg = dict(vocab_size=256, hidden_size=96, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=24, max_position_embeddings=128, sliding_window=16)
+    cfg.update(kw)
+    return Gemma3ForCausalLM(Gemma3TextConfig(**cfg)).eval()
+
+
+def test_scaled_embedding_keeps_its_scale_through_quantization_and_checkpoints(tmp_path):
+    model = _tiny_gemma3()
+    emb = model.get_input_embeddings()
+    assert emb.scalar_embed_scale == pytest.approx(96 ** 0.5)  # Gemma scales rows by sqrt(hidden)
+    qemb = QuantEmbedding.from_embedding(emb, "q8_0")
+    assert qemb.scale == emb.scalar_embed_scale and "scale=9.79796" in repr(qemb)
+    ids = _ids(2, 9)
+    with torch.no_grad():
+        emb.weight.copy_(qemb.dequantize())  # the float module on the same table: the same rows, same scale
+        assert torch.equal(qemb(ids), emb(ids))
+        reference = model(ids).logits
+    tl.quantize_embeddings_(model, "q8_0")
+    assert model.get_input_embeddings().scale == qemb.scale
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference, rtol=0, atol=2e-2)  # the int8-activation head
+    path = tmp_path / "g.safetensors"
+    tl.save_quantized(model, path)
+    with torch.device("meta"):
+        skeleton = _tiny_gemma3()
+    loaded = tl.load_quantized(skeleton, path)
+    assert loaded.get_input_embeddings().scale == qemb.scale
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+    with pytest.raises(ValueError, match="scale must be a finite number"):
+        QuantEmbedding.from_quantized("q8_0", tl.get_format("q8_0").quantize(torch.randn(8, 32)), 8, 32,
+                                      scale=float("nan"))

@@ -55,7 +55,7 @@ def module_entries(model: nn.Module) -> dict[str, dict]:
                 "module": "embedding", "format": m.fmt.to_json(), "layout": m.layout.name,
                 "layout_version": m.layout.version, "num_embeddings": m.num_embeddings,
                 "embedding_dim": m.embedding_dim, "padding_idx": m.padding_idx,
-                "out_dtype": str(m.out_dtype).removeprefix("torch."),
+                "out_dtype": str(m.out_dtype).removeprefix("torch."), "scale": m.scale,
             }
         if not isinstance(m, QuantLinear):
             continue
@@ -205,7 +205,8 @@ def install_shells(model: nn.Module, modules: dict[str, dict], path: str) -> Non
                                       f"{e['num_embeddings']}x{e['embedding_dim']}; wrong skeleton")
             setattr(parent, child, QuantEmbedding.empty(e["num_embeddings"], e["embedding_dim"], fmt, layout=layout,
                                                         padding_idx=e["padding_idx"],
-                                                        out_dtype=getattr(torch, e["out_dtype"])))
+                                                        out_dtype=getattr(torch, e["out_dtype"]),
+                                                        scale=float(e.get("scale", 1.0))))
             continue
         shell = QuantLinear.empty(e["in_features"], e["out_features"], fmt, bias=e["bias"],
                                   bias_dtype=getattr(torch, e["bias_dtype"]) if e["bias"] else torch.float32,

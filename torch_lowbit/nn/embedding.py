@@ -34,7 +34,7 @@ class QuantEmbedding(nn.Module):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, fmt: Union[str, Format], buffers: dict[str, Tensor],
                  *, layout: Union[None, str, Layout] = None, padding_idx: Optional[int] = None,
-                 out_dtype: torch.dtype = torch.float32):
+                 out_dtype: torch.dtype = torch.float32, scale: float = 1.0):
         super().__init__()
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
         self.fmt = _scalar_format(fmt)
@@ -43,6 +43,10 @@ class QuantEmbedding(nn.Module):
         if out_dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"QuantEmbedding: out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
         self.out_dtype = out_dtype
+        if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not float(scale) == float(scale) \
+                or abs(float(scale)) == float("inf"):
+            raise ValueError(f"QuantEmbedding: scale must be a finite number, got {scale!r}")
+        self.scale = float(scale)  # rows are multiplied by it (Gemma's embeddings scaled by sqrt(hidden))
         expected = self.layout.buffer_shapes(self.fmt, self.num_embeddings, self.embedding_dim)
         if set(buffers) != set(expected):
             raise ValueError(f"QuantEmbedding: layout {self.layout.name} packs buffers {sorted(expected)}, got "
@@ -62,39 +66,43 @@ class QuantEmbedding(nn.Module):
         weight = embedding.weight.detach()
         fmt.check_weight(weight, "embedding weight")
         return cls.from_quantized(fmt, fmt.quantize(weight), embedding.num_embeddings, embedding.embedding_dim,
-                                  layout=layout, padding_idx=embedding.padding_idx, out_dtype=weight.dtype)
+                                  layout=layout, padding_idx=embedding.padding_idx, out_dtype=weight.dtype,
+                                  scale=embedding_scale(embedding))
 
     @classmethod
     def from_quantized(cls, fmt: Union[str, Format], q: dict[str, Tensor], num_embeddings: int, embedding_dim: int,
                        *, layout: Union[None, str, Layout] = None, padding_idx: Optional[int] = None,
-                       out_dtype: torch.dtype = torch.float32, codes_as_row_bytes: bool = False) -> "QuantEmbedding":
+                       out_dtype: torch.dtype = torch.float32, codes_as_row_bytes: bool = False,
+                       scale: float = 1.0) -> "QuantEmbedding":
         """From a format's already-quantized tensors q (what fmt.quantize() returns for the
         [num_embeddings, embedding_dim] table, e.g. a GGUF token_embd), packed without re-quantizing:
         dequantize() equals fmt.dequantize(q) bit for bit. layout default: the CPU default for the
         format if q is on the CPU (q8_0: lut8_i8_n16), so tied_head() runs the CPU kernels.
-        codes_as_row_bytes: as QuantLinear.from_quantized's."""
+        codes_as_row_bytes: as QuantLinear.from_quantized's. scale: what each row is multiplied by
+        (embedding_scale of the module it replaces)."""
         fmt = _scalar_format(fmt)
         fmt.check_quantized(q, num_embeddings, embedding_dim, codes_as_row_bytes=codes_as_row_bytes)
         layout = _resolve_layout(layout, fmt, next(iter(q.values())).device.type)
         buffers = layout.pack_row_bytes(fmt, q) if codes_as_row_bytes else layout.pack(fmt, q)
         return cls(num_embeddings, embedding_dim, fmt, buffers, layout=layout, padding_idx=padding_idx,
-                   out_dtype=out_dtype)
+                   out_dtype=out_dtype, scale=scale)
 
     @classmethod
     def empty(cls, num_embeddings: int, embedding_dim: int, fmt: Union[str, Format], *,
               layout: Union[None, str, Layout] = None, padding_idx: Optional[int] = None,
-              out_dtype: torch.dtype = torch.float32, device="meta") -> "QuantEmbedding":
+              out_dtype: torch.dtype = torch.float32, device="meta", scale: float = 1.0) -> "QuantEmbedding":
         """An unfilled module of the right shapes (checkpoint loading assigns its buffers)."""
         fmt = _scalar_format(fmt)
         layout = _resolve_layout(layout, fmt, "cpu")
         shapes = layout.buffer_shapes(fmt, num_embeddings, embedding_dim)
         buffers = {k: torch.empty(shape, dtype=dt, device=device) for k, (shape, dt) in shapes.items()}
         return cls(num_embeddings, embedding_dim, fmt, buffers, layout=layout, padding_idx=padding_idx,
-                   out_dtype=out_dtype)
+                   out_dtype=out_dtype, scale=scale)
 
     def tied_head(self, bias: Optional[Tensor] = None) -> QuantLinear:
         """The LM head y = x @ W.T (+ bias) on this embedding's own packed tensors (no copy): a
-        QuantLinear [embedding_dim -> num_embeddings] in the same layout."""
+        QuantLinear [embedding_dim -> num_embeddings] in the same layout (the rows' scale is the
+        embedding's alone: a tied head multiplies by the stored table, as transformers' does)."""
         if bias is not None and tuple(bias.shape) != (self.num_embeddings,):
             raise ValueError(f"tied_head: bias must have {self.num_embeddings} elements, got {tuple(bias.shape)}")
         return QuantLinear(self.embedding_dim, self.num_embeddings, self.fmt, self.packed,
@@ -122,11 +130,20 @@ class QuantEmbedding(nn.Module):
                              f"[{int(rows.min())}, {int(rows.max())}]")
         q = self.layout.gather_rows(self.fmt, self.packed, rows)
         out = self.fmt.dequantize(q).to(self.out_dtype)
+        if self.scale != 1.0:  # in the output dtype, as Gemma's scaled embedding multiplies
+            out = out * torch.tensor(self.scale, dtype=self.out_dtype)
         return out.reshape(*input_ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
         return (f"{self.num_embeddings}, {self.embedding_dim}, format={self.fmt.name}, layout={self.layout.name}"
-                + (f", padding_idx={self.padding_idx}" if self.padding_idx is not None else ""))
+                + (f", padding_idx={self.padding_idx}" if self.padding_idx is not None else "")
+                + (f", scale={self.scale:g}" if self.scale != 1.0 else ""))
+
+
+def embedding_scale(embedding: nn.Module) -> float:
+    """What an embedding module multiplies its rows by: transformers' scaled embeddings (Gemma 3's
+    Gemma3TextScaledWordEmbedding) keep it as `scalar_embed_scale`; 1 for a plain nn.Embedding."""
+    return float(getattr(embedding, "scalar_embed_scale", 1.0))
 
 
 def _replace_module(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
