@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from .generation import CompiledGenerator, GenerationTimes, _device_of
+from .generation import CompiledGenerator, GenerationTimes, _device_of, sliding_window_problem
 from .sampling import check_sampling
 
 logger = logging.getLogger("torch_lowbit")
@@ -232,6 +232,7 @@ def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: Optional[int] 
         known[compile] = _architecture_refusal(model, compile)
     reason = (known[compile] or _device_refusal(device, input_ids.device, compile)
               or _option_refusal(config, model_kwargs, defaults)
+              or sliding_window_problem(model.config, input_ids.shape[1] + max_new_tokens)
               or ("attention_mask has zeros (padded rows); the fast route runs unpadded rows"
                   if mask is not None and not bool(mask.bool().all()) else None))
     if reason is not None:

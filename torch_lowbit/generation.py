@@ -164,6 +164,22 @@ class GenerationTimes:
         return (self.new_tokens - 1) / self.decode_s if self.decode_s else float("nan")
 
 
+def sliding_window_problem(config, total_tokens: int) -> Optional[str]:
+    """Why a generation of total_tokens (prompt + new) cannot run on the static cache's steps, or None:
+    a sliding-window layer (Gemma 2/3, Mistral) shorter than it would need its window rolled, which the
+    compiled and native steps do not do (the cache writes past the window's end)."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    window = getattr(cfg, "sliding_window", None)
+    if not window or total_tokens <= window:
+        return None
+    types = getattr(cfg, "layer_types", None)
+    sliding = "sliding_attention" in types if types is not None else getattr(cfg, "use_sliding_window", True)
+    if not sliding:
+        return None
+    return (f"its sliding-window attention (window {window}) is shorter than prompt + new tokens ({total_tokens}), "
+            "and the static cache's steps do not roll a window")
+
+
 class CompiledGenerator:
     """Generation for `model` (a transformers causal LM, batch >= 1) with a StaticCache of
     `max_cache_len` positions: greedy, or sampled (generate(do_sample=True, ...)). compile=False runs
@@ -332,6 +348,10 @@ class CompiledGenerator:
         if n + max_new_tokens > self.max_cache_len:
             raise ValueError(f"prompt ({n}) + max_new_tokens ({max_new_tokens}) exceed max_cache_len "
                              f"({self.max_cache_len}); build the CompiledGenerator with a larger max_cache_len")
+        window = sliding_window_problem(self.model.config, n + max_new_tokens)
+        if window is not None:
+            raise ValueError(f"CompiledGenerator: {window}; generate with model.generate (or tl.generate, which "
+                             "falls back to it) or keep prompt + new tokens within the window")
         if streamer is not None and not (callable(getattr(streamer, "put", None))
                                          and callable(getattr(streamer, "end", None))):
             raise ValueError(f"streamer must have put(tensor) and end() (transformers' TextStreamer, "

@@ -35,7 +35,7 @@ PROBE_TOKENS = 8
 
 _LAYER_CHILDREN = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
 _ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "q_norm", "k_norm"}
-_MLP_CHILDREN = {"gate_proj", "up_proj", "down_proj", "gate_up_proj", "act_fn"}
+_MLP_CHILDREN = {"gate_proj", "up_proj", "down_proj", "gate_up_proj", "act_fn", "activation_fn"}  # Phi-3: activation_fn
 
 
 class Unsupported(Exception):
@@ -131,6 +131,11 @@ def _embedding_in_core(core, embed: nn.Module) -> bool:
     return True
 
 
+def _is_identity(module: nn.Module) -> bool:
+    """A child that does nothing at inference (Phi-3's residual dropouts in eval mode, nn.Identity)."""
+    return isinstance(module, nn.Identity) or (isinstance(module, nn.Dropout) and not module.training)
+
+
 def _build(model: nn.Module, max_cache_len: int) -> NativeDecoder:
     if not has_cpu_extension() or not hasattr(cpu_extension(), "NativeDecoder"):
         raise Unsupported("the C++ extension is not built")
@@ -155,7 +160,7 @@ def _build(model: nn.Module, max_cache_len: int) -> NativeDecoder:
     core = cpu_extension().NativeDecoder(cfg.hidden_size, heads, kv_heads, head_dim, intermediate, float(scale))
     for i, layer in enumerate(layers):
         where = f"model.layers.{i}"
-        extra = {n for n, _ in layer.named_children()} - _LAYER_CHILDREN
+        extra = {n for n, m in layer.named_children() if not _is_identity(m)} - _LAYER_CHILDREN
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         if extra or attn is None or mlp is None:
             raise Unsupported(f"{where} has modules other than attention, MLP and two norms: {sorted(extra)}")
@@ -163,8 +168,9 @@ def _build(model: nn.Module, max_cache_len: int) -> NativeDecoder:
                 ({n for n, _ in mlp.named_children()} - _MLP_CHILDREN)
         if extra:  # routers, experts, ...
             raise Unsupported(f"{where}: unknown attention / MLP parts {sorted(extra)}")
-        if "SiLU" not in type(getattr(mlp, "act_fn", None)).__name__:
-            raise Unsupported(f"{where}.mlp.act_fn is not SiLU")
+        act = getattr(mlp, "act_fn", None) or getattr(mlp, "activation_fn", None)
+        if "SiLU" not in type(act).__name__:
+            raise Unsupported(f"{where}.mlp's activation is not SiLU")
         if getattr(attn, "scaling", scale) != scale or getattr(attn, "head_dim", head_dim) != head_dim:
             raise Unsupported(f"{where}: attention scaling or head_dim differs from the first block's")
         core.add_block(layer.input_layernorm.weight.detach(), _eps(layer.input_layernorm, f"{where}.input_layernorm"),

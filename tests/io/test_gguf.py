@@ -288,7 +288,7 @@ def test_from_gguf_rejects_bad_input(tmp_path):
     w.add_block_count(1)
     w.add_tensor("token_embd.weight", np.ones((4, 8), np.float32))
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()  # noqa: E702
-    with pytest.raises(tl.GGUFError, match="'gpt2' model; from_gguf supports the architectures llama, qwen2, qwen3"):
+    with pytest.raises(tl.GGUFError, match="'gpt2' model; from_gguf supports the architectures gemma2, gemma3, llama, phi3, qwen2, qwen3"):
         tl.from_gguf(tmp_path / "g.gguf")
     with pytest.raises(ValueError, match="cannot hold format q4_0"):
         tl.from_gguf(good, layout="palette_dense")

@@ -127,7 +127,7 @@ def test_an_architecture_that_only_looks_like_llama_is_refused_by_the_probe():
     (lambda m: tl.quantize_(m, "nuq3", progress=False), "has no native kernel"),
     (lambda m: m.to(torch.bfloat16), "neither a QuantLinear nor a float32 nn.Linear"),
     (lambda m: setattr(m.config, "hidden_act", "gelu"), "hidden_act 'gelu'"),
-    (lambda m: m.model.layers[0].add_module("adapter", nn.Identity()), "modules other than"),
+    (lambda m: m.model.layers[0].add_module("adapter", nn.Linear(4, 4)), "modules other than"),  # eval dropouts pass
     (lambda m: m.model.layers[1].self_attn.add_module("rope_gate", nn.Identity()), "unknown attention / MLP parts"),
     (lambda m: m.model.layers[1].self_attn.add_module("q_norm", nn.Identity()), "q_norm / k_norm are not both"),
     (lambda m: setattr(m.config, "sliding_window", 8), "sliding-window attention"),
@@ -138,6 +138,18 @@ def test_models_it_cannot_run_are_named_with_the_reason(change, reason):
     change(model)
     decoder, why = native_decoder(model, 16)
     assert decoder is None and reason in why
+
+
+def test_children_that_do_nothing_at_inference_are_no_reason_to_refuse():
+    torch.manual_seed(0)
+    model = tiny_llama()
+    model.model.layers[0].add_module("resid_attn_dropout", nn.Dropout(0.1).eval())  # as Phi-3's blocks have
+    model.model.layers[1].add_module("noop", nn.Identity())
+    decoder, why = native_decoder(model, 16)
+    assert decoder is not None, why
+    model.model.layers[0].resid_attn_dropout.train()  # a dropout that would drop: refused
+    decoder, why = native_decoder(model, 16)
+    assert decoder is None and "resid_attn_dropout" in why
 
 
 def test_a_generator_without_it_uses_the_compiled_route_and_says_why(caplog):

@@ -200,7 +200,7 @@ def add_bench_parser(sub, cpu_paths: Callable[[], list[str]]) -> None:
                     "(0.4-0.7 GB each: Q4_0 and Q2_K linear blocks, Q8_0 tied embedding/head, SmolLM2's tokenizer), "
                     "rows as --gguf's (no fp32/bf16 rows: too slow at 1B). --device cuda: default both")
     sp.add_argument("--gguf", nargs="+", metavar="PATH",
-                    help="e2e (CPU): also time these llama.cpp GGUF files (llama, qwen2, qwen3): llama.cpp on the "
+                    help="e2e (CPU): also time these llama.cpp GGUF files (llama, qwen2, qwen3, phi3, gemma2, gemma3): llama.cpp on the "
                     "file and from_gguf's import of it, eager and compiled; K-quant linear blocks are requantized "
                     "(Q2_K: int2_g64, Q3_K: int3_g64, Q4_K: int4_g32, Q5_K/Q6_K: q8_0), others imported as they are")
     sp.add_argument("--ppl", action="store_true",

@@ -25,17 +25,15 @@ from ..core.packing import row_bytes
 from ..formats import Format, get_format
 from ..layouts import Layout, default_layout, get_layout
 from ..nn.fusion import fusion_jobs, install_fused, job_members
-from ..nn.embedding import QuantEmbedding
+from ..nn.embedding import QuantEmbedding, embedding_scale
 from ..nn.linear import QuantLinear
+from .gguf_arch import ARCHS
 from .gguf_blocks import block_tensors, native_format, rope_rows
 from .gguf_summary import DEQUANTIZED, KEPT, REQUANTIZED, ImportSummary, readable_type
 from .tokenizer_cache import cached_tokenizer
 
 log = logging.getLogger(__name__)
 
-# GGUF general.architecture -> whether llama.cpp's converter permuted the q/k rows (rope layout).
-# Mistral GGUFs are written as "llama" (transformers tells them apart by general.name).
-ARCHITECTURES = {"llama": True, "qwen2": False, "qwen3": False}
 
 
 class GGUFError(ValueError):
@@ -65,7 +63,7 @@ def gguf_name(name_map, hf_name: str) -> Optional[str]:
 def qk_heads(gguf_tensor_name: str, config, arch: str) -> Optional[int]:
     """The head count of llama.cpp's row permutation of this tensor (attn_q / attn_k of an
     architecture whose converter permutes them), else None."""
-    if not ARCHITECTURES[arch]:
+    if not ARCHS[arch].permute_qk:
         return None
     if ".attn_q." in gguf_tensor_name:
         return config.num_attention_heads
@@ -119,9 +117,9 @@ def _field(reader, key: str):
 def gguf_architecture(reader, path) -> str:
     """The file's general.architecture, or a GGUFError naming the ones from_gguf supports."""
     arch = _field(reader, "general.architecture")
-    if arch not in ARCHITECTURES:
+    if arch not in ARCHS:
         raise GGUFError(f"{path} holds a {arch!r} model; from_gguf supports the architectures "
-                        f"{', '.join(sorted(ARCHITECTURES))} (Mistral GGUFs are 'llama')")
+                        f"{', '.join(sorted(ARCHS))} (Mistral GGUFs are 'llama')")
     return arch
 
 
@@ -131,6 +129,8 @@ def _float_weight(t, config, arch: str) -> Tensor:
     """fp32 HF-ordered weight of any GGUF tensor type (gguf's own dequantizer)."""
     gguf = require_gguf()
     w = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
+    if ARCHS[arch].norm_offset and ARCHS[arch].is_norm(t.name):
+        w = w - ARCHS[arch].norm_offset  # the file stores Gemma's (1 + w) norm weights as 1 + w
     heads = qk_heads(t.name, config, arch)
     if heads is not None:
         w = w[rope_rows(w.shape[0], heads, to_gguf=False)]
@@ -188,7 +188,8 @@ def _plan_format(t, fqn: str, requantize: Optional[Format], is_head: bool, notes
 def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float32,
               requantize: Union[None, str, Format] = None, layout: Union[None, str, Layout] = None,
               fuse: bool = True, quantized_embedding: bool = True, tokenizer: bool = True):
-    """(model, tokenizer) from a llama.cpp GGUF file (architectures llama (incl. Mistral), qwen2, qwen3).
+    """(model, tokenizer) from a llama.cpp GGUF file (architectures llama (incl. Mistral), qwen2, qwen3, phi3,
+    gemma2, gemma3 (its text backbone); io/gguf_arch.py).
 
     Linear weights stored as Q4_0 / Q4_1 / IQ4_NL / Q8_0 become QuantLinear modules in q4_0 / int4_g32 /
     iq4_nl / q8_0 holding exactly the file's blocks (their dequantize() equals gguf.quants.dequantize
@@ -359,7 +360,7 @@ def _quantized_embedding(t, model: nn.Module, config, arch: str, dtype: torch.dt
     with _torch_on_one_thread():
         return QuantEmbedding.from_quantized(fmt, q, old.num_embeddings, old.embedding_dim,
                                              layout=resolve_layout(layout, fmt), padding_idx=old.padding_idx,
-                                             out_dtype=dtype, codes_as_row_bytes=True)
+                                             out_dtype=dtype, codes_as_row_bytes=True, scale=embedding_scale(old))
 
 
 def _set_child(model: nn.Module, fqn: str, new: nn.Module) -> None:
@@ -374,6 +375,7 @@ def gguf_config_dict(reader, arch: str) -> dict:
     from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
     # transformers' test is `"mistral" in [general.name]`: only a file named exactly "mistral" is one
     model_type = "mistral" if arch == "llama" and _field(reader, "general.name") == "mistral" else arch
+    built_type = ARCHS[arch].hf_model_type or model_type
     config = {"tie_word_embeddings": all(t.name != "output.weight" for t in reader.tensors)}
     config.update(GGUF_CONFIG_DEFAULTS_MAPPING.get(model_type, {}))
     for key, field in reader.fields.items():
@@ -387,6 +389,7 @@ def gguf_config_dict(reader, arch: str) -> dict:
         config[name] = value.replace(arch, model_type) if isinstance(value, str) else value
     if "vocab_size" not in config and "tokenizer.ggml.tokens" in reader.fields:
         config["vocab_size"] = len(reader.fields["tokenizer.ggml.tokens"].data)
+    config["model_type"] = built_type  # as transformers renames it (gemma3: the text backbone)
     return config
 
 

@@ -15,12 +15,11 @@ from torch import Tensor, nn
 from ..nn.embedding import QuantEmbedding
 from ..nn.linear import QuantLinear
 from .gguf import open_gguf, qk_heads, require_gguf, tensor_name_map
+from .gguf_arch import ARCHS, arch_of_model_type
 from .gguf_blocks import encode_blocks, gguf_type_for, rope_rows
 
 log = logging.getLogger(__name__)
 
-# HF model_type -> GGUF architecture (llama.cpp reads Mistral as llama)
-MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 _FLOAT_TYPES = {"f32": np.float32, "f16": np.float16}
 
 
@@ -47,10 +46,12 @@ def to_gguf(model: nn.Module, path: Union[str, os.PathLike], tokenizer=None, *,
         raise ValueError("to_gguf does not convert Hugging Face tokenizers (llama.cpp picks its pre-tokenizer "
                          "by name); pass template=<a GGUF of the same tokenizer> to copy its tokenizer keys")
     config = getattr(model, "config", None)
-    arch = MODEL_TYPES.get(getattr(config, "model_type", None))
-    if arch is None:
-        raise ValueError(f"to_gguf writes Hugging Face models of type {', '.join(MODEL_TYPES)}; this model's "
+    facts = arch_of_model_type(getattr(config, "model_type", None))
+    if facts is None:
+        raise ValueError(f"to_gguf writes Hugging Face models of type "
+                         f"{', '.join(t for a in ARCHS.values() for t in a.model_types)}; this model's "
                          f"config has model_type {getattr(config, 'model_type', None)!r}")
+    arch = facts.name
     meta = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.device.type == "meta"]
     if meta:
         raise ValueError(f"to_gguf: {meta[:3]} are on the meta device; load the weights first")
@@ -71,6 +72,8 @@ def to_gguf(model: nn.Module, path: Union[str, os.PathLike], tokenizer=None, *,
 
     def add_float(name: str, t: Tensor, matrix_type=np.float32) -> None:
         data = rope_order(name, t.detach().float().cpu())
+        if facts.norm_offset and facts.is_norm(name):
+            data = data + facts.norm_offset  # Gemma's (1 + w) norms are stored as 1 + w
         tensors.append((name, data.numpy().astype(matrix_type if data.dim() > 1 else np.float32), None))
 
     fused = _fused_members(model)
@@ -118,7 +121,7 @@ def to_gguf(model: nn.Module, path: Union[str, os.PathLike], tokenizer=None, *,
     path = Path(os.fspath(path))
     tmp = path.with_name(path.name + ".tmp")
     writer = gguf.GGUFWriter(tmp, arch)
-    write_metadata(writer, config, gguf)
+    write_metadata(writer, config, gguf, skip={key for key, *_ in tokenizer_keys})
     for key, value, main, sub in tokenizer_keys:
         writer.add_key_value(key, value, main, sub_type=sub)
     for name, data, type_name in tensors:
@@ -145,8 +148,9 @@ def _fused_members(model: nn.Module) -> dict[str, list[str]]:
     return out
 
 
-def write_metadata(writer, config, gguf) -> None:
-    """The {arch}.* hyperparameters llama.cpp and transformers' GGUF loader read."""
+def write_metadata(writer, config, gguf, skip=frozenset()) -> None:
+    """The {arch}.* hyperparameters llama.cpp and transformers' GGUF loader read, and the config's special
+    token ids (not those in `skip`: keys a template's tokenizer brings)."""
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     rope = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
@@ -162,15 +166,23 @@ def write_metadata(writer, config, gguf) -> None:
     writer.add_head_count(heads)
     writer.add_head_count_kv(getattr(config, "num_key_value_heads", None) or heads)
     writer.add_rope_dimension_count(head_dim)
-    if head_dim * heads != config.hidden_size:
-        writer.add_key_length(head_dim)
-        writer.add_value_length(head_dim)
+    writer.add_key_length(head_dim)  # always: a missing one is hidden / heads for llama.cpp, but Gemma's
+    writer.add_value_length(head_dim)  # transformers config then falls back to its default of 256
     writer.add_rope_freq_base(float(theta))
     if rope_type == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(rope["factor"]))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
+    if getattr(config, "sliding_window", None):  # Gemma 2/3 (transformers reads it; llama.cpp needs it)
+        writer.add_sliding_window(int(config.sliding_window))
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):  # Gemma 2
+        if getattr(config, key, None) is not None:
+            writer.add_float32(f"{writer.arch}.{key}", float(getattr(config, key)))
     writer.add_vocab_size(config.vocab_size)
+    for key in ("pad", "bos", "eos"):  # the special token ids the config holds (a template's keys win)
+        value = getattr(config, f"{key}_token_id", None)
+        if isinstance(value, int) and f"tokenizer.ggml.{key}_token_id" not in skip:
+            getattr(writer, f"add_{key}_token_id")(value)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
@@ -181,7 +193,7 @@ def tokenizer_fields(reader, gguf) -> list[tuple]:
         if key.startswith("tokenizer."):
             main = field.types[0]
             out.append((key, field.contents(), main, field.types[-1] if main == gguf.GGUFValueType.ARRAY else None))
-    if not out:
-        raise ValueError("to_gguf: the template GGUF has no tokenizer.* keys to copy; pass the GGUF file the "
-                         "tokenizer came from")
+    if not any(key == "tokenizer.ggml.model" for key, *_ in out):  # token ids alone are no tokenizer
+        raise ValueError("to_gguf: the template GGUF has no tokenizer (no tokenizer.ggml.model key) to copy; pass "
+                         "the GGUF file the tokenizer came from")
     return out
