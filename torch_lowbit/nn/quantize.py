@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 from ..formats import Format, get_format
 from .allocate import MixedBits, allocate_and_collect
 from .fusion import Job, fusion_jobs, install_fused, job_members
+from .ggml_mixes import NAMED_MIXES, ggml_mix_plan
 from .linear import QuantLinear
 from .select import ROUNDINGS, FilterFn, FormatSpec, collect_stats, input_importance, rounding_for, select_linears
 
@@ -28,7 +29,10 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
               sequential: bool = False) -> nn.Module:
     """Replaces the model's nn.Linear layers by QuantLinear, in place.
 
-    fmt: one format (name or config) for every selected layer; or a per-layer plan {fqn: format}
+    fmt: one format (name or config) for every selected layer; or one of llama.cpp's K-quant mixes by
+    name ("q3_k_m", "q4_k_s", "q4_k_m", "q5_k_m": nn.ggml_mixes, the LM head included as llama.cpp
+    does; the pure q2_k / q6_k mixes through ggml_mix_plan(model, "q2_k"), their names being formats);
+    or a per-layer plan {fqn: format}
     (e.g. from torch_lowbit.nn.allocate_formats) that quantizes exactly the listed Linear layers,
     each in its own format (filter_fn, if given, narrows it further; include_lm_head is not used);
     or a recipe such as QuaRot(...) (torch_lowbit/quarot.py: rotation, weights, activations, KV cache);
@@ -60,6 +64,8 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
             raise ValueError(f"quantize_: the recipe sets rounding={fmt.rounding!r}; pass rounding inside it")
         return fmt.apply(model, calibration=calibration, progress=progress, filter_fn=filter_fn, fuse=fuse,
                          skip_incompatible=skip_incompatible, layout=layout, include_lm_head=include_lm_head)
+    if isinstance(fmt, str) and fmt in NAMED_MIXES:  # llama.cpp's mixes by name: a per-layer plan, the head in it
+        fmt = ggml_mix_plan(model, fmt)
     rounding = rounding or ("imatrix" if calibration is not None else "rtn")
     if rounding not in ROUNDINGS:
         raise ValueError(f"unknown rounding {rounding!r}; choose one of {', '.join(ROUNDINGS)}")
