@@ -1,0 +1,174 @@
+"""The K-quant formats q2_k .. q6_k against gguf's numpy dequantizers (ggml's reference, bit for bit),
+their quantizers' error, the ggml_k_blocks layout in QuantLinear, and their input checks."""
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import torch_lowbit as tl
+from torch_lowbit.core.kquant_blocks import BLOCK_BYTES, blocks_to_tensors, tensors_to_blocks
+from torch_lowbit.formats.kquants import KQuantFormat
+
+gguf_quants = pytest.importorskip("gguf.quants")
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # noqa: E402
+
+KQUANTS = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
+
+
+def gguf_dequantize(raw: torch.Tensor, name: str) -> torch.Tensor:
+    out = gguf_quants.dequantize(raw.numpy(), getattr(GGMLQuantizationType, name.upper()))
+    return torch.from_numpy(np.ascontiguousarray(out)).reshape(raw.shape[0], -1)
+
+
+def random_blocks(name: str, rows: int, superblocks: int, gen: torch.Generator) -> torch.Tensor:
+    """Random block bytes with finite, nonzero fp16 d (and dmin)."""
+    raw = torch.randint(0, 256, (rows, superblocks * BLOCK_BYTES[name]), dtype=torch.uint8, generator=gen)
+    q = blocks_to_tensors(name, raw)
+    for key in ("d", "dmin"):
+        if key in q:
+            sign = torch.randint(0, 2, q[key].shape, generator=gen) * 2 - 1
+            q[key] = (sign * (torch.rand(q[key].shape, generator=gen) + 0.01) * 0.01).half()
+    return tensors_to_blocks(name, q)
+
+
+def gaussian(rows: int, cols: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(rows, cols, generator=gen) * 0.02
+    return torch.where(w == 0, torch.full_like(w, 1e-3), w)
+
+
+def rel_rms(fmt, w, importance=None) -> float:
+    f = tl.get_format(fmt)
+    return float(((f.dequantize(f.quantize(w, importance)) - w).pow(2).mean() / w.pow(2).mean()).sqrt())
+
+
+@pytest.mark.parametrize("name", KQUANTS)
+def test_block_bytes_round_trip_and_dequantize_equals_gguf(name):
+    gen = torch.Generator().manual_seed(9100 + KQUANTS.index(name))
+    assert GGML_QUANT_SIZES[getattr(GGMLQuantizationType, name.upper())] == (256, BLOCK_BYTES[name])
+    raw = random_blocks(name, 33, 5, gen)
+    q = blocks_to_tensors(name, raw)
+    f = tl.get_format(name)
+    f.check_quantized(q, 33, 1280)
+    assert torch.equal(tensors_to_blocks(name, q), raw)
+    assert torch.equal(f.dequantize(q), gguf_dequantize(raw, name))
+    # every code value and scale occurs in random bytes: the ranges are the struct's whole ranges
+    assert int(q["codes"].max()) == (1 << f.code_bits) - 1 and int(q["codes"].min()) == 0
+    assert (int(q["sub_scales"].min()), int(q["sub_scales"].max())) == f.scale_range
+
+
+@pytest.mark.parametrize("name", KQUANTS)
+@pytest.mark.parametrize("with_importance", [False, True])
+def test_quantized_blocks_dequantize_in_gguf_as_in_the_format(name, with_importance):
+    seed = 9200 + 2 * KQUANTS.index(name) + with_importance
+    w = gaussian(5, 256 * 3, seed)
+    w[:, 5::11] *= 6  # outliers, so scales and mins vary between sub-blocks
+    importance = torch.rand(768, generator=torch.Generator().manual_seed(seed)) + 0.05 if with_importance else None
+    f = tl.get_format(name)
+    q = f.quantize(w, importance)
+    f.check_quantized(q, 5, 768)
+    raw = tensors_to_blocks(name, q)
+    assert torch.equal(gguf_dequantize(raw, name), f.dequantize(q))
+    assert torch.equal(blocks_to_tensors(name, raw)["codes"], q["codes"])
+
+
+def test_error_falls_with_bits_and_q4_k_beats_q4_0():
+    w = gaussian(33, 256 * 5, 9300)
+    errors = [rel_rms(name, w) for name in KQUANTS]
+    assert errors == sorted(errors, reverse=True), errors
+    assert errors[2] < rel_rms("q4_0", w)  # q4_k's 6-bit sub-block scales and mins beat q4_0's blocks
+    assert errors[0] < 0.35 and errors[-1] < 0.025, errors
+
+
+@pytest.mark.parametrize("name", KQUANTS)
+def test_importance_lowers_the_weighted_error(name):
+    w = gaussian(9, 256 * 3, 9400 + KQUANTS.index(name))
+    importance = torch.ones(768)
+    importance[::3] = 50.0  # a third of the inputs matter far more
+    f = tl.get_format(name)
+
+    def weighted(q):
+        return float(((f.dequantize(q) - w) ** 2 * importance).sum())
+
+    assert weighted(f.quantize(w, importance)) < weighted(f.quantize(w))
+
+
+def test_bits_per_weight_and_block_bytes():
+    expected = {"q2_k": 2.625, "q3_k": 3.4375, "q4_k": 4.5, "q5_k": 5.5, "q6_k": 6.5625}
+    for name, bpw in expected.items():
+        f = tl.get_format(name)
+        assert isinstance(f, KQuantFormat) and f.group_size == 256 and f.bits_per_weight() == bpw
+        assert tl.format_from_json(f.to_json()) == f
+
+
+@pytest.mark.parametrize("name", ["q3_k", "q4_k"])
+def test_bad_inputs_get_clear_errors(name):
+    f = tl.get_format(name)
+    with pytest.raises(ValueError, match="not a multiple of 256.*q4_0"):
+        f.quantize(torch.randn(3, 256 + 32))
+    w = gaussian(3, 512, 9500)
+    w[1, 17] = float("nan")
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        f.quantize(w)
+    with pytest.raises(TypeError, match="floating point"):
+        f.quantize(torch.randint(1, 4, (3, 512)))
+    with pytest.raises(ValueError, match="importance"):
+        f.quantize(gaussian(3, 512, 9501), importance=-torch.ones(512))
+    q = f.quantize(gaussian(3, 512, 9502))
+    f.check_quantized(q, 3, 512)
+    with pytest.raises(ValueError, match="codes must lie in 0..7" if name == "q3_k" else "codes must lie in 0..15"):
+        f.check_quantized({**q, "codes": q["codes"] | 16}, 3, 512)
+    with pytest.raises(ValueError, match="sub_scales must be"):
+        f.check_quantized({**q, "sub_scales": q["sub_scales"].float()}, 3, 512)
+    with pytest.raises(ValueError, match="d must be torch.float16"):
+        f.check_quantized({**q, "d": q["d"].float()}, 3, 512)
+    with pytest.raises(ValueError, match="exactly"):
+        f.check_quantized({k: v for k, v in q.items() if k != "d"}, 3, 512)
+    with pytest.raises(ValueError, match="codes must be"):
+        f.check_quantized(q, 3, 768)
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        f.check_quantized({**q, "d": torch.full_like(q["d"], float("inf"))}, 3, 512)
+    if name == "q3_k":
+        with pytest.raises(ValueError, match="sub_scales must lie in -32..31"):
+            f.check_quantized({**q, "sub_scales": torch.full_like(q["sub_scales"], 40)}, 3, 512)
+    with pytest.raises(ValueError, match="block bytes must be uint8"):
+        blocks_to_tensors(name, torch.zeros(3, BLOCK_BYTES[name] + 1, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q6_k", "q2_k"])
+def test_quantize_model_runs_in_the_block_layout_and_round_trips_a_checkpoint(name, tmp_path):
+    torch.manual_seed(9600 + KQUANTS.index(name))
+    model = nn.Sequential(nn.Linear(512, 768), nn.ReLU(), nn.Linear(768, 129))
+    x = torch.randn(3, 512)
+    reference = {}
+    for i in (0, 2):
+        f = tl.get_format(name)
+        reference[i] = f.dequantize(f.quantize(model[i].weight.detach()))
+    tl.quantize_(model, name)
+    for i in (0, 2):
+        layer = model[i]
+        assert isinstance(layer, tl.QuantLinear) and layer.layout.name == "ggml_k_blocks"
+        assert layer.blocks.dtype == torch.uint8 and layer.weight_nbytes() == layer.blocks.numel()
+        assert torch.equal(layer.dequantize(), reference[i])
+    expected = torch.relu(x @ reference[0].T + model[0].bias) @ reference[2].T + model[2].bias
+    y = model(x)
+    assert torch.allclose(y, expected, atol=1e-5)
+    tl.save_quantized(model, tmp_path / "m.safetensors")
+    skeleton = nn.Sequential(nn.Linear(512, 768), nn.ReLU(), nn.Linear(768, 129))
+    tl.load_quantized(skeleton, tmp_path / "m.safetensors")
+    assert torch.equal(skeleton[0].blocks, model[0].blocks) and torch.equal(skeleton(x), y)
+
+
+def test_block_layout_keeps_given_blocks_and_gathers_rows():
+    gen = torch.Generator().manual_seed(9700)
+    raw = random_blocks("q5_k", 11, 2, gen)
+    q = blocks_to_tensors("q5_k", raw)
+    layer = tl.QuantLinear.from_quantized("q5_k", q, 11, 512)
+    assert torch.equal(layer.blocks, raw)
+    rows = torch.tensor([9, 0, 4])
+    part = layer.layout.gather_rows(layer.fmt, layer.packed, rows)
+    assert torch.equal(layer.fmt.dequantize(part), gguf_dequantize(raw, "q5_k")[rows])
+    with pytest.raises(ValueError, match="cannot hold"):
+        tl.QuantLinear.from_quantized("q4_0", {"codes": torch.zeros(11, 512, dtype=torch.uint8),
+                                               "scales": torch.ones(11, 16, dtype=torch.float16)},
+                                      11, 512, layout="ggml_k_blocks")
