@@ -3,19 +3,19 @@
 blocks: uint8 [N, K/256 * block bytes], each row its super-blocks exactly as a GGUF file stores them
 (core/kquant_blocks.py), so a model read from a file keeps the file's bytes and memory. The forward
 is the reference path until kernels for these blocks exist: it decodes the bytes in torch on the
-weight's device (CPU or CUDA), dequantizes with the format's reference dequantizer and calls
-F.linear, so it costs a full fp32 weight per call.
+weight's device (CPU or CUDA), dequantizes with the format's reference dequantizer and multiplies
+in fp32 (F.linear), so it costs a full fp32 weight per call.
 """
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..core.kquant_blocks import BLOCK_BYTES, SUPER_BLOCK, blocks_to_tensors, tensors_to_blocks
 from ..formats.kquants import KQuantFormat
+from ..ops._common import dense_linear
 from .base import Layout, register_layout
 
 
@@ -43,8 +43,8 @@ class GgmlKBlocks(Layout):
 
     def linear(self, fmt: KQuantFormat, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
                backend: str, out_features: int) -> Tensor:
-        weight = fmt.dequantize(blocks_to_tensors(fmt.name, buffers["blocks"]))
-        return F.linear(x, weight.to(x.dtype), bias.to(x.dtype) if bias is not None else None)
+        # fp32 weight and matmul whatever x's dtype, as the fused kernels accumulate
+        return dense_linear(x, fmt.dequantize(blocks_to_tensors(fmt.name, buffers["blocks"])), bias)
 
 
 GGML_K_BLOCKS = register_layout(GgmlKBlocks(), default_for="ggml_k")
