@@ -33,7 +33,8 @@ def kquant_tensors(raw: np.ndarray, type_name: str) -> dict[str, Tensor]:
     fmt_name = kquant_format(type_name)
     if fmt_name is None:
         raise ValueError(f"{type_name} is not a K-quant type; K-quant types: {', '.join(_BY_TYPE)}")
-    return blocks_to_tensors(fmt_name, torch.from_numpy(np.ascontiguousarray(raw, dtype=np.uint8)))
+    # a copy: file tensors are read-only memory maps, and torch tensors may not alias those
+    return blocks_to_tensors(fmt_name, torch.from_numpy(np.array(raw, dtype=np.uint8)))
 
 
 def kquant_blocks(fmt: "str | Format", q: dict[str, Tensor]) -> np.ndarray:
