@@ -224,8 +224,8 @@ class KQuantFormat(Format):
     def shape_problem(self, out_features: int, in_features: int) -> Optional[str]:
         if in_features % SUPER_BLOCK:
             return (f"has in_features={in_features}, not a multiple of {SUPER_BLOCK} (K-quant super-blocks); "
-                    "use a format of 32-weight blocks for this layer (q4_0, q8_0, iq4_nl) or exclude it with "
-                    "filter_fn")
+                    "use a format of smaller blocks for this layer where its width allows (q4_0, q8_0, iq4_nl: "
+                    "multiples of 32) or exclude it with filter_fn")
         return None
 
     def _expected(self, out_features: int, in_features: int) -> dict[str, tuple[tuple, torch.dtype]]:
