@@ -172,3 +172,97 @@ def test_block_layout_keeps_given_blocks_and_gathers_rows():
         tl.QuantLinear.from_quantized("q4_0", {"codes": torch.zeros(11, 512, dtype=torch.uint8),
                                                "scales": torch.ones(11, 16, dtype=torch.float16)},
                                       11, 512, layout="ggml_k_blocks")
+
+
+# ---- ggml's C reference quantizers, transcribed loop for loop in fp32 (numpy scalars) -------------
+
+F32 = np.float32
+
+
+def _nearest_int(v):
+    return int(np.rint(F32(v)))
+
+
+def _make_qkx2_quants(x, weights, nmax, rmin, rdelta, nstep, use_mad):
+    n = len(x)
+    mn, mx = x[0], x[0]
+    sum_w = weights[0]
+    sum_x = F32(sum_w * x[0])
+    for i in range(1, n):
+        mn, mx = min(mn, x[i]), max(mx, x[i])
+        sum_w = F32(sum_w + weights[i])
+        sum_x = F32(sum_x + F32(weights[i] * x[i]))
+    mn = min(mn, F32(0))
+    if mx == mn:
+        return F32(0), -mn, [0] * n
+    iscale = F32(F32(nmax) / F32(mx - mn))
+    scale = F32(F32(1) / iscale)
+    levels, best = [], F32(0)
+    for i in range(n):
+        level = max(0, min(nmax, _nearest_int(F32(iscale * F32(x[i] - mn)))))
+        levels.append(level)
+        diff = F32(F32(F32(scale * level) + mn) - x[i])
+        best = F32(best + F32(weights[i] * (abs(diff) if use_mad else F32(diff * diff))))
+    for step in range(nstep + 1):
+        iscale = F32(F32(F32(F32(rmin) + F32(F32(rdelta) * step)) + nmax) / F32(mx - mn))
+        aux, sum_l, sum_l2, sum_xl = [], F32(0), F32(0), F32(0)
+        for i in range(n):
+            level = max(0, min(nmax, _nearest_int(F32(iscale * F32(x[i] - mn)))))
+            aux.append(level)
+            w = weights[i]
+            sum_l = F32(sum_l + F32(w * level))
+            sum_l2 = F32(sum_l2 + F32(F32(w * level) * level))
+            sum_xl = F32(sum_xl + F32(F32(w * level) * x[i]))
+        det = F32(F32(sum_w * sum_l2) - F32(sum_l * sum_l))
+        if det > 0:
+            this_scale = F32(F32(F32(sum_w * sum_xl) - F32(sum_x * sum_l)) / det)
+            this_min = F32(F32(F32(sum_l2 * sum_x) - F32(sum_l * sum_xl)) / det)
+            if this_min > 0:
+                this_min, this_scale = F32(0), F32(sum_xl / sum_l2)
+            err = F32(0)
+            for i in range(n):
+                diff = F32(F32(F32(this_scale * aux[i]) + this_min) - x[i])
+                err = F32(err + F32(weights[i] * (abs(diff) if use_mad else F32(diff * diff))))
+            if err < best:
+                levels, best, scale, mn = aux, err, this_scale, this_min
+    return scale, -mn, levels
+
+
+def _q4_k_ref_block(x):
+    """quantize_row_q4_K_ref on one super-block: (codes, scales, mins, d, dmin) before packing."""
+    scales, mins, levels = [], [], []
+    for j in range(8):
+        sub = x[32 * j:32 * j + 32]
+        sum_x2 = F32(0)
+        for v in sub:
+            sum_x2 = F32(sum_x2 + F32(v * v))
+        av_x = F32(np.sqrt(F32(sum_x2 / F32(32))))
+        weights = [F32(av_x + abs(v)) for v in sub]
+        s, m, lv = _make_qkx2_quants(sub, weights, 15, -1.0, 0.1, 20, False)
+        scales.append(s), mins.append(m), levels.extend(lv)
+    max_scale = max([F32(0)] + [s for s in scales if s > 0])
+    max_min = max([F32(0)] + [m for m in mins if m > 0])
+    inv_scale = F32(F32(63) / max_scale) if max_scale > 0 else F32(0)
+    inv_min = F32(F32(63) / max_min) if max_min > 0 else F32(0)
+    ls = [min(63, _nearest_int(F32(inv_scale * s)) & 255) for s in scales]
+    lm = [min(63, _nearest_int(F32(inv_min * m)) & 255) for m in mins]
+    d, dmin = np.float16(F32(max_scale / F32(63))), np.float16(F32(max_min / F32(63)))
+    for j in range(8):
+        step = F32(F32(d) * ls[j])
+        if step == 0:
+            continue
+        dm = F32(F32(dmin) * lm[j])
+        for i in range(32 * j, 32 * j + 32):
+            levels[i] = max(0, min(15, _nearest_int(F32(F32(x[i] + dm) / step))))
+    return levels, ls, lm, d, dmin
+
+
+def test_q4_k_quantizer_follows_ggmls_reference_loop_for_loop():
+    w = gaussian(3, 256, 9900)
+    w[:, 3::13] *= 5
+    q = tl.get_format("q4_k").quantize(w)
+    for row in range(3):
+        codes, ls, lm, d, dmin = _q4_k_ref_block([F32(v) for v in w[row].tolist()])
+        assert q["codes"][row].tolist() == codes
+        assert q["sub_scales"][row].tolist() == ls and q["sub_mins"][row].tolist() == lm
+        assert q["d"][row, 0].item() == float(d) and q["dmin"][row, 0].item() == float(dmin)

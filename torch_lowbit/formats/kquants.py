@@ -53,6 +53,21 @@ def _safe(t: Tensor) -> Tensor:
     return torch.where(t != 0, t, torch.ones_like(t))
 
 
+def sqrtf(t: Tensor) -> Tensor:
+    """C's sqrtf, correctly rounded: torch's vectorized fp32 sqrt can be an ulp off; the fp64 root
+    rounded to fp32 is exact (53 >= 2 * 24 + 2 bits)."""
+    return t.double().sqrt().float()
+
+
+def sequential_sum(t: Tensor, keepdim: bool = False) -> Tensor:
+    """Sum over the last dim added left to right in fp32, as ggml's C loops: torch's pairwise sums
+    round differently, and ggml's searches compare errors that differ by less than that."""
+    acc = t[..., 0]
+    for i in range(1, t.shape[-1]):
+        acc = acc + t[..., i]
+    return acc.unsqueeze(-1) if keepdim else acc
+
+
 # ---- ggml's search helpers, over groups x [G, n] at once -----------------------------------------
 
 def fit_affine(x: Tensor, w: Tensor, nmax: int, rmin: float, rdelta: float, nstep: int,
@@ -60,25 +75,28 @@ def fit_affine(x: Tensor, w: Tensor, nmax: int, rmin: float, rdelta: float, nste
     """ggml's make_qkx2_quants / make_qkx3_quants (the same search where weights are given):
     x ~ scale * L - the_min with L in 0..nmax, min clamped to <= 0, trying iscale = (rmin + rdelta*is
     + nmax) / (max - min) for is = 0..nstep, each refit by weighted least squares, keeping the lowest
-    weighted error (absolute with use_mad, else squared). Returns (scale [G], the_min [G] >= 0, L)."""
+    weighted error (absolute with use_mad, else squared). As in ggml, each step measures from the best
+    min so far (it moves the offset and the span max - min). Returns (scale [G], the_min [G] >= 0, L)."""
     mn = x.amin(-1).clamp(max=0)
     mx = x.amax(-1)
     flat = mx == mn
-    span = _safe(mx - mn)
-    sum_w, sum_x = w.sum(-1), (w * x).sum(-1)
+    sum_w, sum_x = sequential_sum(w), sequential_sum(w * x)
 
     def error(scale, m, levels):
         diff = scale[:, None] * levels + m[:, None] - x
-        return (w * (diff.abs() if use_mad else diff * diff)).sum(-1)
+        return sequential_sum(w * (diff.abs() if use_mad else diff * diff))
 
-    iscale = nmax / span
+    iscale = nmax / _safe(mx - mn)
     scale = 1 / iscale
     levels = nearest_int(iscale[:, None] * (x - mn[:, None])).clamp(0, nmax)
     best = error(scale, mn, levels)
     for step in range(nstep + 1):
-        iscale = (_f32(rmin) + _f32(rdelta) * step + nmax) / span
-        cand = nearest_int(iscale[:, None] * (x - mn[:, None])).clamp(0, nmax)
-        sum_l, sum_l2, sum_xl = (w * cand).sum(-1), (w * cand * cand).sum(-1), (w * cand * x).sum(-1)
+        iscale = (_f32(rmin) + _f32(rdelta) * step + nmax) / (mx - mn)
+        # make_qkx3_quants' guard (the best min can reach max): v <= 0 or NaN -> 0; the same levels as
+        # make_qkx2_quants' clamp wherever that one is defined
+        v = iscale[:, None] * (x - mn[:, None])
+        cand = torch.where(v > 0, nearest_int(v.clamp(max=nmax)), torch.zeros_like(v))
+        sum_l, sum_l2, sum_xl = sequential_sum(w * cand), sequential_sum(w * cand * cand), sequential_sum(w * cand * x)
         det = sum_w * sum_l2 - sum_l * sum_l
         this_scale = (sum_w * sum_xl - sum_x * sum_l) / _safe(det)
         this_min = (sum_l2 * sum_x - sum_l * sum_xl) / _safe(det)
@@ -115,14 +133,14 @@ def fit_symmetric(x: Tensor, nmax: int, w: Tensor) -> tuple[Tensor, Tensor]:
         return nearest_int(iscale[:, None] * x).clamp(-nmax, nmax - 1)
 
     levels = levels_for(-nmax / smax)
-    sumlx, suml2 = (w * x * levels).sum(-1), (w * levels * levels).sum(-1)
+    sumlx, suml2 = sequential_sum(w * x * levels), sequential_sum(w * levels * levels)
     scale = torch.where(suml2 != 0, sumlx / _safe(suml2), torch.zeros_like(sumlx))
     best = scale * sumlx
     for step in range(-9, 10):
         if step == 0:
             continue
         cand = levels_for(-(nmax + _f32(0.1) * step) / smax)
-        sumlx, suml2 = (w * x * cand).sum(-1), (w * cand * cand).sum(-1)
+        sumlx, suml2 = sequential_sum(w * x * cand), sequential_sum(w * cand * cand)
         better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
         levels = torch.where(better[:, None], cand, levels)
         scale = torch.where(better, sumlx / _safe(suml2), scale)
@@ -137,7 +155,7 @@ def _coordinate_refine(x: Tensor, w: Tensor, levels: Tensor, lo: Optional[int], 
     """ggml's 5 sweeps of single-level changes that raise sum(w x l)^2 / sum(w l^2), element by element
     in order (as make_q3_quants and make_qp_quants). Returns (levels, sumlx, suml2)."""
     levels = levels.clone()
-    sumlx, suml2 = (w * x * levels).sum(-1), (w * levels * levels).sum(-1)
+    sumlx, suml2 = sequential_sum(w * x * levels), sequential_sum(w * levels * levels)
     for _ in range(5):  # ggml stops once a sweep changes nothing; a further sweep then changes nothing too
         for i in range(x.shape[-1]):
             xi, wi, li = x[:, i], w[:, i], levels[:, i]
@@ -179,13 +197,15 @@ def fit_positive(x: Tensor, nmax: int, w: Tensor) -> tuple[Tensor, Tensor]:
     smx = _safe(mx)
     iscale = nmax / smx
     levels = nearest_int(iscale[:, None] * x)
-    best = (w * (x - (1 / iscale)[:, None] * levels) ** 2).sum(-1)
+    diff = x - (1 / iscale)[:, None] * levels
+    best = sequential_sum(w * diff * diff)
     for step in range(-4, 5):
         if step == 0:
             continue
         iscale_is = (_f32(0.1) * step + nmax) / smx
         cand = nearest_int(iscale_is[:, None] * x).clamp(max=nmax)
-        mse = (w * (x - (1 / iscale_is)[:, None] * cand) ** 2).sum(-1)
+        diff = x - (1 / iscale_is)[:, None] * cand
+        mse = sequential_sum(w * diff * diff)
         better = mse < best
         best = torch.where(better, mse, best)
         iscale = torch.where(better, iscale_is, iscale)
@@ -318,7 +338,7 @@ class _AffineK(KQuantFormat):
 
     def _ref_weights(self, subs: Tensor) -> Tensor:
         """quantize_row_*_K_ref's weights: q4_k / q5_k sqrt(mean x^2) + |x| per sub-block."""
-        return torch.sqrt((subs * subs).sum(-1, keepdim=True) / self.sub_block) + subs.abs()
+        return sqrtf(sequential_sum(subs * subs, keepdim=True) / self.sub_block) + subs.abs()
 
     def _quantize_blocks(self, x: Tensor, imp: Optional[Tensor]) -> dict[str, Tensor]:
         blocks = x.shape[0]
@@ -338,12 +358,12 @@ class _AffineK(KQuantFormat):
             sub_mins = nearest_int(inv_min[:, None] * mins).clamp(0, top)
             d, dmin = (max_scale / top).half(), (max_min / top).half()
         else:
-            sq = (x * x).sum(-1, keepdim=True)
+            sq = sequential_sum(x * x, keepdim=True)
             sigma2 = self.sigma_factor * sq / SUPER_BLOCK
-            w = imp * torch.sqrt(sigma2 + x * x)
+            w = imp * sqrtf(sigma2 + x * x)
             subs_w = self._subs(w)
             scales, mins, levels = fit_affine(subs, subs_w, nmax, -0.9, 0.05, 36, False)
-            sub_w = _sub_block_view(subs_w.sum(-1), blocks)
+            sub_w = _sub_block_view(sequential_sum(subs_w), blocks)
             d, sub_scales = fit_positive(_sub_block_view(scales, blocks), top, sub_w)
             dmin, sub_mins = fit_positive(_sub_block_view(mins, blocks), top, sub_w)
             d, dmin = d.half(), dmin.half()
@@ -416,7 +436,7 @@ class _SymmetricK(KQuantFormat):
         if imp is not None:
             w = self._importance_weights(x, imp)
         scales, levels = self._fit_sub_blocks(subs, None if w is None else self._subs(w))
-        sub_w = None if w is None else _sub_block_view(self._subs(w).sum(-1), blocks)
+        sub_w = None if w is None else _sub_block_view(sequential_sum(self._subs(w)), blocks)
         d, sub_scales = self._quantize_scales(_sub_block_view(scales, blocks), sub_w)
         off = self.code_offset
         step = (d.float()[:, None] * sub_scales.float()).reshape(-1, 1)
@@ -441,8 +461,8 @@ class Q3_K(_SymmetricK):
     scale_range: ClassVar[tuple[int, int]] = (-32, 31)
 
     def _importance_weights(self, x: Tensor, imp: Tensor) -> Tensor:
-        sigma2 = 2 * (x * x).sum(-1, keepdim=True) / SUPER_BLOCK
-        return imp * torch.sqrt(sigma2 + x * x)
+        sigma2 = 2 * sequential_sum(x * x, keepdim=True) / SUPER_BLOCK
+        return imp * sqrtf(sigma2 + x * x)
 
     def _fit_sub_blocks(self, subs, w):
         if w is None:
