@@ -266,3 +266,160 @@ def test_q4_k_quantizer_follows_ggmls_reference_loop_for_loop():
         assert q["codes"][row].tolist() == codes
         assert q["sub_scales"][row].tolist() == ls and q["sub_mins"][row].tolist() == lm
         assert q["d"][row, 0].item() == float(d) and q["dmin"][row, 0].item() == float(dmin)
+
+
+def _signed_max(x):
+    amax, mx = F32(0), F32(0)
+    for v in x:
+        if abs(v) > amax:
+            amax, mx = abs(v), v
+    return amax, mx
+
+
+def _make_qx_quants(x, nmax, weights):
+    """make_qx_quants(rmse_type 1) with weights x^2 (weights None) or the given ones."""
+    n = len(x)
+    amax, mx = _signed_max(x)
+    if amax < F32(1e-15):
+        return F32(0), [0] * n
+    w = [F32(v * v) for v in x] if weights is None else weights
+
+    def sums(iscale):
+        levels, sumlx, suml2 = [], F32(0), F32(0)
+        for i in range(n):
+            level = max(-nmax, min(nmax - 1, _nearest_int(F32(iscale * x[i]))))
+            levels.append(level + nmax)
+            sumlx = F32(sumlx + F32(F32(w[i] * x[i]) * level))
+            suml2 = F32(suml2 + F32(F32(w[i] * level) * level))
+        return levels, sumlx, suml2
+
+    levels, sumlx, suml2 = sums(F32(F32(-nmax) / mx))
+    scale = F32(sumlx / suml2) if suml2 else F32(0)
+    best = F32(scale * sumlx)
+    for step in range(-9, 10):
+        if step == 0:
+            continue
+        cand, sumlx, suml2 = sums(F32(-F32(nmax + F32(F32(0.1) * step)) / mx))
+        if suml2 > 0 and F32(sumlx * sumlx) > F32(best * suml2):
+            levels, scale = cand, F32(sumlx / suml2)
+            best = F32(scale * sumlx)
+    return scale, levels
+
+
+def _q6_k_ref_block(x):
+    """quantize_row_q6_K_ref on one super-block: (codes, int8 scales, d)."""
+    scales, levels = [], []
+    for j in range(16):
+        s, lv = _make_qx_quants(x[16 * j:16 * j + 16], 32, None)
+        scales.append(s), levels.extend(lv)
+    max_abs, max_scale = _signed_max(scales)
+    iscale = F32(F32(-128) / max_scale)
+    d = np.float16(F32(F32(1) / iscale))
+    sub = [min(127, _nearest_int(F32(iscale * s))) for s in scales]
+    for j in range(16):
+        step = F32(F32(d) * sub[j])
+        if step == 0:
+            continue
+        for i in range(16 * j, 16 * j + 16):
+            levels[i] = max(-32, min(31, _nearest_int(F32(x[i] / step)))) + 32
+    return levels, sub, d
+
+
+def test_q6_k_quantizer_follows_ggmls_reference_loop_for_loop():
+    w = gaussian(3, 256, 9910)
+    w[:, 5::17] *= 4
+    q = tl.get_format("q6_k").quantize(w)
+    for row in range(3):
+        codes, sub, d = _q6_k_ref_block([F32(v) for v in w[row].tolist()])
+        assert q["sub_scales"][row].tolist() == sub and q["d"][row, 0].item() == float(d)
+        assert q["codes"][row].tolist() == codes
+
+
+def _make_qp_quants(x, nmax, w):
+    n = len(x)
+    mx = F32(0)
+    for v in x:
+        mx = max(mx, v)
+    if mx < F32(1e-15):
+        return F32(0), [0] * n
+    iscale = F32(F32(nmax) / mx)
+    levels = [_nearest_int(F32(iscale * v)) for v in x]
+    scale = F32(F32(1) / iscale)
+    best = F32(0)
+    for i in range(n):
+        diff = F32(x[i] - F32(scale * levels[i]))
+        best = F32(best + F32(F32(w[i] * diff) * diff))
+    for step in range(-4, 5):
+        if step == 0:
+            continue
+        iscale_is = F32(F32(F32(F32(0.1) * step) + nmax) / mx)
+        scale_is = F32(F32(1) / iscale_is)
+        mse = F32(0)
+        for i in range(n):
+            level = min(nmax, _nearest_int(F32(iscale_is * x[i])))
+            diff = F32(x[i] - F32(scale_is * level))
+            mse = F32(mse + F32(F32(w[i] * diff) * diff))
+        if mse < best:
+            best, iscale = mse, iscale_is
+    sumlx, suml2 = F32(0), F32(0)
+    for i in range(n):
+        levels[i] = min(nmax, _nearest_int(F32(iscale * x[i])))
+        sumlx = F32(sumlx + F32(F32(w[i] * x[i]) * levels[i]))
+        suml2 = F32(suml2 + F32(F32(w[i] * levels[i]) * levels[i]))
+    for _ in range(5):
+        changed = 0
+        for i in range(n):
+            slx = F32(sumlx - F32(F32(w[i] * x[i]) * levels[i]))
+            sl2 = F32(suml2 - F32(F32(w[i] * levels[i]) * levels[i]))
+            if slx > 0 and sl2 > 0:
+                new = min(nmax, _nearest_int(F32(F32(x[i] * sl2) / slx)))
+                if new != levels[i]:
+                    slx = F32(slx + F32(F32(w[i] * x[i]) * new))
+                    sl2 = F32(sl2 + F32(F32(w[i] * new) * new))
+                    if F32(F32(slx * slx) * suml2) > F32(F32(sumlx * sumlx) * sl2):
+                        levels[i], sumlx, suml2 = new, slx, sl2
+                        changed += 1
+        if not changed:
+            break
+    return (F32(sumlx / suml2) if suml2 > 0 else F32(0)), levels
+
+
+def _q4_k_imatrix_block(x, qw):
+    """quantize_row_q4_K_impl on one super-block with quant_weights qw."""
+    sum_x2 = F32(0)
+    for v in x:
+        sum_x2 = F32(sum_x2 + F32(v * v))
+    sigma2 = F32(F32(F32(2) * sum_x2) / F32(256))
+    scales, mins, sw, levels = [], [], [], []
+    for j in range(8):
+        sub = x[32 * j:32 * j + 32]
+        weights = [F32(qw[32 * j + i] * F32(np.sqrt(np.float64(F32(sigma2 + F32(v * v)))))) for i, v in enumerate(sub)]
+        total = F32(0)
+        for v in weights:
+            total = F32(total + v)
+        sw.append(total)
+        s, m, lv = _make_qkx2_quants(sub, weights, 15, -0.9, 0.05, 36, False)
+        scales.append(s), mins.append(m), levels.extend(lv)
+    d_block, ls = _make_qp_quants(scales, 63, sw)
+    m_block, lm = _make_qp_quants(mins, 63, sw)
+    d, dmin = np.float16(d_block), np.float16(m_block)
+    for j in range(8):
+        step = F32(F32(d) * ls[j])
+        if step == 0:
+            continue
+        dm = F32(F32(dmin) * lm[j])
+        for i in range(32 * j, 32 * j + 32):
+            levels[i] = max(0, min(15, _nearest_int(F32(F32(x[i] + dm) / step))))
+    return levels, ls, lm, d, dmin
+
+
+def test_q4_k_imatrix_quantizer_follows_llamacpps_loop_for_loop():
+    w = gaussian(3, 256, 9920)
+    importance = torch.rand(256, generator=torch.Generator().manual_seed(9921)) * 3 + 0.01
+    q = tl.get_format("q4_k").quantize(w, importance)
+    qw = [F32(v) for v in importance.tolist()]
+    for row in range(3):
+        codes, ls, lm, d, dmin = _q4_k_imatrix_block([F32(v) for v in w[row].tolist()], qw)
+        assert q["sub_scales"][row].tolist() == ls and q["sub_mins"][row].tolist() == lm
+        assert q["d"][row, 0].item() == float(d) and q["dmin"][row, 0].item() == float(dmin)
+        assert q["codes"][row].tolist() == codes

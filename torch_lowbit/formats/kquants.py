@@ -310,10 +310,8 @@ class KQuantFormat(Format):
                 not bool(torch.isfinite(importance).all()) or bool((importance < 0).any()):
             raise ValueError(f"{self.name}: importance must be {in_features} finite non-negative values "
                              "(one per input feature)")
-        imp = importance.detach().float()
-        # ggml's searches do not depend on the weights' scale; the floor leaves no sub-block without weight
-        imp = imp / imp.mean().clamp_min(1e-30) + 1e-6
-        return imp.reshape(in_features // SUPER_BLOCK, SUPER_BLOCK)
+        # used as llama.cpp uses its imatrix (E[x^2] per input), so the same values give the same blocks
+        return importance.detach().float().reshape(in_features // SUPER_BLOCK, SUPER_BLOCK)
 
     def _quantize_blocks(self, x: Tensor, imp: Optional[Tensor]) -> dict[str, Tensor]:
         """x fp32 [B, 256] super-blocks, imp [B, 256] or None -> the tensors per super-block."""
