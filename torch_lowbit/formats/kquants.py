@@ -21,8 +21,10 @@ quantize follows ggml-quants.c: without importance quantize_row_q{2..6}_K_ref (m
 for the affine types, make_q3_quants for q3_k, make_qx_quants for q6_k, then the super-block
 scale quantization and re-encoding against the stored scales); with importance [in_features]
 llama.cpp's imatrix path quantize_row_q*_K_impl (make_qkx3_quants, make_qp_quants, weighted
-make_qx_quants). Vectorized over all sub-blocks of all rows; sums run in torch's order, not C's
-sequential one, so a rare near-tie can pick another code or scale than ggml (still a valid block).
+make_qx_quants). Vectorized over all sub-blocks of all rows, with C's arithmetic: fp32 sums added
+left to right, correctly rounded sqrtf, ties to even, so the blocks are ggml's own (tests compare
+loop-for-loop transcriptions of the C); a ggml build that contracts a*b + c into FMAs can differ in
+rare ties, still a valid block.
 """
 from __future__ import annotations
 
