@@ -423,3 +423,91 @@ def test_q4_k_imatrix_quantizer_follows_llamacpps_loop_for_loop():
         assert q["sub_scales"][row].tolist() == ls and q["sub_mins"][row].tolist() == lm
         assert q["d"][row, 0].item() == float(d) and q["dmin"][row, 0].item() == float(dmin)
         assert q["codes"][row].tolist() == codes
+
+
+def _q2_k_ref_block(x):
+    """quantize_row_q2_K_ref on one super-block: (codes, scales, mins, d, dmin)."""
+    scales, mins, levels = [], [], []
+    for j in range(16):
+        sub = x[16 * j:16 * j + 16]
+        s, m, lv = _make_qkx2_quants(sub, [abs(v) for v in sub], 3, -0.5, 0.1, 15, True)
+        scales.append(s), mins.append(m), levels.extend(lv)
+    max_scale = max([F32(0)] + [s for s in scales if s > 0])
+    max_min = max([F32(0)] + [m for m in mins if m > 0])
+    ls = [_nearest_int(F32(F32(F32(15) / max_scale) * s)) for s in scales] if max_scale > 0 else [0] * 16
+    lm = [_nearest_int(F32(F32(F32(15) / max_min) * m)) for m in mins] if max_min > 0 else [0] * 16
+    d = np.float16(F32(max_scale / F32(15))) if max_scale > 0 else np.float16(0)
+    dmin = np.float16(F32(max_min / F32(15))) if max_min > 0 else np.float16(0)
+    for j in range(16):
+        step = F32(F32(d) * ls[j])
+        if step == 0:
+            continue
+        dm = F32(F32(dmin) * lm[j])
+        for i in range(16 * j, 16 * j + 16):
+            levels[i] = max(0, min(3, _nearest_int(F32(F32(x[i] + dm) / step))))
+    return levels, ls, lm, d, dmin
+
+
+def _make_q3_quants(x, nmax):
+    n = len(x)
+    amax, mx = _signed_max(x)
+    if amax < F32(1e-15):
+        return F32(0), [0] * n
+    iscale = F32(F32(-nmax) / mx)
+    w = [F32(v * v) for v in x]
+    levels, sumlx, suml2 = [], F32(0), F32(0)
+    for i in range(n):
+        level = max(-nmax, min(nmax - 1, _nearest_int(F32(iscale * x[i]))))
+        levels.append(level)
+        sumlx = F32(sumlx + F32(F32(w[i] * x[i]) * level))
+        suml2 = F32(suml2 + F32(F32(w[i] * level) * level))
+    for _ in range(5):
+        changed = 0
+        for i in range(n):
+            slx = F32(sumlx - F32(F32(w[i] * x[i]) * levels[i]))
+            if slx > 0:
+                sl2 = F32(suml2 - F32(F32(w[i] * levels[i]) * levels[i]))
+                new = max(-nmax, min(nmax - 1, _nearest_int(F32(F32(x[i] * sl2) / slx))))
+                if new != levels[i]:
+                    slx = F32(slx + F32(F32(w[i] * x[i]) * new))
+                    sl2 = F32(sl2 + F32(F32(w[i] * new) * new))
+                    if sl2 > 0 and F32(F32(slx * slx) * suml2) > F32(F32(sumlx * sumlx) * sl2):
+                        levels[i], sumlx, suml2 = new, slx, sl2
+                        changed += 1
+        if not changed:
+            break
+    return (F32(sumlx / suml2) if suml2 > 0 else F32(0)), [v + nmax for v in levels]
+
+
+def _q3_k_ref_block(x):
+    """quantize_row_q3_K_ref on one super-block: (codes, signed scales, d)."""
+    scales, levels = [], []
+    for j in range(16):
+        s, lv = _make_q3_quants(x[16 * j:16 * j + 16], 4)
+        scales.append(s), levels.extend(lv)
+    _, max_scale = _signed_max(scales)
+    iscale = F32(F32(-32) / max_scale)
+    sub = [max(-32, min(31, _nearest_int(F32(iscale * s)))) for s in scales]
+    d = np.float16(F32(F32(1) / iscale))
+    for j in range(16):
+        step = F32(F32(d) * sub[j])
+        if step == 0:
+            continue
+        for i in range(16 * j, 16 * j + 16):
+            levels[i] = max(-4, min(3, _nearest_int(F32(x[i] / step)))) + 4
+    return levels, sub, d
+
+
+def test_q2_k_and_q3_k_quantizers_follow_ggmls_reference_loop_for_loop():
+    w = gaussian(3, 256, 9930)
+    w[:, 7::19] *= 5
+    q2, q3 = tl.get_format("q2_k").quantize(w), tl.get_format("q3_k").quantize(w)
+    for row in range(3):
+        x = [F32(v) for v in w[row].tolist()]
+        codes, ls, lm, d, dmin = _q2_k_ref_block(x)
+        assert q2["sub_scales"][row].tolist() == ls and q2["sub_mins"][row].tolist() == lm
+        assert q2["d"][row, 0].item() == float(d) and q2["dmin"][row, 0].item() == float(dmin)
+        assert q2["codes"][row].tolist() == codes
+        codes, sub, d = _q3_k_ref_block(x)
+        assert q3["sub_scales"][row].tolist() == sub and q3["d"][row, 0].item() == float(d)
+        assert q3["codes"][row].tolist() == codes
