@@ -1,0 +1,50 @@
+"""ggml_k_blocks: the K-quant formats (q2_k .. q6_k) stored as their GGUF block bytes.
+
+blocks: uint8 [N, K/256 * block bytes], each row its super-blocks exactly as a GGUF file stores them
+(core/kquant_blocks.py), so a model read from a file keeps the file's bytes and memory. The forward
+is the reference path until kernels for these blocks exist: it decodes the bytes in torch on the
+weight's device (CPU or CUDA), dequantizes with the format's reference dequantizer and multiplies
+in fp32 (F.linear), so it costs a full fp32 weight per call.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..core.kquant_blocks import BLOCK_BYTES, SUPER_BLOCK, blocks_to_tensors, tensors_to_blocks
+from ..formats.kquants import KQuantFormat
+from ..ops._common import dense_linear
+from .base import Layout, register_layout
+
+
+class GgmlKBlocks(Layout):
+    name = "ggml_k_blocks"
+    version = 1
+    backends = ("cpu", "triton")  # plain torch: runs wherever the tensors are
+    isa_paths = False
+
+    def supports(self, fmt) -> bool:
+        return isinstance(fmt, KQuantFormat)
+
+    def pack(self, fmt: KQuantFormat, q: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {"blocks": tensors_to_blocks(fmt.name, q)}
+
+    def unpack(self, fmt: KQuantFormat, buffers: dict[str, Tensor], out_features: int,
+               in_features: int) -> dict[str, Tensor]:
+        return blocks_to_tensors(fmt.name, buffers["blocks"])
+
+    def gather_rows(self, fmt: KQuantFormat, buffers: dict[str, Tensor], rows: Tensor) -> dict[str, Tensor]:
+        return blocks_to_tensors(fmt.name, buffers["blocks"][rows])
+
+    def buffer_shapes(self, fmt: KQuantFormat, out_features: int, in_features: int):
+        return {"blocks": ((out_features, in_features // SUPER_BLOCK * BLOCK_BYTES[fmt.name]), torch.uint8)}
+
+    def linear(self, fmt: KQuantFormat, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
+               backend: str, out_features: int) -> Tensor:
+        # fp32 weight and matmul whatever x's dtype, as the fused kernels accumulate
+        return dense_linear(x, fmt.dequantize(blocks_to_tensors(fmt.name, buffers["blocks"])), bias)
+
+
+GGML_K_BLOCKS = register_layout(GgmlKBlocks(), default_for="ggml_k")
