@@ -52,3 +52,75 @@ def test_file_blocks_import_losslessly_and_export_byte_for_byte(tmp_path, qtype)
     assert np.array_equal(kquant_blocks(name, back), from_file)
     layer = tl.QuantLinear.from_quantized(name, back, 23, 768)
     assert np.array_equal(layer.blocks.numpy(), from_file)  # the layout holds the file's bytes
+
+
+def _kquant_llama_gguf(path, types, tied=True):
+    """A 2-layer llama (hidden 256: whole super-blocks) as a GGUF file: linear tensors in types[name]
+    (our quantizer's blocks), the token embedding Q8_0, norms F32."""
+    from conftest import tiny_llama
+    model = tiny_llama(hidden_size=256, intermediate_size=512, tie_word_embeddings=tied)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.05 + (1.0 if p.dim() == 1 else 0.0))
+    cfg = model.config
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in (("context_length", cfg.max_position_embeddings), ("embedding_length", cfg.hidden_size),
+                       ("block_count", cfg.num_hidden_layers), ("feed_forward_length", cfg.intermediate_size),
+                       ("head_count", cfg.num_attention_heads), ("head_count_kv", cfg.num_key_value_heads),
+                       ("vocab_size", cfg.vocab_size)):
+        getattr(writer, f"add_{key}")(value)
+    writer.add_layer_norm_rms_eps(2.0 ** -20)
+    writer.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
+    from torch_lowbit.io.gguf_blocks import rope_rows
+    for hf_name, p in model.named_parameters():
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        data = p.detach()
+        if ".attn_q." in name or ".attn_k." in name:  # llama.cpp's rope row order
+            heads = cfg.num_attention_heads if ".attn_q." in name else cfg.num_key_value_heads
+            data = data[rope_rows(data.shape[0], heads, to_gguf=True)]
+        qtype = types(name) if data.dim() == 2 else Q.F32
+        if qtype in KQUANT_TYPES:
+            writer.add_tensor(name, kquant_blocks(kquant_format(qtype.name), tl.get_format(kquant_format(qtype.name))
+                                                  .quantize(data)), raw_dtype=qtype)
+        elif qtype == Q.F32:
+            writer.add_tensor(name, data.numpy())
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(data.numpy(), qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_from_gguf_keeps_k_quant_blocks_and_to_gguf_writes_them_back(tmp_path, caplog):
+    import logging
+    kinds = {"attn_q": Q.Q4_K, "attn_k": Q.Q4_K, "attn_v": Q.Q6_K, "attn_output": Q.Q5_K, "ffn_gate": Q.Q3_K,
+             "ffn_up": Q.Q3_K, "ffn_down": Q.Q2_K, "token_embd": Q.Q8_0}
+    path = _kquant_llama_gguf(tmp_path / "k.gguf", lambda name: kinds[name.split(".")[-2]])
+    with caplog.at_level(logging.INFO, logger="torch_lowbit.io.gguf"):
+        model, _ = tl.from_gguf(path)
+    summary = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("from_gguf k.gguf: kept"))
+    assert "Q4_K x4 -> q4_k" in summary and "Q2_K x2 -> q2_k" in summary and "dequantized 5 (F32 x5" in summary
+    layer = model.model.layers[1]
+    assert layer.self_attn.v_proj.fmt.name == "q6_k" and layer.self_attn.v_proj.layout.name == "ggml_k_blocks"
+    assert layer.mlp.gate_up_proj.fmt.name == "q3_k"  # fused: both Q3_K
+    reader = gguf.GGUFReader(path)
+    tensors = {t.name: t for t in reader.tensors}
+    from torch_lowbit.io.gguf_blocks import rope_rows
+    t = tensors["blk.1.ffn_down.weight"]
+    assert torch.equal(layer.mlp.down_proj.dequantize(), torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type)))
+    q_proj = layer.self_attn.q_proj  # q/k/v not fused: v is Q6_K
+    t = tensors["blk.1.attn_q.weight"]
+    expected = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type))
+    expected = expected[rope_rows(expected.shape[0], model.config.num_attention_heads, to_gguf=False)]
+    assert torch.equal(q_proj.dequantize().split(q_proj.split_sizes or [q_proj.out_features])[0], expected)
+    out = tl.to_gguf(model, tmp_path / "out.gguf")
+    written = {t.name: t for t in gguf.GGUFReader(out).tensors}
+    for name, t in tensors.items():
+        assert written[name].tensor_type == t.tensor_type, name
+        assert np.array_equal(np.asarray(written[name].data), np.asarray(t.data)), name
+    # requantize= trades the K-quant blocks (no fast kernel yet) for a format with one
+    fast, _ = tl.from_gguf(path, requantize="q4_0")
+    assert fast.model.layers[0].mlp.down_proj.fmt.name == "q4_0"

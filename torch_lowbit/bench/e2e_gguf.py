@@ -1,7 +1,8 @@
 """`bench e2e` on GGUF files (--gguf PATH, and the Llama-3.2-1B-shaped files of gguf_recipe behind
 --models llama-1b): llama.cpp on the file next to our import of the same file, eager and compiled.
-Linear blocks torch_lowbit holds natively (Q4_0, Q4_1, IQ4_NL, Q8_0) are imported as they are; K-quant
-blocks, which we do not run natively yet, are requantized to the nearest format (REQUANTIZE_FOR).
+Linear blocks torch_lowbit runs with its kernels (Q4_0, Q4_1, IQ4_NL, Q8_0) are imported as they are; K-quant
+blocks, which from_gguf keeps but runs on the reference path until their kernels exist, are requantized
+for the timed rows (REQUANTIZE_FOR); --ppl's rows keep them.
 """
 from __future__ import annotations
 
@@ -80,7 +81,8 @@ def bench_e2e_gguf(path, *, tokenizer=None, prompt_tokens: int = 256, new_tokens
 
 def perplexity_rows(path, *, tokens: int = PPL_TOKENS, ctx: int = PPL_CTX, threads: int = 2,
                     peers: bool = True) -> list[list[str]]:
-    """PPL_HEADERS rows: our import of the GGUF file at path (as bench_e2e_gguf imports it) and llama.cpp
+    """PPL_HEADERS rows: our import of the GGUF file at path (its blocks as stored: K-quants are kept, not
+    requantized as the timed rows' import does) and llama.cpp
     on the file, both over the first `tokens` tokens of the Wikipedia text (the file's tokenizer) in
     windows of ctx, every next token scored (eval.perplexity's protocol for both)."""
     import torch
@@ -92,9 +94,11 @@ def perplexity_rows(path, *, tokens: int = PPL_TOKENS, ctx: int = PPL_CTX, threa
     from .e2e import llama_cpp_perplexity
     path = Path(path)
     requantize, label = import_plan(check_bench_gguf(path))
+    if requantize is not None:  # perplexity of the file's own weights: K-quant blocks kept (reference path)
+        label = "GGUF import, every block as stored (K-quants on the reference path)"
     tokenizer = gguf_tokenizer(open_gguf(path), path)
     text = wiki_text(400)
-    model = from_gguf(path, requantize=requantize, tokenizer=False)[0]
+    model = from_gguf(path, tokenizer=False)[0]
     ours = perplexity(model, tokenizer, text, ctx=ctx, max_tokens=tokens, progress=False)
     del model
     rows = []

@@ -29,6 +29,7 @@ from ..nn.embedding import QuantEmbedding, embedding_scale
 from ..nn.linear import QuantLinear
 from .gguf_arch import ARCHS
 from .gguf_blocks import block_tensors, native_format, rope_rows
+from .gguf_kquants import kquant_format, kquant_tensors
 from .gguf_summary import DEQUANTIZED, KEPT, REQUANTIZED, ImportSummary, readable_type
 from .tokenizer_cache import cached_tokenizer
 
@@ -150,11 +151,22 @@ def _torch_on_one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+def kept_format(type_name: str, requantize: Optional[Format] = None) -> Optional[str]:
+    """The format whose blocks a linear GGUF tensor of this type is kept in (None: dequantized or
+    requantized): the 32-weight block types with fast kernels always; the K-quants unless requantize=
+    asks for a format with fast kernels instead (their own run on the reference path for now)."""
+    native = native_format(type_name)
+    if native is not None:
+        return native
+    return kquant_format(type_name) if requantize is None else None
+
+
 def _native_q(t, config, arch: str) -> dict[str, Tensor]:
-    """The tensor's blocks as its format's scales (/ mins) and codes as row bytes (block_tensors), rows
-    in HF order."""
+    """The tensor's blocks as its format's tensors, rows in HF order: scales (/ mins) and codes as row
+    bytes for the 32-weight block types (block_tensors), the unpacked K-quant tensors for K-quants."""
     with _torch_on_one_thread():
-        q = block_tensors(t.data, t.tensor_type.name)
+        kquant = kquant_format(t.tensor_type.name) is not None
+        q = kquant_tensors(t.data, t.tensor_type.name) if kquant else block_tensors(t.data, t.tensor_type.name)
         heads = qk_heads(t.name, config, arch)
         if heads is not None:
             idx = rope_rows(q["codes"].shape[0], heads, to_gguf=False)
@@ -165,9 +177,12 @@ def _native_q(t, config, arch: str) -> dict[str, Tensor]:
 def _plan_format(t, fqn: str, requantize: Optional[Format], is_head: bool, notes: list) -> Optional[Format]:
     """The format a Linear layer's GGUF tensor becomes (None: float); a line for `notes` (logged after
     the import summary) if not native."""
-    native = native_format(t.tensor_type.name)
-    if native is not None:
-        return get_format(native)
+    kept = kept_format(t.tensor_type.name, requantize if not is_head else None)
+    if kept is not None:
+        if kquant_format(t.tensor_type.name) is not None:
+            notes.append((logging.INFO, f"{t.name}: GGUF {t.tensor_type.name} kept as {kept} blocks (no fast kernel "
+                                        "yet: the reference path; requantize= trades them for one)"))
+        return get_format(kept)
     kind = t.tensor_type.name
     rows, cols = int(t.shape[1]) if len(t.shape) > 1 else 1, int(t.shape[0])
     if requantize is not None and not is_head:
@@ -239,7 +254,10 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
     notes: list = []
     plan = {fqn: _plan_format(t, fqn, requantize, fqn == head_fqn, notes) for fqn, t in sources.items()}
     layouts = {fqn: resolve_layout(layout, f) for fqn, f in plan.items() if f is not None}
-    _announce(path, reader, dtype, sources, plan, embed_t, embed_kept, shared_head=head_fqn if tied else None)
+    kept = {fqn: f is not None and f.name == kept_format(sources[fqn].tensor_type.name,
+                                                         requantize if fqn != head_fqn else None)
+            for fqn, f in plan.items()}  # the file's blocks as they are (else requantized or float)
+    _announce(path, reader, dtype, sources, plan, kept, embed_t, embed_kept, shared_head=head_fqn if tied else None)
     for level, note in notes:
         log.log(level, "%s", note)
 
@@ -252,11 +270,12 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
     for job in jobs:
         members = job_members(job)
         fmt, lay = plan[members[0]], layouts[members[0]]
-        native = [native_format(sources[fqn].tensor_type.name) is not None for fqn in members]
+        native = [kept[fqn] and native_format(sources[fqn].tensor_type.name) is not None for fqn in members]
         qs, biases = [], []
-        for fqn, is_native in zip(members, native):
+        for fqn in members:
+            is_kept = kept[fqn]
             t = sources[fqn]
-            if is_native:
+            if is_kept:
                 qs.append(_native_q(t, config, arch))
             else:  # requantized; beside native blocks (fused with them) its codes take their byte form
                 qr = fmt.quantize(_float_weight(t, config, arch))
@@ -311,8 +330,8 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
     return model.eval(), gguf_tokenizer(reader, path) if tokenizer else None
 
 
-def _announce(path: Path, reader, dtype: torch.dtype, sources: dict, plan: dict, embed_t, embed_kept: bool,
-              shared_head: Optional[str]) -> None:
+def _announce(path: Path, reader, dtype: torch.dtype, sources: dict, plan: dict, kept: dict, embed_t,
+              embed_kept: bool, shared_head: Optional[str]) -> None:
     """Refuses tensors no dequantizer here reads, then logs the import summary (io.gguf_summary) before
     any weight is read."""
     unreadable = sorted({f"{t.name} ({t.tensor_type.name})" for t in reader.tensors if not readable_type(t.tensor_type)})
@@ -327,7 +346,7 @@ def _announce(path: Path, reader, dtype: torch.dtype, sources: dict, plan: dict,
             continue  # a float head tied to the embedding shares its weight
         if fmt is None:
             summary.add(t, DEQUANTIZED)
-        elif native_format(t.tensor_type.name) == fmt.name:
+        elif kept[fqn]:
             summary.add(t, KEPT, fmt.name)
         else:
             summary.add(t, REQUANTIZED, fmt.name, fmt.bits_per_weight())

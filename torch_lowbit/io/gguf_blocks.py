@@ -27,6 +27,7 @@ from ..formats import Format, get_format
 from ..formats.registry import formats
 from ..formats.uniform import IntAsym
 from ..core.packing import pack_nibbles, row_bytes_codes
+from .gguf_kquants import kquant_blocks, kquant_format
 
 BLOCK = 32  # weights per block of every type handled here
 
@@ -50,6 +51,8 @@ def gguf_type_for(fmt: Format) -> Optional[str]:
     by_name = {"q4_0": "Q4_0", "iq4_nl": "IQ4_NL", "q8_0": "Q8_0"}
     if fmt.name in by_name:
         return by_name[fmt.name]
+    if kquant_format(fmt.name.upper()) == fmt.name:  # q2_k .. q6_k: their own GGUF types
+        return fmt.name.upper()
     if isinstance(fmt, IntAsym) and fmt.bits == 4 and fmt.group % BLOCK == 0:
         return "Q4_1"
     return None
@@ -88,6 +91,8 @@ def encode_blocks(fmt: Format, q: dict[str, Tensor]) -> tuple[str, np.ndarray]:
     type_name = gguf_type_for(fmt)
     if type_name is None:
         raise ValueError(f"format {fmt.name} has no GGUF block type")
+    if kquant_format(type_name) is not None:
+        return type_name, kquant_blocks(fmt, q)
     codes = q["codes"].to(torch.uint8)
     rows, k = codes.shape
     repeat = fmt.group_size // BLOCK  # int4_g64/g128: each group's d, m serve 2/4 blocks
