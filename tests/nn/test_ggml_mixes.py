@@ -52,3 +52,29 @@ def test_bad_mix_requests_are_clear_errors():
     import torch
     with pytest.raises(ValueError, match="num_hidden_layers"):
         ggml_mix_plan(torch.nn.Sequential(torch.nn.Linear(4, 4)), "q4_k_m")
+
+
+def test_quantize_takes_a_mix_by_name():
+    import torch
+
+    import torch_lowbit as tl
+    torch.manual_seed(int(torch.randint(0, 2**31, ()).item()))
+    model = tiny_llama(hidden_size=256, intermediate_size=512, num_hidden_layers=8, num_attention_heads=4,
+                       num_key_value_heads=2)
+    plan = ggml_mix_plan(model, "q4_k_m")
+    ids = torch.randint(0, 256, (1, 9))
+    with torch.no_grad():
+        reference = model(ids).logits
+    import copy
+    q4_0 = tl.quantize_(copy.deepcopy(model), "q4_0", include_lm_head=True, progress=False)
+    tl.quantize_(model, "q4_k_m", progress=False)
+    got = {fqn: m.fmt.name for fqn, m in model.named_modules() if isinstance(m, tl.QuantLinear)}
+    assert got["lm_head"] == "q6_k" and got["model.layers.3.self_attn.v_proj"] == "q6_k"  # 8 layers: 0, 3, 6, 7
+    assert got["model.layers.2.mlp.down_proj"] == "q4_k" and got["model.layers.7.mlp.down_proj"] == "q6_k"
+    for fqn, fmt in got.items():  # fused q/k/v or gate/up only where the plan gives one format
+        assert all(plan[m] == fmt for m in plan if m.startswith(fqn.rsplit(".", 1)[0]) and m.rsplit(".", 1)[-1]
+                   in {"q_proj", "k_proj", "v_proj"} | {"gate_proj", "up_proj"} and fqn.endswith(("qkv_proj", "gate_up_proj")))
+    with torch.no_grad(), tl.use_backend("reference"):  # float activations for both: the weights' error alone
+        err = ((model(ids).logits - reference).norm() / reference.norm()).item()
+        err_q4_0 = ((q4_0(ids).logits - reference).norm() / reference.norm()).item()
+    assert err < err_q4_0, (err, err_q4_0)  # ggml's search and the Q6_K layers beat q4_0 at a similar size
