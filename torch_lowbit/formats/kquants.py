@@ -338,7 +338,7 @@ class _AffineK(KQuantFormat):
     sigma_factor: ClassVar[float] = 2.0  # imatrix path: sigma2 = factor * mean(x^2) of the super-block
 
     def _ref_weights(self, subs: Tensor) -> Tensor:
-        """quantize_row_*_K_ref's weights: q4_k / q5_k sqrt(mean x^2) + |x| per sub-block."""
+        """quantize_row_*_K_ref's weights (q4_k, q5_k): sqrt(mean x^2) of the sub-block + |x|."""
         return sqrtf(sequential_sum(subs * subs, keepdim=True) / self.sub_block) + subs.abs()
 
     def _quantize_blocks(self, x: Tensor, imp: Optional[Tensor]) -> dict[str, Tensor]:
