@@ -29,6 +29,7 @@ rare ties, still a valid block.
 from __future__ import annotations
 
 import dataclasses
+from abc import abstractmethod
 from typing import ClassVar, Optional
 
 import torch
@@ -303,7 +304,7 @@ class KQuantFormat(Format):
                              "rescale the layer or use a format with fp32 scales")
         n, k = weight.shape
         x = weight.detach().float().reshape(n * k // SUPER_BLOCK, SUPER_BLOCK)  # one row per super-block
-        imp = None if importance is None else self._importance(importance, k).repeat(n, 1)
+        imp = None if importance is None else self._importance(importance, k).to(x.device).repeat(n, 1)
         q = self._quantize_blocks(x, imp)
         return {key: t.reshape(n, -1) for key, t in q.items()}
 
@@ -315,9 +316,9 @@ class KQuantFormat(Format):
         # used as llama.cpp uses its imatrix (E[x^2] per input), so the same values give the same blocks
         return importance.detach().float().reshape(in_features // SUPER_BLOCK, SUPER_BLOCK)
 
+    @abstractmethod
     def _quantize_blocks(self, x: Tensor, imp: Optional[Tensor]) -> dict[str, Tensor]:
         """x fp32 [B, 256] super-blocks, imp [B, 256] or None -> the tensors per super-block."""
-        raise NotImplementedError
 
     def _subs(self, x: Tensor) -> Tensor:
         return x.reshape(-1, self.sub_block)
@@ -337,7 +338,7 @@ class _AffineK(KQuantFormat):
     sigma_factor: ClassVar[float] = 2.0  # imatrix path: sigma2 = factor * mean(x^2) of the super-block
 
     def _ref_weights(self, subs: Tensor) -> Tensor:
-        """quantize_row_*_K_ref's weights: q4_k / q5_k sqrt(mean x^2) + |x| per sub-block."""
+        """quantize_row_*_K_ref's weights (q4_k, q5_k): sqrt(mean x^2) of the sub-block + |x|."""
         return sqrtf(sequential_sum(subs * subs, keepdim=True) / self.sub_block) + subs.abs()
 
     def _quantize_blocks(self, x: Tensor, imp: Optional[Tensor]) -> dict[str, Tensor]:
@@ -421,13 +422,13 @@ class _SymmetricK(KQuantFormat):
     has_mins: ClassVar[bool] = False
     scale_dtype: ClassVar[torch.dtype] = torch.int8
 
+    @abstractmethod
     def _fit_sub_blocks(self, subs: Tensor, w: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-        """(fp32 scale per sub-block, its search's codes)."""
-        raise NotImplementedError
+        """(fp32 scale per sub-block, its search's codes), with importance weights w or data-free."""
 
+    @abstractmethod
     def _quantize_scales(self, scales: Tensor, sub_w: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-        """Sub-block scales [B, S] -> (fp16 d [B], integer scales [B, S])."""
-        raise NotImplementedError
+        """Sub-block scales [B, S] (sub_w: their summed weights, or None) -> (fp16 d [B], integer scales [B, S])."""
 
     def _quantize_blocks(self, x: Tensor, imp: Optional[Tensor]) -> dict[str, Tensor]:
         blocks = x.shape[0]
@@ -446,6 +447,7 @@ class _SymmetricK(KQuantFormat):
                 "sub_scales": sub_scales.to(torch.int8), "d": d}
 
     def _importance_weights(self, x: Tensor, imp: Tensor) -> Tensor:
+        """The per-weight weights of the imatrix path (q6_k: the importance itself)."""
         return imp
 
 
