@@ -603,6 +603,9 @@ def test_to_gguf_rejects_bad_input(tmp_path):
         tl.to_gguf(torch.nn.Linear(4, 4), tmp_path / "o.gguf")
     with pytest.raises(ValueError, match="no tokenizer"):
         tl.to_gguf(model, tmp_path / "o.gguf", template=tl.to_gguf(model, tmp_path / "n.gguf"))
+    from torch_lowbit.eval.assets import smollm2_gguf
+    with pytest.raises(ValueError, match="template's tokenizer has 49152 tokens, the model's vocab_size is 256"):
+        tl.to_gguf(model, tmp_path / "o.gguf", template=smollm2_gguf())
     assert not (tmp_path / "o.gguf").exists()
 
 

@@ -124,3 +124,30 @@ def test_from_gguf_keeps_k_quant_blocks_and_to_gguf_writes_them_back(tmp_path, c
     # requantize= trades the K-quant blocks (no fast kernel yet) for a format with one
     fast, _ = tl.from_gguf(path, requantize="q4_0")
     assert fast.model.layers[0].mlp.down_proj.fmt.name == "q4_0"
+
+
+def test_llama_cpp_reads_our_q4_k_m_export_as_we_do(tmp_path):
+    """A q4_k_m-mixed model written by to_gguf loads in llama.cpp itself, whose perplexity over the same
+    windows equals ours: it decodes our K-quant blocks as we do (random weights: a check of the
+    numbers, not of quality)."""
+    pytest.importorskip("llama_cpp")  # the optional [peers] extra
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from torch_lowbit.bench.e2e import llama_cpp_perplexity
+    from torch_lowbit.eval.assets import smollm2_gguf, wiki_text
+    from torch_lowbit.eval.perplexity import perplexity
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=49152, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                         tie_word_embeddings=True)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.05 + (1.0 if p.dim() == 1 else 0.0))
+    tl.quantize_(model, "q4_k_m", progress=False)
+    path = tl.to_gguf(model, tmp_path / "q4_k_m.gguf", template=smollm2_gguf())
+    types = {t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    assert {"Q4_K", "Q6_K"} <= types
+    imported, tokenizer = tl.from_gguf(path)
+    ids = tokenizer(wiki_text(400), return_tensors="pt").input_ids[0][:512]
+    theirs = llama_cpp_perplexity(path, ids, 256, 2)
+    ours = perplexity(imported, tokenizer, wiki_text(400), ctx=256, max_tokens=512, progress=False)
+    assert abs(ours / theirs - 1) < 0.005, (ours, theirs)

@@ -56,6 +56,10 @@ def to_gguf(model: nn.Module, path: Union[str, os.PathLike], tokenizer=None, *,
     if meta:
         raise ValueError(f"to_gguf: {meta[:3]} are on the meta device; load the weights first")
     tokenizer_keys = tokenizer_fields(open_gguf(template), gguf) if template is not None else []
+    tokens = next((len(value) for key, value, *_ in tokenizer_keys if key == "tokenizer.ggml.tokens"), None)
+    if tokens is not None and tokens != config.vocab_size:  # llama.cpp refuses such a file at load
+        raise ValueError(f"to_gguf: the template's tokenizer has {tokens} tokens, the model's vocab_size is "
+                         f"{config.vocab_size}; pass the GGUF file of this model's own tokenizer")
     name_map = tensor_name_map(arch, config.num_hidden_layers)
 
     def gguf_name(hf_name: str) -> str:
