@@ -18,8 +18,9 @@ Nibbles are in ggml's half-split order (low nibbles = codes 0..15 of the block, 
 which is torch_lowbit.core.packing's pack_nibbles order. Q5's nibbles are a code's low 4 bits and
 bit j of the little-endian qh its bit 4.
 
-A type imports as blocks only where its format has a CPU kernel layout (native_format); until then
-(q5_0 / q5_1: no 5-bit tiles yet) from_gguf dequantizes it, and the block functions still convert.
+A type imports as blocks only where its format is registered and has a CPU kernel layout
+(native_format); q5_0 / q5_1 are neither yet (no 5-bit tiles), so from_gguf dequantizes Q5_0 / Q5_1
+while the block functions here already convert them losslessly.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from torch import Tensor
 
 from ..formats import Format, get_format
 from ..formats.registry import formats
-from ..formats.uniform import IntAsym
+from ..formats.uniform import GGML_Q5, IntAsym
 from ..core.packing import pack_nibbles, row_bytes_codes
 from ..layouts.base import default_layout
 
@@ -145,7 +146,8 @@ def encode_blocks(fmt: Format, q: dict[str, Tensor]) -> tuple[str, np.ndarray]:
 
 
 def format_of(type_name: str) -> Format:
-    return get_format(NATIVE[type_name][0])
+    name = NATIVE[type_name][0]
+    return GGML_Q5[name] if name in GGML_Q5 else get_format(name)
 
 
 # ---- llama.cpp's rope row order for q/k projections ---------------------------------------------
