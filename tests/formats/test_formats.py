@@ -294,3 +294,45 @@ def test_int4_pc_binds_one_scale_per_row_to_each_layer(tmp_path):
     x = torch.randn(3, 160)
     torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
     assert [m.fmt.group_size for m in loaded.modules() if isinstance(m, tl.QuantLinear)] == [160, 64]
+
+
+# ---- q5_0 / q5_1 (ggml's Q5_0 / Q5_1; kept out of the registry until a layout holds 5-bit codes) -----
+
+@pytest.mark.parametrize("name", ["q5_0", "q5_1"])
+def test_q5_quantizers_give_gguf_codes_and_scales(name):
+    """Data-free q5_0 / q5_1 against gguf.quants' transcription of quantize_row_q5_{0,1}_ref, on rows with
+    an all-zero block and a +max / -max tie (the first wins, as ggml's strict '<' scan)."""
+    gguf = pytest.importorskip("gguf")
+    from torch_lowbit.formats.uniform import GGML_Q5
+    from torch_lowbit.io.gguf_blocks import decode_blocks
+    seed = int(torch.randint(0, 2 ** 31, ()))
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(7, 32 * 5, generator=g) * torch.tensor([0.01, 0.1, 1.0, 3.0, 50.0, 0.5, 2.0]).unsqueeze(1)
+    w[2, 32:64] = 0.0  # d = 0
+    w[3, 70] = w[3, 64:96].abs().max() * 1.5
+    w[3, 71] = -w[3, 70]
+    fmt = GGML_Q5[name]
+    qtype = getattr(gguf.GGMLQuantizationType, name.upper())
+    raw = gguf.quants.quantize(w.numpy(), qtype)
+    want = decode_blocks(raw, qtype.name)
+    got = fmt.quantize(w)
+    assert got.keys() == want.keys()
+    for k in got:
+        assert torch.equal(got[k], want[k]), f"{name} {k} differs from gguf (seed {seed})"
+    assert torch.equal(fmt.dequantize(got), torch.from_numpy(gguf.quants.dequantize(raw, qtype)))
+
+
+@pytest.mark.parametrize("name", ["q5_0", "q5_1"])
+def test_q5_importance_lowers_weighted_error_and_five_bits_beat_four(name):
+    from torch_lowbit.formats.uniform import GGML_Q5
+    f = GGML_Q5[name]
+    w = torch.randn(48, 256) * 0.05
+    imp = torch.rand(256) ** 4 * 100
+    plain = f.dequantize(f.quantize(w))
+    weighted = f.dequantize(f.quantize(w, importance=imp))
+    assert int(f.quantize(w, importance=imp)["codes"].max()) <= 31
+    err = lambda d: float(((d - w) ** 2 * imp).sum())  # noqa: E731
+    assert err(weighted) < err(plain)
+    four = tl.get_format("q4_0" if name == "q5_0" else "int4_g32_minmax")
+    rel = lambda f_: float((f_.dequantize(f_.quantize(w)) - w).norm() / w.norm())  # noqa: E731
+    assert rel(f) < 0.6 * rel(four)  # one more bit: about half the error

@@ -149,8 +149,11 @@ class FixedBlockFormat(ScalarCodebookFormat):
         if importance is not None or not self.encodes_with_unrounded_scale:
             return super().quantize(weight, importance)
         x = self._groups(weight)
-        d, _ = self.fit_groups(x)
-        return {"codes": self.encode(x, d).reshape(weight.shape), "scales": d.reshape(weight.shape[0], -1).half()}
+        d, mn = self.fit_groups(x)
+        q = {"codes": self.encode(x, d, mn).reshape(weight.shape), "scales": d.reshape(weight.shape[0], -1).half()}
+        if mn is not None:
+            q["mins"] = mn.reshape(weight.shape[0], -1).half()
+        return q
 
     @property
     def group_size(self) -> int:

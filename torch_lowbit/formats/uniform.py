@@ -1,4 +1,4 @@
-"""Uniform integer group formats: q4_0 (ggml, symmetric), int{4,3,2}_g{32,64,128} (asymmetric) and the
+"""Uniform integer group formats: q4_0, q5_0 (ggml, symmetric), q5_1 (ggml, asymmetric), int{4,3,2}_g{32,64,128} (asymmetric) and the
 symmetric int1_g* (±1 times a group scale) and int{2,3}_sym_g*."""
 from __future__ import annotations
 
@@ -38,6 +38,63 @@ class Q4_0(FixedBlockFormat):
     def encode(self, x: Tensor, scale: Tensor, mn: None = None) -> Tensor:
         inv_d = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
         return torch.trunc(x * inv_d + 8.5).clamp_(0, 15).to(torch.uint8)
+
+
+@dataclasses.dataclass(frozen=True)
+class Q5_0(FixedBlockFormat):
+    """ggml Q5_0: blocks of 32, one fp16 scale d, value = (q - 16) * d, q in 0..31.
+
+    Quantization follows ggml's quantize_row_q5_0_ref as Q4_0 follows q4_0's: d = (signed value of
+    largest magnitude) / -16, q = min(31, trunc(x / d + 16.5)) in fp32 with the unrounded d, the
+    fp16-rounded d stored.
+    """
+
+    kind: ClassVar[str] = "q5_0"
+    code_bits: ClassVar[int] = 5
+    encodes_with_unrounded_scale: ClassVar[bool] = True
+
+    def code_values(self) -> Tensor:
+        return torch.arange(32, dtype=torch.float32) - 16
+
+    def fit_groups(self, x: Tensor, importance: Optional[Tensor] = None) -> tuple[Tensor, None]:
+        idx = x.abs().argmax(dim=-1, keepdim=True)  # first of ties, as ggml's strict '<' scan
+        signed_max = x.gather(-1, idx)
+        if importance is None:
+            return signed_max / -16.0, None
+        return _weighted_symmetric_scale(x, importance, signed_max, half=16), None
+
+    def encode(self, x: Tensor, scale: Tensor, mn: None = None) -> Tensor:
+        inv_d = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
+        return torch.trunc(x * inv_d + 16.5).clamp_(0, 31).to(torch.uint8)
+
+
+@dataclasses.dataclass(frozen=True)
+class Q5_1(FixedBlockFormat):
+    """ggml Q5_1: blocks of 32, fp16 scale d and fp16 min m, value = q * d + m, q in 0..31.
+
+    Data-free quantization follows ggml's quantize_row_q5_1_ref: d = (max - min) / 31, m = min,
+    q = trunc((x - min) / d + 0.5) in fp32 with the unrounded d and m, their fp16 roundings stored.
+    With importance, (d, m) are refit by weighted least squares from there (as int4_g32 does).
+    """
+
+    kind: ClassVar[str] = "q5_1"
+    code_bits: ClassVar[int] = 5
+    has_mins: ClassVar[bool] = True
+    encodes_with_unrounded_scale: ClassVar[bool] = True
+
+    def code_values(self) -> Tensor:
+        return torch.arange(32, dtype=torch.float32)
+
+    def fit_groups(self, x: Tensor, importance: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        scale, mn = minmax_params(x, 5)
+        if importance is None:
+            return scale, mn
+        return _refine_affine(x, importance.expand_as(x), scale, mn, 4, 31)
+
+    def encode(self, x: Tensor, scale: Tensor, mn: Tensor) -> Tensor:
+        inv_d = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
+        # ggml casts (x - min) * id + 0.5 >= 0 to uint8; the clamp only guards refit (d, m) pairs
+        return torch.trunc((x - mn) * inv_d + 0.5).clamp_(0, 31).to(torch.uint8)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,22 +339,23 @@ def _refine_affine(x: Tensor, w: Tensor, scale: Tensor, mn: Tensor, iters: int, 
     return scale, mn
 
 
-def _weighted_symmetric_scale(x: Tensor, w: Tensor, signed_max: Tensor) -> Tensor:
-    """Scale d minimizing sum w (x - d * clamp(round(x / d), -8, 7))^2 per group: a grid of
-    candidate divisors of the signed max (ggml's own choice, -8, among them; positive divisors put
-    the largest magnitude on the +7 side), each also refit by weighted least squares on its codes
+def _weighted_symmetric_scale(x: Tensor, w: Tensor, signed_max: Tensor, half: int = 8) -> Tensor:
+    """Scale d minimizing sum w (x - d * clamp(round(x / d), -half, half - 1))^2 per group (q4_0: half = 8,
+    q5_0: 16): a grid of candidate divisors of the signed max (ggml's own choice, -half, among them;
+    positive divisors put the largest magnitude on the half - 1 side), each also refit by weighted least squares on its codes
     (llama.cpp's make_qx_quants search, importance-weighted)."""
     w = w.expand_as(x)
     best_err, best = None, None
-    divisors = torch.linspace(-9.5, -6.0, 36).tolist() + [-8.0] + torch.linspace(5.5, 7.5, 11).tolist()
+    unit = half / 8  # the q4_0 grid, stretched
+    divisors = [v * unit for v in torch.linspace(-9.5, -6.0, 36).tolist() + [-8.0] + torch.linspace(5.5, 7.5, 11).tolist()]
     for divisor in divisors:
         d = signed_max / divisor
-        q = torch.round(x / torch.where(d != 0, d, torch.ones_like(d))).clamp_(-8, 7)
+        q = torch.round(x / torch.where(d != 0, d, torch.ones_like(d))).clamp_(-half, half - 1)
         wqq = (w * q * q).sum(-1, keepdim=True)
         refit = torch.where(wqq > 0, (w * q * x).sum(-1, keepdim=True) / wqq.clamp_min(1e-30), d)
         for cand in (d, refit):
             c16 = cand.half().float()  # judge the scale that will be stored
-            qc = torch.round(x / torch.where(c16 != 0, c16, torch.ones_like(c16))).clamp_(-8, 7)
+            qc = torch.round(x / torch.where(c16 != 0, c16, torch.ones_like(c16))).clamp_(-half, half - 1)
             err = (w * (qc * c16 - x) ** 2).sum(-1, keepdim=True)
             if best is None:
                 best_err, best = err, c16
@@ -308,6 +366,9 @@ def _weighted_symmetric_scale(x: Tensor, w: Tensor, signed_max: Tensor) -> Tenso
 
 
 register_format(Q4_0())
+# Not in the registry until a kernel layout holds 5-bit codes (the lut5_i8_n16 tiles): every registered
+# format must build a QuantLinear. The GGUF block codec (io/gguf_blocks.py) uses them already.
+GGML_Q5 = {f.name: f for f in (Q5_0(), Q5_1())}
 register_format(Int4PerChannel())
 for _g in (32, 64, 128):
     register_format(Int4(group=_g))

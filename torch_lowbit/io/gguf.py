@@ -28,7 +28,7 @@ from ..nn.fusion import fusion_jobs, install_fused, job_members
 from ..nn.embedding import QuantEmbedding, embedding_scale
 from ..nn.linear import QuantLinear
 from .gguf_arch import ARCHS
-from .gguf_blocks import block_tensors, native_format, rope_rows
+from .gguf_blocks import block_tensors, codes_as_row_bytes, native_format, rope_rows
 from .gguf_kquants import kquant_format, kquant_tensors
 from .gguf_summary import DEQUANTIZED, KEPT, REQUANTIZED, ImportSummary, readable_type
 from .tokenizer_cache import cached_tokenizer
@@ -270,7 +270,8 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
     for job in jobs:
         members = job_members(job)
         fmt, lay = plan[members[0]], layouts[members[0]]
-        native = [kept[fqn] and native_format(sources[fqn].tensor_type.name) is not None for fqn in members]
+        native = [kept[fqn] and native_format(sources[fqn].tensor_type.name) is not None
+                  and codes_as_row_bytes(sources[fqn].tensor_type.name) for fqn in members]  # codes as row bytes
         qs, biases = [], []
         for fqn in members:
             is_kept = kept[fqn]
@@ -379,7 +380,8 @@ def _quantized_embedding(t, model: nn.Module, config, arch: str, dtype: torch.dt
     with _torch_on_one_thread():
         return QuantEmbedding.from_quantized(fmt, q, old.num_embeddings, old.embedding_dim,
                                              layout=resolve_layout(layout, fmt), padding_idx=old.padding_idx,
-                                             out_dtype=dtype, codes_as_row_bytes=True, scale=embedding_scale(old))
+                                             out_dtype=dtype, codes_as_row_bytes=codes_as_row_bytes(t.tensor_type.name),
+                                             scale=embedding_scale(old))
 
 
 def _set_child(model: nn.Module, fqn: str, new: nn.Module) -> None:
