@@ -13,7 +13,31 @@ from .scalar import FixedBlockFormat, ScalarCodebookFormat
 
 
 @dataclasses.dataclass(frozen=True)
-class Q4_0(FixedBlockFormat):
+class _SignedBlock(FixedBlockFormat):
+    """ggml's symmetric 32-weight blocks (Q4_0, Q5_0): value = (q - half) * d, q in 0 .. 2 half - 1, with
+    quantize_row_q{4,5}_0_ref's rule: d = (signed value of largest magnitude) / -half, q = min(2 half - 1,
+    trunc(x / d + half + 0.5)) in fp32 with the unrounded d, the fp16-rounded d stored."""
+
+    half: ClassVar[int]
+    encodes_with_unrounded_scale: ClassVar[bool] = True
+
+    def code_values(self) -> Tensor:
+        return torch.arange(2 * self.half, dtype=torch.float32) - self.half
+
+    def fit_groups(self, x: Tensor, importance: Optional[Tensor] = None) -> tuple[Tensor, None]:
+        idx = x.abs().argmax(dim=-1, keepdim=True)  # first of ties, as ggml's strict '<' scan
+        signed_max = x.gather(-1, idx)
+        if importance is None:
+            return signed_max / -float(self.half), None
+        return _weighted_symmetric_scale(x, importance, signed_max, half=self.half), None
+
+    def encode(self, x: Tensor, scale: Tensor, mn: None = None) -> Tensor:
+        inv_d = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
+        return torch.trunc(x * inv_d + (self.half + 0.5)).clamp_(0, 2 * self.half - 1).to(torch.uint8)
+
+
+@dataclasses.dataclass(frozen=True)
+class Q4_0(_SignedBlock):
     """ggml Q4_0: blocks of 32, one fp16 scale d, value = (q - 8) * d.
 
     Quantization follows ggml's quantize_row_q4_0_ref step by step: d = (signed value of largest
@@ -23,25 +47,11 @@ class Q4_0(FixedBlockFormat):
     """
 
     kind: ClassVar[str] = "q4_0"
-    encodes_with_unrounded_scale: ClassVar[bool] = True
-
-    def code_values(self) -> Tensor:
-        return torch.arange(16, dtype=torch.float32) - 8
-
-    def fit_groups(self, x: Tensor, importance: Optional[Tensor] = None) -> tuple[Tensor, None]:
-        idx = x.abs().argmax(dim=-1, keepdim=True)  # first of ties, as ggml's strict '<' scan
-        signed_max = x.gather(-1, idx)
-        if importance is None:
-            return signed_max / -8.0, None
-        return _weighted_symmetric_scale(x, importance, signed_max), None
-
-    def encode(self, x: Tensor, scale: Tensor, mn: None = None) -> Tensor:
-        inv_d = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
-        return torch.trunc(x * inv_d + 8.5).clamp_(0, 15).to(torch.uint8)
+    half: ClassVar[int] = 8
 
 
 @dataclasses.dataclass(frozen=True)
-class Q5_0(FixedBlockFormat):
+class Q5_0(_SignedBlock):
     """ggml Q5_0: blocks of 32, one fp16 scale d, value = (q - 16) * d, q in 0..31.
 
     Quantization follows ggml's quantize_row_q5_0_ref as Q4_0 follows q4_0's: d = (signed value of
@@ -51,21 +61,7 @@ class Q5_0(FixedBlockFormat):
 
     kind: ClassVar[str] = "q5_0"
     code_bits: ClassVar[int] = 5
-    encodes_with_unrounded_scale: ClassVar[bool] = True
-
-    def code_values(self) -> Tensor:
-        return torch.arange(32, dtype=torch.float32) - 16
-
-    def fit_groups(self, x: Tensor, importance: Optional[Tensor] = None) -> tuple[Tensor, None]:
-        idx = x.abs().argmax(dim=-1, keepdim=True)  # first of ties, as ggml's strict '<' scan
-        signed_max = x.gather(-1, idx)
-        if importance is None:
-            return signed_max / -16.0, None
-        return _weighted_symmetric_scale(x, importance, signed_max, half=16), None
-
-    def encode(self, x: Tensor, scale: Tensor, mn: None = None) -> Tensor:
-        inv_d = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
-        return torch.trunc(x * inv_d + 16.5).clamp_(0, 31).to(torch.uint8)
+    half: ClassVar[int] = 16
 
 
 @dataclasses.dataclass(frozen=True)
