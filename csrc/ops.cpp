@@ -19,7 +19,8 @@ at::Tensor lut_i8_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, con
                              const c10::optional<at::Tensor>& mins, const at::Tensor& lut, int64_t code_bits,
                              int64_t group, int64_t out_features, const c10::optional<at::Tensor>& bias,
                              const c10::optional<at::Tensor>& sub_groups, int64_t act_bits, double act_clip,
-                             int64_t act_block);
+                             int64_t act_block, const c10::optional<at::Tensor>& sub_scales,
+                             const c10::optional<at::Tensor>& sub_mins);
 at::Tensor q4x_linear_cpu(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                           const at::Tensor& lut, int64_t rows, int64_t chunk, int64_t group, int64_t out_features,
                           const c10::optional<at::Tensor>& bias, int64_t act_bits, double act_clip, int64_t act_block);

@@ -3,7 +3,8 @@
 namespace torch_lowbit {
 
 ActBuffers quantize_activations(const char* op, const at::Tensor& x2, int64_t group, int64_t act_bits,
-                                double act_clip, int64_t act_block, bool with_mins, bool per_token_sums) {
+                                double act_clip, int64_t act_block, bool with_mins, bool per_token_sums,
+                                bool half_sums) {
   TORCH_CHECK(act_bits == 0 || act_bits == 8 || act_bits == 4 || act_bits == 3 || act_bits == 2, op,
               ": act_bits must be 0 (per-32 int8 blocks) or 8, 4, 3, 2 (per token), got ", act_bits);
   TORCH_CHECK(act_bits == 0 || (act_clip > 0 && act_clip <= 1), op, ": act_clip must be in (0, 1], got ", act_clip);
@@ -19,8 +20,9 @@ ActBuffers quantize_activations(const char* op, const at::Tensor& x2, int64_t gr
               "groups of at most ", kI8MaxIntGroup, " features; got ", group,
               ": use a format with smaller groups or act_bits=0");
   const int64_t M = x2.size(0), K = x2.size(1), kb = K / 32, groups = K / group;
-  // one allocation: codes, block scales, block sums, group d-sums, group q-sums
-  ActBuffers out{at::empty({M * K + M * kb * 8 + M * groups * 8}, x2.options().dtype(at::kChar)), {}};
+  // one allocation: codes, block scales, block sums, group d-sums, group q-sums, half sums
+  const int64_t halves = half_sums ? 2 * kb : 0;
+  ActBuffers out{at::empty({M * K + M * kb * 8 + M * groups * 8 + M * halves * 4}, x2.options().dtype(at::kChar)), {}};
   int8_t* xq = out.storage.data_ptr<int8_t>();
   float* xd = reinterpret_cast<float*>(xq + M * K);
   int32_t* xs = reinterpret_cast<int32_t*>(xd + M * kb);
@@ -38,6 +40,15 @@ ActBuffers quantize_activations(const char* op, const at::Tensor& x2, int64_t gr
   else  // the same blocks, one scale repeated over the token
     quantize_acts_per_token(x2.data_ptr<float>(), M, K, static_cast<int>(act_bits), act_clip, xq, xd, xs);
   if (with_mins) group_dsums(out.acts, group, dsum);
+  if (half_sums) {
+    int32_t* hs = qsum + M * groups;
+    for (int64_t i = 0; i < M * halves; ++i) {
+      int32_t s = 0;
+      for (int64_t k = 0; k < 16; ++k) s += xq[i * 16 + k];
+      hs[i] = s;
+    }
+    out.acts.half_sum = hs;
+  }
   if (per_token) {
     for (int64_t m = 0; m < M; ++m)
       for (int64_t g = 0; g < groups; ++g) {

@@ -23,9 +23,10 @@ struct ActBuffers {
 constexpr int64_t kActBlock = 32;
 
 // x2: contiguous fp32 [M, K]. per_token_sums: let per-token activations use int32 group sums (false
-// for kernels whose block factor varies, group codebooks). Checks act_bits / act_clip / act_block /
-// the group bound, naming the op.
+// for kernels whose block factor varies, group codebooks). half_sums: also Q8Acts::half_sum (K-quants'
+// sub-blocks of 16). Checks act_bits / act_clip / act_block / the group bound, naming the op.
 ActBuffers quantize_activations(const char* op, const at::Tensor& x2, int64_t group, int64_t act_bits,
-                                double act_clip, int64_t act_block, bool with_mins, bool per_token_sums);
+                                double act_clip, int64_t act_block, bool with_mins, bool per_token_sums,
+                                bool half_sums = false);
 
 }  // namespace torch_lowbit

@@ -19,6 +19,7 @@ struct Q8Acts {
   // group's integer products in int32 and convert once per group (common/lut_i8.h).
   bool per_token = false;
   const int32_t* group_qsum = nullptr;  // per_token: [M, K/group] sum of q over a group's blocks
+  const int32_t* half_sum = nullptr;    // [M, K/16] sum of q over each 16 features (K-quants' sub-blocks of 16)
 };
 
 #if defined(TORCH_LOWBIT_X86)

@@ -1,11 +1,12 @@
-// Kernels for formats whose b-bit codes (b = 1..4, or 8) index a table of integers (q4_0, int4_g*,
+// Kernels for formats whose b-bit codes (b = 1..6, or 8) index a table of integers (q4_0, int4_g*,
 // iq4_nl, nuq*, ...; b = 8: q8_0, whose byte is q + 128 and whose table is code - 128) over int8
 // activations.
 //
 // Layouts "lut{b}_i8_n16" (torch_lowbit/layouts/lut_i8.py packs them): rows in tiles of 16 (N
 // padded), K in blocks of 32. qweight [N/16, K/32, 64 b] uint8. A code splits into planes of
-// width 4 (b = 4), 2 (b = 2), 2 + 1 (b = 3: low two bits, then the high bit), 1 (b = 1) or 8 (b = 8:
-// chunk qd is quad qd, plain bytes, so 8 loads feed vpdpbusd with no shift or mask); a plane
+// width 4 (b = 4), 2 (b = 2), 2 + 1 (b = 3: low two bits, then the high bit), 4 + 1 (b = 5), 4 + 2
+// (b = 6), 1 (b = 1) or 8 (b = 8: chunk qd is quad qd, plain bytes, so 8 loads feed vpdpbusd with no
+// shift or mask); a plane
 // of width w takes w chunks of 64 bytes, and "quad" qd (codes 4qd .. 4qd+3 of each row, qd < 8)
 // sits in chunk qd % w at bit offset w * (qd / w): byte r*4 + j of that chunk holds row r's code
 // 4qd + j. So one 64-byte load, a shift and a mask give, per 32-bit lane, 4 consecutive codes of
@@ -41,6 +42,17 @@
 // coordinates of code block c (features 64c, 64c + 2, .., 64c + 62), block 2c + 1 the second ones. So
 // block b reads code block b / 2 through table b % 2 (lut_i8_block, lut_i8_table_base), and each code
 // block is decoded once for both. No group codebooks with pairs; groups are multiples of 64.
+//
+// Integer sub-scales (ggml's K-quants, layout kquant_i8_n16; `sub_scales`): each row's sub-blocks of
+// `sub_block` = 16 or 32 features carry an int8 scale s (sub_scales [N/16, K/sub_block, 16]) and, with
+// sub_mins (uint8, same shape), an integer min m; the group is the super-block, scales its fp16 d and
+// mins its -dmin, so w = d * s * (u[code] - offset) - dmin * m. Per block and row the sub-blocks' integer
+// sums are weighted in int32: isum = sum_h s_h * (dot_h - offset * xsum_h) and msum = sum_h m_h * xsum_h
+// (h: the block's one or two sub-blocks; xsum_h the sum of q over sub-block h: Q8Acts::sum, or
+// Q8Acts::half_sum for sub-blocks of 16), then gacc = fma(float(isum), xd, gacc) and
+// macc = fma(float(msum), xd, macc); at the group's end acc = fma(gacc, scale, acc) and, with mins,
+// acc = fma(min, macc, acc). |isum| < 2^31: |s| <= 128, |u - offset| <= 255, 32 activations of <= 128.
+// Per-32 activations only (act_bits 0).
 #pragma once
 #include <c10/util/Half.h>
 
@@ -63,9 +75,17 @@ struct LutI8Weights {
   int32_t offset;
   int64_t N, K, group;
   const float* bias;         // [N] fp32 or nullptr: accumulators start from it (bias fused)
-  int bits;                  // code width, 1..4 or 8
+  int bits;                  // code width, 1..6 or 8
   bool pairs = false;        // 2-D codebook: block b reads code block b / 2 through table b % 2
+  const int8_t* sub_scales = nullptr;  // K-quants: [N/16, K/sub_block, 16] integer sub-block scales
+  const uint8_t* sub_mins = nullptr;   // K-quants with mins: the same shape, or nullptr
+  int sub_block = 32;                  // features per sub-scale: 16 or 32
 };
+
+// The 16 rows' sub-scales (and sub-mins) of sub-block j of tile t (K-quants).
+inline int64_t lut_i8_sub_index(const LutI8Weights& w, int64_t t, int64_t j) {
+  return (t * (w.K / w.sub_block) + j) * kI8TileRows;
+}
 
 inline int64_t lut_i8_block_bytes(int bits) { return 64 * bits; }
 
@@ -88,6 +108,7 @@ inline int lut_i8_code(const uint8_t* p, int bits, int r, int k) {
     return (plane[(qd % w) * 64 + r * 4 + j] >> (w * (qd / w))) & ((1 << w) - 1);
   };
   if (bits == 3) return field(p, 2) | (field(p + 128, 1) << 2);
+  if (bits == 5 || bits == 6) return field(p, 4) | (field(p + 256, bits - 4) << 4);
   return field(p, bits);
 }
 
@@ -103,13 +124,15 @@ inline float lut_i8_block_factor(const uint8_t* sub, int r, float xd) {
   return sub ? static_cast<float>(sub[r] & 15) * xd : xd;
 }
 
-// Calls f(std::integral_constant<int, B>{}) with B = bits (1..4, 8), so kernels specialize on the width.
+// Calls f(std::integral_constant<int, B>{}) with B = bits (1..6, 8), so kernels specialize on the width.
 template <typename F>
 inline void with_code_bits(int bits, F&& f) {
   switch (bits) {
     case 1: return f(std::integral_constant<int, 1>{});
     case 2: return f(std::integral_constant<int, 2>{});
     case 3: return f(std::integral_constant<int, 3>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
     case 8: return f(std::integral_constant<int, 8>{});
     default: return f(std::integral_constant<int, 4>{});
   }

@@ -77,7 +77,8 @@ def unpack_streams(words: Tensor, bits: int, count: int) -> Tensor:
 
 TILE = 16
 # (width, shift) of each plane a b-bit code is split into, in storage order.
-PLANES = {8: ((8, 0),), 4: ((4, 0),), 3: ((2, 0), (1, 2)), 2: ((2, 0),), 1: ((1, 0),)}
+PLANES = {8: ((8, 0),), 6: ((4, 0), (2, 4)), 5: ((4, 0), (1, 4)), 4: ((4, 0),), 3: ((2, 0), (1, 2)), 2: ((2, 0),),
+          1: ((1, 0),)}
 LUT_I8_CODE_BITS = tuple(sorted(PLANES))  # the tiles' widths: layouts lut{b}_i8_n16, op lut_i8_linear
 
 

@@ -246,12 +246,24 @@ class VqI8Tiled(NuqI8Tiled):
         return fake_quantize_q8_pair_blocks(x)
 
 
-def _decode_tiles(qweight, scales, mins, lut, code_bits, group_size, out_features, sub_groups):
+def _decode_tiles(qweight, scales, mins, lut, code_bits, group_size, out_features, sub_groups, sub_scales=None,
+                  sub_mins=None):
     """The reference decode of the lut_i8 tiles, fp32 W [N, K] (lut_i8_linear's CPU reference without the
     extension): the scalar formats' groups (nuq: one group of K), vq's pair codebooks (one table per
-    coordinate) or gcb's sub-group codebooks."""
+    coordinate), gcb's sub-group codebooks or the K-quants' integer sub-scales."""
     codes = unpack_codes(qweight, code_bits, out_features)
     row_scales = untile_rows(scales, out_features)
+    if sub_scales is not None:  # scale * sub_scale * lut[code] + min * sub_min
+        n, k = codes.shape
+        sub = k // sub_scales.shape[1]
+        per_group = group_size // sub
+        values = lut.float()[codes.long()].reshape(n, -1, sub)
+        step = row_scales.float().repeat_interleave(per_group, dim=1) * untile_rows(sub_scales, n).float()
+        w = values * step.unsqueeze(-1)
+        if sub_mins is not None:
+            low = untile_rows(mins, n).float().repeat_interleave(per_group, dim=1) * untile_rows(sub_mins, n).float()
+            w = w + low.unsqueeze(-1)
+        return w.reshape(n, k)
     if sub_groups is not None:
         s = untile_rows(sub_groups, out_features).to(torch.int32)
         return dequantize_subgroups(codes, s >> 4, s & 15, row_scales, lut.reshape(-1, 2 ** code_bits))

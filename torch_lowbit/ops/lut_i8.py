@@ -1,5 +1,5 @@
-"""The lut_i8 op (layouts lut{b}_i8_n16, nuq_i8_n16, vq_i8_n16, gcb_i8_n16: b-bit codes in 16-row
-tiles, integer tables, int8 activations): lut_i8_linear, a CPU-only op (csrc/lut_i8_linear.cpp).
+"""The lut_i8 op (layouts lut{b}_i8_n16, nuq_i8_n16, vq_i8_n16, gcb_i8_n16, kquant_i8_n16: b-bit codes
+in 16-row tiles, integer tables, int8 activations): lut_i8_linear, a CPU-only op (csrc/lut_i8_linear.cpp).
 Its typed wrapper, fake, and the CPU reference that stands in for the kernel where the extension is
 absent."""
 from __future__ import annotations
@@ -15,19 +15,22 @@ from ._common import Backend, check, check_act_args, dense_linear, linear_out, r
 
 def lut_i8_linear(x: Tensor, qweight: Tensor, scales: Tensor, mins: Optional[Tensor], lut: Tensor, code_bits: int,
                   group_size: int, out_features: int, bias: Optional[Tensor], sub_groups: Optional[Tensor] = None,
-                  act_bits: int = 0, act_clip: float = 1.0, act_block: int = 0, *,
+                  act_bits: int = 0, act_clip: float = 1.0, act_block: int = 0,
+                  sub_scales: Optional[Tensor] = None, sub_mins: Optional[Tensor] = None, *,
                   backend: Backend = "auto") -> Tensor:
     """y = x @ W.T + bias in x's dtype; qweight uint8 [N/16, K/32, 64 code_bits] (pair codebooks: K/64),
     scales (and mins) fp16 [N/16, K/group, 16]; lut the int8 table [2^code_bits] (a 2-D [2, 2^code_bits]:
     one table per coordinate of a pair; with sub_groups uint8 [N/16, K/32, 16]: up to 16 tables, one
     picked per row and 32 features). x is rounded to int8 per 32 features, or with act_bits per token
-    (act_block 0) or per block of act_block features."""
+    (act_block 0) or per block of act_block features. K-quants: sub_scales int8 [N/16, K/sub, 16] (sub 16
+    or 32) weight each sub-block, sub_mins uint8 (same shape) with mins = -dmin, so
+    w = scale * sub_scale * lut[code] + min * sub_min (csrc/common/lut_i8.h)."""
     return route("lut_i8_linear", None, backend, x, qweight, scales, mins, lut, code_bits, group_size, out_features,
-                 bias, sub_groups, act_bits, act_clip, act_block)
+                 bias, sub_groups, act_bits, act_clip, act_block, sub_scales, sub_mins)
 
 
 def _lut_i8_check(qweight, scales, mins, lut, code_bits, group_size, out_features, sub_groups, act_bits,
-                  act_block) -> int:
+                  act_block, sub_scales=None, sub_mins=None) -> int:
     """The weights' and activation arguments' checks; K."""
     check(code_bits in LUT_I8_CODE_BITS, f"lut_i8: code_bits must be one of {LUT_I8_CODE_BITS}, got {code_bits}")
     check_act_args("lut_i8", act_bits, act_block)
@@ -60,26 +63,40 @@ def _lut_i8_check(qweight, scales, mins, lut, code_bits, group_size, out_feature
         check(lut.dtype == torch.int8 and 0 < lut.numel() <= 16 * 2 ** code_bits
               and lut.numel() % 2 ** code_bits == 0,
               f"lut_i8: lut must be 1..16 int8 codebooks of {2 ** code_bits} entries")
+    if sub_scales is not None:
+        check(not pairs and sub_groups is None and code_bits != 8 and act_bits == 0,
+              "lut_i8: sub_scales take one table of codes up to 6 bits, no pairs or sub_groups, act_bits 0")
+        check(sub_scales.dtype == torch.int8 and sub_scales.dim() == 3 and sub_scales.shape[0] == tiles
+              and sub_scales.shape[2] == 16 and sub_scales.shape[1] in (k // 16, k // 32)
+              and group_size % (k // sub_scales.shape[1]) == 0,
+              f"lut_i8: sub_scales must be int8 [{tiles}, K/16 or K/32, 16] with K={k}, sub-blocks dividing the group")
+        check((sub_mins is None) == (mins is None), "lut_i8: sub_mins and mins come together")
+        check(sub_mins is None or (sub_mins.dtype == torch.uint8 and sub_mins.shape == sub_scales.shape),
+              "lut_i8: sub_mins must be uint8 shaped as sub_scales")
+    else:
+        check(sub_mins is None, "lut_i8: sub_mins need sub_scales")
     return k
 
 
 @torch.library.register_fake("torch_lowbit::lut_i8_linear")
 def _lut_i8_linear_fake(x, qweight, scales, mins, lut, code_bits, group_size, out_features, bias,
-                        sub_groups=None, act_bits=0, act_clip=1.0, act_block=0):
-    k = _lut_i8_check(qweight, scales, mins, lut, code_bits, group_size, out_features, sub_groups, act_bits, act_block)
+                        sub_groups=None, act_bits=0, act_clip=1.0, act_block=0, sub_scales=None, sub_mins=None):
+    k = _lut_i8_check(qweight, scales, mins, lut, code_bits, group_size, out_features, sub_groups, act_bits, act_block,
+                      sub_scales, sub_mins)
     return linear_out("lut_i8_linear", x, out_features, k, bias)
 
 
 def register_reference_cpu_impls(decode: Callable) -> None:
     """Where the extension is absent, the CPU reference of lut_i8_linear: decode(qweight, scales, mins, lut,
-    code_bits, group_size, out_features, sub_groups) -> fp32 W [N, K] (the tiles' reference decoder, from
-    layouts/lut_i8.py) times the activations as the kernel rounds them (core.activations)."""
+    code_bits, group_size, out_features, sub_groups, sub_scales, sub_mins) -> fp32 W [N, K] (the tiles'
+    reference decoder, from layouts/lut_i8.py) times the activations as the kernel rounds them
+    (core.activations)."""
     def reference(x, qweight, scales, mins, lut, code_bits, group_size, out_features, bias, sub_groups=None,
-                  act_bits=0, act_clip=1.0, act_block=0):
+                  act_bits=0, act_clip=1.0, act_block=0, sub_scales=None, sub_mins=None):
         k = _lut_i8_check(qweight, scales, mins, lut, code_bits, group_size, out_features, sub_groups, act_bits,
-                          act_block)
+                          act_block, sub_scales, sub_mins)
         linear_out("lut_i8_linear", x, out_features, k, bias)
-        w = decode(qweight, scales, mins, lut, code_bits, group_size, out_features, sub_groups)
+        w = decode(qweight, scales, mins, lut, code_bits, group_size, out_features, sub_groups, sub_scales, sub_mins)
         return dense_linear(int8_kernel_activations(x, act_bits, act_clip, act_block, pairs=lut.dim() == 2), w, bias)
 
     register_reference_cpu_impl("lut_i8_linear", reference)

@@ -18,7 +18,7 @@ SCHEMAS: dict[str, str] = {
                    "Tensor? bias) -> Tensor",
     "lut_i8_linear": "lut_i8_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins, Tensor lut, int code_bits, "
                      "int group_size, int out_features, Tensor? bias, Tensor? sub_groups=None, int act_bits=0, "
-                     "float act_clip=1.0, int act_block=0) -> Tensor",
+                     "float act_clip=1.0, int act_block=0, Tensor? sub_scales=None, Tensor? sub_mins=None) -> Tensor",
     # the interleaved ARM layouts q4_{R}x{S} (csrc/common/q4x.h, layouts/q4x.py)
     "q4x_linear": "q4x_linear(Tensor x, Tensor qweight, Tensor scales, Tensor lut, int rows, int chunk, "
                   "int group_size, int out_features, Tensor? bias, int act_bits=0, float act_clip=1.0, "
