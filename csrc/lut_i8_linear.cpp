@@ -22,7 +22,10 @@ LutI8Fn vnni_ymm_kernel() { return cpu_has_avx_vnni() ? lut_i8_avxvnni : lut_i8_
 #endif
 
 LutI8Fn kernel_for(CpuPath p, bool row_codebooks, bool sub_scaled, int bits) {
-  if (sub_scaled || bits == 5 || bits == 6) return lut_i8_scalar;  // SIMD paths: below as they land
+#if defined(TORCH_LOWBIT_X86)
+  if ((sub_scaled || bits == 5 || bits == 6) && p == CpuPath::Avx512 && cpu_has_avx512_vnni()) return lut_i8_avx512vnni;
+#endif
+  if (sub_scaled || bits == 5 || bits == 6) return lut_i8_scalar;  // the other SIMD paths: below as they land
 #if defined(TORCH_LOWBIT_X86)
   if (row_codebooks && p == CpuPath::Avx512 && cpu_has_avx512_vnni() && cpu_has_avx512_vbmi())
     return lut_i8_avx512vbmi;

@@ -62,6 +62,11 @@ TLB_KERNEL inline void decode_quads(const uint8_t* p, __m512i q[8]) {
       const __m512i moved = f < 2 ? _mm512_slli_epi16(hi, 2 - f) : _mm512_srli_epi16(hi, f - 2);
       q[f] = _mm512_or_si512(q[f], _mm512_and_si512(moved, bit2));
     }
+  } else if constexpr (B == 5 || B == 6) {  // low four bits from the 4-bit plane, the rest from the plane at 256
+    plane_quads<4>(p, q);
+    __m512i hi[8];
+    plane_quads<B - 4>(p + 256, hi);
+    for (int f = 0; f < 8; ++f) q[f] = _mm512_or_si512(q[f], _mm512_slli_epi16(hi[f], 4));  // hi < 4: stays in its byte
   } else {
     plane_quads<B>(p, q);
   }

@@ -1,8 +1,9 @@
-// AVX-512 VNNI lut x int8 kernel (identity and 16-entry tables, q8_0's bytes); the tile kernel itself is
-// x86/lut_i8_avx512_kernel.h.
+// AVX-512 VNNI lut x int8 kernel (identity and 16-entry tables, q8_0's bytes, K-quants' integer sub-scales);
+// the tile kernels themselves are x86/lut_i8_avx512_kernel.h and x86/lut_i8_avx512_subscaled.h.
 #if defined(TORCH_LOWBIT_X86)
 #define TLB_KERNEL __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 #include "x86/lut_i8_avx512_kernel.h"
+#include "x86/lut_i8_avx512_subscaled.h"
 
 namespace torch_lowbit {
 namespace {
@@ -25,6 +26,16 @@ TLB_KERNEL void run_bits(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int
 
 TLB_KERNEL void lut_i8_avx512vnni(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out,
                                  int64_t ldo) {
+  if (w.sub_scales) {  // K-quants: the widths of q2_k .. q6_k
+    switch (w.bits) {
+      case 2: return sub_scaled_bits<2>(w, a, t0, t1, out, ldo);
+      case 3: return sub_scaled_bits<3>(w, a, t0, t1, out, ldo);
+      case 4: return sub_scaled_bits<4>(w, a, t0, t1, out, ldo);
+      case 5: return sub_scaled_bits<5>(w, a, t0, t1, out, ldo);
+      case 6: return sub_scaled_bits<6>(w, a, t0, t1, out, ldo);
+      default: return lut_i8_scalar(w, a, t0, t1, out, ldo);
+    }
+  }
   with_code_bits(w.bits, [&](auto b) TLB_KERNEL { run_bits<decltype(b)::value>(w, a, t0, t1, out, ldo); });
 }
 
