@@ -1,13 +1,25 @@
 // AVX2 lut x int8 kernel (vpmaddubsw; the tile kernel itself is x86/lut_i8_avx2_kernel.h). Without
 // vpdpbusd the products go through vpmaddubsw's saturating int16 pairs, so the table's byte range
-// picks how they are summed (Small / Unsigned / Signed, see the kernel header).
+// picks how they are summed (Small / Unsigned / Signed, see the kernel header). K-quants' integer
+// sub-scales: x86/lut_i8_avx2_subscaled.h.
 #if defined(TORCH_LOWBIT_X86)
 #define TLB_KERNEL __attribute__((target("avx2,fma,f16c")))
 #include "x86/lut_i8_avx2_kernel.h"
+#include "x86/lut_i8_avx2_subscaled.h"
 
 namespace torch_lowbit {
 
 TLB_KERNEL void lut_i8_avx2(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out, int64_t ldo) {
+  if (w.sub_scales) {  // K-quants: the widths of q2_k .. q6_k
+    switch (w.bits) {
+      case 2: return sub_scaled_bits<2>(w, a, t0, t1, out, ldo);
+      case 3: return sub_scaled_bits<3>(w, a, t0, t1, out, ldo);
+      case 4: return sub_scaled_bits<4>(w, a, t0, t1, out, ldo);
+      case 5: return sub_scaled_bits<5>(w, a, t0, t1, out, ldo);
+      case 6: return sub_scaled_bits<6>(w, a, t0, t1, out, ldo);
+      default: return lut_i8_scalar(w, a, t0, t1, out, ldo);
+    }
+  }
   int umax = 0;  // unused table entries are 0
   for (int i = 0; i < kI8MaxTable; ++i) umax = std::max<int>(umax, w.utable[i]);
   with_code_bits(w.bits, [&](auto b) TLB_KERNEL {

@@ -67,6 +67,11 @@ TLB_KERNEL inline void decode_quads(const uint8_t* p, __m256i q[8]) {
       const __m256i moved = f < 2 ? _mm256_slli_epi16(hi, 2 - f) : _mm256_srli_epi16(hi, f - 2);
       q[f] = _mm256_or_si256(q[f], _mm256_and_si256(moved, bit2));
     }
+  } else if constexpr (B == 5 || B == 6) {  // low four bits from the 4-bit plane, the rest from the plane at 256
+    plane_quads<4>(p, q);
+    __m256i hi[8];
+    plane_quads<B - 4>(p + 256, hi);
+    for (int f = 0; f < 8; ++f) q[f] = _mm256_or_si256(q[f], _mm256_slli_epi16(hi[f], 4));  // hi < 4: stays in its byte
   } else {
     plane_quads<B>(p, q);
   }
