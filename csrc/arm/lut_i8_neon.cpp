@@ -4,7 +4,8 @@
 // Codes become signed table values with one `tbl` (4-bit: the 16-entry table in a register) or, for
 // 8-bit codes (q8_0: byte = q + 128), one eor with 0x80, so no unsigned offset term is needed (the
 // integer sum equals the scalar path's sum(u * x) - offset * sum(x) exactly). Group codebooks (gcb2/3)
-// look their values up in the codebooks held in registers (tbl over 4 registers; gcb3 adds tbx). This
+// look their values up in the codebooks held in registers (tbl over 4 registers; gcb3 adds tbx); the
+// K-quants (kquant_i8_n16) weight each sub-block's dot product by its integer sub-scale in int32. This
 // file: plain NEON (every aarch64 CPU), vmull_s8 + pairwise adds; lut_i8_dotprod.cpp: sdot.
 #if defined(__aarch64__)
 #include "arm/lut_i8_neon_kernel.h"

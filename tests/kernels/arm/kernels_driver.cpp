@@ -2,8 +2,8 @@
 // qemu-aarch64). Reads test vectors written by tests/kernels/arm/test_arm_kernels.py (weights packed by the
 // Python layouts, activations quantized by the Python twin of the kernels' quantizer, and the
 // output of the x86 scalar kernel): first the int8-tile cases (lut_i8: scalar, NEON and, where HWCAP
-// says so, dotprod), then the interleaved q4_RxS cases (q4x: scalar, dotprod for S = 4, i8mm for S = 8),
-// and requires each path to equal the x86 scalar output bit for bit; then the palette kernels (palette.h,
+// says so, dotprod; the K-quants with their integer sub-scales among them), then the interleaved
+// q4_RxS cases (q4x: scalar, dotprod for S = 4, i8mm for S = 8), and requires each path to equal the x86 scalar output bit for bit; then the palette kernels (palette.h,
 // TCQ (1mad and hybrid codes), then the codebook formats nuq / vq: scalar and NEON decode bit for bit the
 // x86 scalar decode; the NEON GEMVs, which sum in another order, within fp32 rounding of the x86
 // scalar GEMV, the scalar codebook GEMV equal to it); then the Hadamard kernels (NEON equal to the
@@ -136,6 +136,7 @@ int main(int argc, char** argv) {
       const int64_t per_token = act_bits != 0 && act_block == 0;
       const int64_t has_sub = rd.i64();  // group codebooks (gcb): sub-group bytes [tiles, K/32, 16]
       const int64_t pairs = rd.i64();    // 2-D codebooks (vq): K/2 codes per row, x in pair-split order
+      const int64_t sub_block = rd.i64();  // K-quants: 16 / 32 features per integer sub-scale, 0 without
       const int64_t tiles = (N + 15) / 16, kb = K / 32, groups = K / group;
       auto utable = rd.read<uint8_t>(kI8MaxTable);
       auto qweight = rd.read<uint8_t>(tiles * (pairs ? kb / 2 : kb) * lut_i8_block_bytes(static_cast<int>(bits)));
@@ -143,10 +144,14 @@ int main(int argc, char** argv) {
       auto mins = rd.read<c10::Half>(has_mins ? tiles * groups * 16 : 0);
       auto bias = rd.read<float>(has_bias ? N : 0);
       auto sub = rd.read<uint8_t>(has_sub ? tiles * kb * 16 : 0);
+      const int64_t sub_count = sub_block ? tiles * (K / sub_block) * 16 : 0;  // K-quants: [tiles, K/sub_block, 16]
+      auto sub_scales = rd.read<int8_t>(sub_count);
+      auto sub_mins = rd.read<uint8_t>(has_mins ? sub_count : 0);
       auto x = rd.read<float>(M * K);
       auto xq = rd.read<int8_t>(M * K);
       auto xd = rd.read<float>(M * kb);
       auto xsum = rd.read<int32_t>(M * kb);
+      auto half_sum = rd.read<int32_t>(sub_block == 16 ? M * K / 16 : 0);  // q summed over each 16 features
       failures += !quantizer_matches(x, xq, xd, xsum, M, K, act_bits, act_block, c);
       auto gdsum = rd.read<float>(M * groups);
       auto expected = rd.read<float>(M * N);
@@ -155,20 +160,27 @@ int main(int argc, char** argv) {
                      has_bias ? bias.data() : nullptr, static_cast<int>(bits), pairs != 0};
       std::memcpy(w.utable, utable.data(), kI8MaxTable);
       w.offset = static_cast<int32_t>(offset);
+      if (sub_block) {
+        w.sub_scales = sub_scales.data();
+        w.sub_mins = has_mins ? sub_mins.data() : nullptr;
+        w.sub_block = static_cast<int>(sub_block);
+      }
       Q8Acts a{xq.data(), xd.data(), xsum.data(), M, K, gdsum.data()};
       std::vector<int32_t> gqsum(M * groups, 0);  // per-token activations: q summed over each group
       for (int64_t m = 0; m < M; ++m)
         for (int64_t b = 0; b < kb; ++b) gqsum[m * groups + b / (group / 32)] += xsum[m * kb + b];
       a.per_token = per_token != 0;
       a.group_qsum = gqsum.data();
+      if (sub_block == 16) a.half_sum = half_sum.data();
       std::vector<std::pair<const char*, LutI8Fn>> paths = {{"scalar", lut_i8_scalar}, {"neon", lut_i8_neon}};
       if (dotprod) paths.push_back({"dotprod", lut_i8_dotprod});
       for (auto& [name, fn] : paths) {
         const int64_t bad = mismatches(fn, w, a, tiles, N, expected);
         printf("case %lld bits=%lld N=%lld K=%lld group=%lld M=%lld mins=%lld bias=%lld per_token=%lld gcb=%lld "
-               "pairs=%lld %s: %s\n",
+               "pairs=%lld sub_block=%lld %s: %s\n",
                (long long)c, (long long)bits, (long long)N, (long long)K, (long long)group, (long long)M,
-               (long long)has_mins, (long long)has_bias, (long long)per_token, (long long)has_sub, (long long)pairs, name,
+               (long long)has_mins, (long long)has_bias, (long long)per_token, (long long)has_sub, (long long)pairs,
+               (long long)sub_block, name,
                bad ? "MISMATCH" : "equal");
         failures += bad != 0;
       }

@@ -27,6 +27,12 @@ from torch_lowbit.core.activations import quantize_q8_blocks
 ROOT = Path(__file__).resolve().parents[3]
 CXX, QEMU = "aarch64-linux-gnu-g++", "qemu-aarch64"
 CPU_MODELS = {"max": (True, True), "cortex-a76": (True, False), "cortex-a53": (False, False)}  # dotprod, i8mm
+# K-quants in kquant_i8_n16 (integer sub-scales; 5-, 6-bit codes in 4 + 1 / 4 + 2 planes): sub-blocks of
+# 16 (q2_k with mins, q3_k and q6_k with offsets 4 / 32) and 32 (q4_k, q5_k with mins); K a multiple of the
+# 256-weight super-block, one or two super-blocks per row (groups), odd N
+KQUANT_CASES = [("q2_k", 37, 256, 3, True), ("q3_k", 21, 512, 1, False), ("q4_k", 19, 512, 5, True),
+                ("q5_k", 33, 256, 2, False), ("q6_k", 23, 512, 4, True), ("q5_k", 9, 512, 1, True)]
+KQUANTS = {case[0] for case in KQUANT_CASES}
 # (format, out N, in K, tokens M, bias[, per-token activation bits]): odd N (a ragged last tile), several
 # groups, M = 1..33; the cases with activation bits run QuaRot's per-token A8 / A4 (int32 group sums), the
 # last two its sub-block activations (two-level scales in blocks of 16 / 8)
@@ -36,7 +42,8 @@ CASES = [("q4_0", 37, 96, 1, True), ("q4_0", 16, 64, 33, False), ("int4_g64", 50
          ("q4_0", 21, 96, 3, True, 8), ("int4_g64", 19, 128, 2, False, 4), ("iq4_nl", 40, 64, 5, True, 8),
          ("int4_pc", 18, 160, 1, True, 4), ("gcb2", 37, 256, 3, True), ("gcb3_sb64", 21, 128, 2, False),
          ("vq2", 29, 192, 3, True), ("vq1.5", 16, 128, 1, False),
-         ("q4_0", 27, 96, 3, True, 4, 16), ("int4_g64", 19, 128, 2, False, 2, 8)]
+         ("q4_0", 27, 96, 3, True, 4, 16), ("int4_g64", 19, 128, 2, False, 2, 8),
+         *KQUANT_CASES]
 
 pytestmark = pytest.mark.skipif(shutil.which(CXX) is None or shutil.which(QEMU) is None,
                                 reason=f"needs {CXX} and {QEMU} (Debian: apt-get install g++-aarch64-linux-gnu "
@@ -147,9 +154,11 @@ def _per_token_codes(x, bits, clip):
 
 
 def _case_bytes(fmt, n, k, m, bias, gen, act_bits=0, act_block=0) -> bytes:
-    q = tl.QuantLinear.from_linear(random_linear(k, n, bias, gen), fmt)
+    kquant = fmt in KQUANTS
+    q = tl.QuantLinear.from_linear(random_linear(k, n, bias, gen), fmt, **({"layout": "kquant_i8_n16"} if kquant else {}))
     assert q.layout.name.endswith("_i8_n16"), q.layout.name
     bufs = dict(q.named_buffers())
+    sub_block = q.fmt.sub_block if kquant else 0  # integer sub-scales (and sub_mins) per sub_block features
     gcb = "sub_groups" in bufs  # group codebooks: the codebooks back to back, superblock scales
     pairs = not gcb and bufs["lut_i8"].dim() == 2  # vq: one table per coordinate, one group per row
     table = (bufs["codebooks"] if gcb else bufs["lut_i8"]).reshape(-1).to(torch.int8)
@@ -178,8 +187,9 @@ def _case_bytes(fmt, n, k, m, bias, gen, act_bits=0, act_block=0) -> bytes:
     with tl.use_backend("cpu", path="scalar"):
         expected = tl.ActQuantLinear(q, act_bits, clip_ratio=clip, block=act_block)(x) if act_bits else q(x)
     mins = bufs.get("mins")
-    parts = [_i64(q.fmt.bits if gcb else q.fmt.code_bits if pairs else q.layout.bits, n, k, group, m,
-                  mins is not None, bias, offset, act_bits, act_block, gcb, pairs), utable.numpy().tobytes(),
+    bits = q.fmt.bits if gcb else q.fmt.code_bits if pairs or kquant else q.layout.bits
+    parts = [_i64(bits, n, k, group, m, mins is not None, bias, offset, act_bits, act_block, gcb, pairs, sub_block),
+             utable.numpy().tobytes(),
              bufs["qweight"].contiguous().numpy().tobytes(), scales.contiguous().view(torch.int16).numpy().tobytes()]
     if mins is not None:
         parts.append(mins.contiguous().view(torch.int16).numpy().tobytes())
@@ -187,9 +197,16 @@ def _case_bytes(fmt, n, k, m, bias, gen, act_bits=0, act_block=0) -> bytes:
         parts.append(q.bias.float().contiguous().numpy().tobytes())
     if gcb:
         parts.append(bufs["sub_groups"].contiguous().numpy().tobytes())
+    if kquant:
+        assert bufs["sub_scales"].dtype == torch.int8 and bufs["sub_scales"].shape[1] == k // sub_block
+        parts.append(bufs["sub_scales"].contiguous().numpy().tobytes())
+        if mins is not None:
+            parts.append(bufs["sub_mins"].contiguous().numpy().tobytes())
     parts += [xk.float().contiguous().numpy().tobytes(), xq.contiguous().numpy().tobytes(), xd.float().contiguous().numpy().tobytes(),
-              xsum.contiguous().numpy().tobytes(), gdsum.contiguous().numpy().tobytes(),
-              expected.float().contiguous().numpy().tobytes()]
+              xsum.contiguous().numpy().tobytes()]
+    if sub_block == 16:  # Q8Acts::half_sum: q summed over each 16 features
+        parts.append(xq.to(torch.int32).reshape(m, k // 16, 16).sum(-1).to(torch.int32).contiguous().numpy().tobytes())
+    parts += [gdsum.contiguous().numpy().tobytes(), expected.float().contiguous().numpy().tobytes()]
     return b"".join(parts)
 
 
@@ -290,7 +307,10 @@ def vectors(tmp_path_factory):
 def test_arm_int8_tile_kernels_equal_the_x86_scalar_kernel_under_qemu(driver, vectors, cpu):
     path, seed = vectors
     r = subprocess.run([QEMU, "-cpu", cpu, str(driver), str(path)], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and "ALL EQUAL" in r.stdout, f"seed {seed}\n" + r.stdout[-3000:] + r.stderr[-2000:]
+    # the failing lines first (the tail alone may not reach the int8-tile cases)
+    failing = "\n".join(line for line in r.stdout.splitlines() if "MISMATCH" in line or "FAR" in line)
+    assert r.returncode == 0 and "ALL EQUAL" in r.stdout, (f"seed {seed}\n{failing}\n" + r.stdout[-3000:]
+                                                           + r.stderr[-2000:])
     dotprod, i8mm = CPU_MODELS[cpu]
     assert f"dotprod: {'yes' if dotprod else 'no'}" in r.stdout and f"i8mm: {'yes' if i8mm else 'no'}" in r.stdout
     lines = r.stdout.splitlines()
