@@ -24,14 +24,11 @@ LutI8Fn vnni_ymm_kernel() { return cpu_has_avx_vnni() ? lut_i8_avxvnni : lut_i8_
 LutI8Fn kernel_for(CpuPath p, bool row_codebooks, bool sub_scaled, int bits) {
 #if defined(TORCH_LOWBIT_X86)
   // K-quants' integer sub-scales and 5- / 6-bit codes: the AVX-512 VNNI kernel, else the AVX2 one (the
-  // 256-bit VNNI kernels have no sub-scaled mode)
+  // 256-bit VNNI kernels have no sub-scaled mode); on ARM the NEON / dotprod kernels below take them too
   if (sub_scaled || bits == 5 || bits == 6) {
     if (p == CpuPath::Avx512 && cpu_has_avx512_vnni()) return lut_i8_avx512vnni;
     if (p == CpuPath::Avx512 || p == CpuPath::AvxVnni || p == CpuPath::Avx2) return lut_i8_avx2;
   }
-#endif
-#if defined(__aarch64__)
-  if (sub_scaled || bits == 5 || bits == 6) return lut_i8_scalar;  // the NEON paths: below as they land
 #endif
 #if defined(TORCH_LOWBIT_X86)
   if (row_codebooks && p == CpuPath::Avx512 && cpu_has_avx512_vnni() && cpu_has_avx512_vbmi())

@@ -79,10 +79,12 @@ class NativeDecoder {
 
   int64_t add_quant_linear(const at::Tensor& qweight, const at::Tensor& scales, const c10::optional<at::Tensor>& mins,
                            const at::Tensor& lut, int64_t code_bits, int64_t group, int64_t out_features,
-                           const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& sub_groups) {
+                           const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& sub_groups,
+                           const c10::optional<at::Tensor>& sub_scales, const c10::optional<at::Tensor>& sub_mins) {
     NativeLinear l;
     l.quantized = true;
-    l.q = prepare_lut_i8(kOp, qweight, scales, mins, lut, code_bits, group, out_features, bias, sub_groups);
+    l.q = prepare_lut_i8(kOp, qweight, scales, mins, lut, code_bits, group, out_features, bias, sub_groups, sub_scales,
+                         sub_mins);
     TORCH_CHECK(!l.q.w.pairs, kOp, ": pair codebooks (vq) reorder their activations: not supported");
     l.N = l.q.w.N, l.K = l.q.w.K;
     linears_.push_back(std::move(l));
@@ -326,8 +328,8 @@ class NativeDecoder {
       float* out;
       int64_t first_tile;
     };
-    std::vector<ActBuffers> acts;  // per distinct (group size, mins, sub-groups): usually one
-    std::vector<std::tuple<int64_t, bool, bool>> act_keys;
+    std::vector<ActBuffers> acts;  // per distinct (group size, group mins, sub-groups, half sums): usually one
+    std::vector<std::tuple<int64_t, bool, bool, bool>> act_keys;
     std::vector<Job> jobs;
     int64_t tiles = 0, col = 0;
     for (int64_t id : g.ids) {
@@ -337,7 +339,9 @@ class NativeDecoder {
                                                                       : c10::optional<at::Tensor>());
         at::from_blob(out, {M, g.N}).narrow(1, col, l.N).copy_(y);
       } else {
-        const auto key = std::make_tuple(l.q.w.group, l.q.w.mins != nullptr, l.q.w.sub_groups != nullptr);
+        const LutI8Weights& w = l.q.w;
+        const auto key = std::make_tuple(w.group, w.mins != nullptr && !w.sub_scales, w.sub_groups != nullptr,
+                                         w.sub_scales != nullptr && w.sub_block == 16);
         size_t a = std::find(act_keys.begin(), act_keys.end(), key) - act_keys.begin();
         if (a == act_keys.size()) {
           act_keys.push_back(key);

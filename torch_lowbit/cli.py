@@ -242,12 +242,17 @@ def cmd_generate(args) -> None:
 
 
 def cmd_quantize(args) -> None:
-    if not args.out.endswith(".safetensors"):  # a folder: stream the model block by block into it
+    if not args.out.endswith((".safetensors", ".gguf")):  # a folder: stream the model block by block into it
         return _quantize_streaming(args)
     from . import save_quantized
     model, tok = _load_model(args.model)
     _quantize(model, tok, args)
-    save_quantized(model, args.out)
+    if args.out.endswith(".gguf"):  # a llama.cpp file (to_gguf): SmolLM2's tokenizer from its bundled GGUF
+        from .eval.assets import smollm2_gguf
+        from .io import to_gguf
+        to_gguf(model, args.out, template=smollm2_gguf() if args.model == "smollm2" else None)
+    else:
+        save_quantized(model, args.out)
     print(f"saved {args.out} ({os.path.getsize(args.out) / 1e6:.1f} MB)")
 
 
@@ -424,7 +429,9 @@ def main(argv=None) -> None:
                         "at a time: models larger than memory)")
     sp.add_argument("--model", default="smollm2", help="'smollm2' or a Hugging Face model directory")
     quant_opts(sp)
-    sp.add_argument("--out", required=True)
+    sp.add_argument("--out", required=True, help="FILE.safetensors (save_quantized), FILE.gguf (to_gguf: a llama.cpp "
+                    "file; formats with GGUF blocks: q4_0, q8_0, iq4_nl, int4_g32, q5_0, q5_1, q2_k .. q6_k and "
+                    "llama.cpp's mixes q4_k_m, q2_k, ...) or DIR (a Hugging Face folder, streamed)")
     sp.set_defaults(fn=cmd_quantize)
 
     sp = sub.add_parser("eval", help="perplexity (or lm-eval) of a quantized model")
@@ -543,11 +550,14 @@ def _check_before_work(p: argparse.ArgumentParser, args) -> None:
         p.error(f"--act-block {act_block}: needs --quarot and 16, 8 or a multiple of 32 features, e.g. --act-block 16")
     if getattr(args, "sequential", False) and (args.rounding == "rtn" or args.mix):
         p.error("--sequential calibrates layer by layer: it needs --rounding gptq, imatrix or mixed, and no --mix")
+    from .nn.ggml_mixes import NAMED_MIXES
     for name in names:
+        if name in NAMED_MIXES and args.cmd == "quantize" and name == args.format:
+            continue  # llama.cpp's mixes by name (q4_k_m, ...): quantize_ takes them
         try:
             get_format(name)
         except ValueError as e:
-            p.error(str(e))
+            p.error(f"{e}; or one of llama.cpp's mixes {', '.join(NAMED_MIXES)}" if args.cmd == "quantize" else str(e))
     checkpoint = getattr(args, "checkpoint", None)
     if checkpoint and not os.path.exists(checkpoint):
         p.error(f"--checkpoint {checkpoint}: no such file or folder")

@@ -58,9 +58,9 @@ def _projection(core, module: nn.Module, where: str) -> int:
         if args is None:
             raise Unsupported(f"{where}: layout {module.layout.name} ({module.fmt.name}) has no native kernel "
                               "(the lut_i8 layouts do)")
-        qweight, scales, mins, lut, bits, group, sub_groups = args
+        qweight, scales, mins, lut, bits, group, sub_groups, sub_scales, sub_mins = args
         return core.add_quant_linear(qweight, scales, mins, lut, bits, group, module.out_features, bufs["bias"],
-                                     sub_groups)
+                                     sub_groups, sub_scales, sub_mins)
     if type(module) is nn.Linear and module.weight.dtype == torch.float32:
         return core.add_dense_linear(module.weight.detach(), None if module.bias is None else module.bias.detach())
     raise Unsupported(f"{where}: {type(module).__name__} is neither a QuantLinear nor a float32 nn.Linear")
@@ -125,9 +125,9 @@ def _embedding_in_core(core, embed: nn.Module) -> bool:
         return False  # a scaled embedding (Gemma) keeps the module's own lookup
     table = int8_table(embed.fmt) if hasattr(embed.fmt, "code_values") else None
     args = None if table is None else embed.layout.lut_i8_args(embed.fmt, {**embed.packed, "lut_i8": table})
-    if args is None or args[6] is not None:  # not lut_i8 tiles, or per-row codebooks
+    if args is None or any(a is not None for a in args[6:]):  # not lut_i8 tiles; per-row codebooks or sub-scales
         return False
-    qweight, scales, mins, lut, bits, group, _ = args
+    qweight, scales, mins, lut, bits, group = args[:6]
     core.set_embedding(qweight, scales, mins, lut, bits, group, embed.num_embeddings)
     return True
 

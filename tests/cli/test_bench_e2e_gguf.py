@@ -132,15 +132,17 @@ def test_decode_read_bytes_ours_and_llama_cpp(tiny_files):
     assert decode_read_nbytes(untied) == model_nbytes(untied)["total"] - emb.nbytes + emb.nbytes // emb.shape[0]
 
 
-def test_import_plan_requantizes_k_quants_and_names_each_part():
+def test_import_plan_names_each_part_as_from_gguf_imports_it():
     types = e2e.GGUFTypes
-    assert e2e_gguf.import_plan(types(["Q4_0"], "Q8_0", None)) == (None, "GGUF import: q4_0 + q8_0 embedding/head")
-    assert e2e_gguf.import_plan(types(["Q2_K"], "Q8_0", None)) == \
-        ("int2_g64", "GGUF import: Q2_K requantized to int2_g64 + q8_0 embedding/head")
-    assert e2e_gguf.import_plan(types(["Q2_K", "Q3_K", "Q4_0"], "Q6_K", "Q6_K")) == \
-        ("int2_g64", "GGUF import: q4_0 + Q2_K/Q3_K requantized to int2_g64 + fp32 embedding, fp32 head")
-    assert e2e_gguf.import_plan(types(["F16"], "F16", None)) == \
-        (None, "GGUF import: F16 dequantized to fp32 + fp32 embedding/head")
+    assert e2e_gguf.import_plan(types(["Q4_0"], "Q8_0", None)) == "GGUF import: q4_0 + q8_0 embedding/head"
+    assert e2e_gguf.import_plan(types(["Q2_K", "Q6_K"], "Q5_0", None)) == \
+        "GGUF import: q2_k + q6_k + q5_0 embedding/head"
+    assert e2e_gguf.import_plan(types(["Q2_K"], "Q8_0", None), "int2_g64") == \
+        "GGUF import: Q2_K requantized to int2_g64 + q8_0 embedding/head"
+    assert e2e_gguf.import_plan(types(["Q2_K", "Q3_K", "Q4_0"], "Q6_K", "Q6_K"), "int2_g64") == \
+        "GGUF import: q4_0 + Q2_K/Q3_K requantized to int2_g64 + q6_k embedding, q6_k head"
+    assert e2e_gguf.import_plan(types(["F16", "IQ2_XS"], "F16", None)) == \
+        "GGUF import: F16/IQ2_XS dequantized to fp32 + fp32 embedding/head"
 
 
 def _bench(*argv, cache, timeout=180):

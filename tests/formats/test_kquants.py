@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 import torch_lowbit as tl
+from conftest import assert_matches_product
 from torch_lowbit.core.kquant_blocks import BLOCK_BYTES, blocks_to_tensors, tensors_to_blocks
 from torch_lowbit.formats.kquants import KQuantFormat
 
@@ -135,8 +136,10 @@ def test_bad_inputs_get_clear_errors(name):
         blocks_to_tensors(name, torch.zeros(3, BLOCK_BYTES[name] + 1, dtype=torch.uint8))
 
 
-@pytest.mark.parametrize("name", ["q4_k", "q6_k", "q2_k"])
-def test_quantize_model_runs_in_the_block_layout_and_round_trips_a_checkpoint(name, tmp_path):
+@pytest.mark.parametrize("name,layout", [("q4_k", "kquant_i8_n16"), ("q6_k", "kquant_i8_n16"), ("q2_k", "kquant_i8_n16"),
+                                         ("q4_k", "ggml_k_blocks"), ("q3_k", "ggml_k_blocks")])
+def test_quantize_model_runs_and_round_trips_a_checkpoint(name, layout, tmp_path):
+    """The CPU default (kquant_i8_n16: the int8-activation kernels) and the GGUF-bytes layout."""
     torch.manual_seed(9600 + KQUANTS.index(name))
     model = nn.Sequential(nn.Linear(512, 768), nn.ReLU(), nn.Linear(768, 129))
     x = torch.randn(3, 512)
@@ -144,30 +147,35 @@ def test_quantize_model_runs_in_the_block_layout_and_round_trips_a_checkpoint(na
     for i in (0, 2):
         f = tl.get_format(name)
         reference[i] = f.dequantize(f.quantize(model[i].weight.detach()))
-    tl.quantize_(model, name)
+    tl.quantize_(model, name, layout=None if layout == "kquant_i8_n16" else layout)
     for i in (0, 2):
         layer = model[i]
-        assert isinstance(layer, tl.QuantLinear) and layer.layout.name == "ggml_k_blocks"
-        assert layer.blocks.dtype == torch.uint8 and layer.weight_nbytes() == layer.blocks.numel()
+        assert isinstance(layer, tl.QuantLinear) and layer.layout.name == layout
+        if layout == "ggml_k_blocks":
+            assert layer.blocks.dtype == torch.uint8 and layer.weight_nbytes() == layer.blocks.numel()
         assert torch.equal(layer.dequantize(), reference[i])
-    expected = torch.relu(x @ reference[0].T + model[0].bias) @ reference[2].T + model[2].bias
+    acts = model[0].layout.reference_activations  # int8 per 32 features for the kernels, x itself for the blocks
+    h = torch.relu(model[0](x))
+    assert_matches_product(model[0](x), acts(x), reference[0], model[0].bias)
+    assert_matches_product(model[2](h), acts(h), reference[2], model[2].bias)
     y = model(x)
-    assert torch.allclose(y, expected, atol=1e-5)
     tl.save_quantized(model, tmp_path / "m.safetensors")
     skeleton = nn.Sequential(nn.Linear(512, 768), nn.ReLU(), nn.Linear(768, 129))
     tl.load_quantized(skeleton, tmp_path / "m.safetensors")
-    assert torch.equal(skeleton[0].blocks, model[0].blocks) and torch.equal(skeleton(x), y)
+    assert skeleton[0].layout.name == layout and torch.equal(skeleton(x), y)
+    assert all(torch.equal(a, b) for a, b in zip(skeleton[0].packed.values(), model[0].packed.values()))
 
 
 def test_block_layout_keeps_given_blocks_and_gathers_rows():
     gen = torch.Generator().manual_seed(9700)
     raw = random_blocks("q5_k", 11, 2, gen)
     q = blocks_to_tensors("q5_k", raw)
-    layer = tl.QuantLinear.from_quantized("q5_k", q, 11, 512)
+    layer = tl.QuantLinear.from_quantized("q5_k", q, 11, 512, layout="ggml_k_blocks")
     assert torch.equal(layer.blocks, raw)
     rows = torch.tensor([9, 0, 4])
-    part = layer.layout.gather_rows(layer.fmt, layer.packed, rows)
-    assert torch.equal(layer.fmt.dequantize(part), gguf_dequantize(raw, "q5_k")[rows])
+    for lay in (layer, tl.QuantLinear.from_quantized("q5_k", q, 11, 512)):  # and the CPU tiles (kquant_i8_n16)
+        part = lay.layout.gather_rows(lay.fmt, lay.packed, rows)
+        assert torch.equal(lay.fmt.dequantize(part), gguf_dequantize(raw, "q5_k")[rows])
     with pytest.raises(ValueError, match="cannot hold"):
         tl.QuantLinear.from_quantized("q4_0", {"codes": torch.zeros(11, 512, dtype=torch.uint8),
                                                "scales": torch.ones(11, 16, dtype=torch.float16)},

@@ -212,21 +212,21 @@ def test_from_gguf_mixed_types_dequantizes_or_requantizes_the_others(tmp_path, c
         assert torch.equal(w, exp[names.get_name(fqn + ".weight", try_suffixes=(".weight",))]), fqn
     attn = model.model.layers[0].self_attn
     assert isinstance(attn.q_proj, tl.QuantLinear) and attn.q_proj.fmt.name == "q4_0"  # not fused: formats differ
-    assert attn.k_proj.fmt.name == "int4_g32" and type(attn.v_proj) is torch.nn.Linear
+    assert attn.k_proj.fmt.name == "int4_g32" and attn.v_proj.fmt.name == "q5_0"  # Q5_0: the lut5_i8_n16 tiles
+    assert type(attn.o_proj) is torch.nn.Linear and model.lm_head.fmt.name == "q5_1"  # F16 dequantized; Q5_1 kept
     assert model.model.layers[0].mlp.gate_up_proj.fmt.name == "iq4_nl"  # fused: both IQ4_NL
     emb = model.model.embed_tokens  # Q4_0 token_embd: its blocks, not their float values
     assert isinstance(emb, tl.QuantEmbedding) and torch.equal(emb.dequantize(), exp["token_embd.weight"])
     logged = caplog.text
-    for name in ("blk.0.attn_v.weight: GGUF Q5_0", "blk.1.ffn_down.weight: GGUF BF16", "output.weight: GGUF Q5_1",
-                 "token_embd.weight: GGUF Q4_0"):
+    for name in ("blk.0.attn_output.weight: GGUF F16", "blk.1.ffn_down.weight: GGUF BF16", "token_embd.weight: GGUF Q4_0"):
         assert name in logged, name
 
     requant, _ = tl.from_gguf(path, requantize="int4_g64", fuse=False)
-    v = requant.model.layers[1].self_attn.v_proj
-    assert v.fmt.name == "int4_g64"
-    float_v = exp["blk.1.attn_v.weight"]
-    assert torch.equal(v.dequantize(), tl.get_format("int4_g64").dequantize(tl.get_format("int4_g64").quantize(float_v)))
-    assert type(requant.lm_head) is torch.nn.Linear  # the head is never requantized
+    o = requant.model.layers[1].self_attn.o_proj
+    assert o.fmt.name == "int4_g64"
+    float_o = exp["blk.1.attn_output.weight"]
+    assert torch.equal(o.dequantize(), tl.get_format("int4_g64").dequantize(tl.get_format("int4_g64").quantize(float_o)))
+    assert requant.lm_head.fmt.name == "q5_1"  # the head is never requantized (here its own blocks)
     assert requant.model.layers[0].self_attn.q_proj.fmt.name == "q4_0"  # native blocks stay as they are
 
 
@@ -665,8 +665,8 @@ def test_smollm2_to_gguf_writes_the_source_blocks_back(smollm2_imported, tmp_pat
 @pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q5_1], ids=lambda q: q.name)
 def test_q5_block_codec_round_trips_gguf_bytes(qtype):
     """Q5_0 / Q5_1 blocks (fp16 d (, m), u32 qh, 16 B nibbles) -> q5_0 / q5_1 codes one per byte and back,
-    byte for byte, on odd shapes; their values are gguf's dequantizer's, bit for bit. The formats are not
-    registered yet (no 5-bit kernel layout), so from_gguf still dequantizes these types."""
+    byte for byte, on odd shapes; their values are gguf's dequantizer's, bit for bit; from_gguf keeps them
+    (native_format: the lut5_i8_n16 tiles)."""
     from torch_lowbit.io.gguf_blocks import block_tensors, codes_as_row_bytes, decode_blocks, encode_blocks, \
         format_of, native_format
     seed = int(torch.randint(0, 2 ** 31, ()))
@@ -681,7 +681,7 @@ def test_q5_block_codec_round_trips_gguf_bytes(qtype):
     assert torch.equal(fmt.dequantize(q), torch.from_numpy(gguf.quants.dequantize(raw, qtype))), seed
     type_name, back = encode_blocks(fmt, q)
     assert type_name == qtype.name and np.array_equal(back, raw), seed
-    assert native_format(qtype.name) is None
+    assert native_format(qtype.name) == fmt.name
     with pytest.raises(ValueError, match="multiple of 32"):
         block_tensors(raw[:, :-1], qtype.name)
     with pytest.raises(ValueError, match="row length 80"):

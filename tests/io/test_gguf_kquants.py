@@ -50,8 +50,11 @@ def test_file_blocks_import_losslessly_and_export_byte_for_byte(tmp_path, qtype)
     expected = torch.from_numpy(gguf.quants.dequantize(from_file, qtype)).reshape(23, -1)
     assert torch.equal(fmt.dequantize(back), expected)
     assert np.array_equal(kquant_blocks(name, back), from_file)
-    layer = tl.QuantLinear.from_quantized(name, back, 23, 768)
+    layer = tl.QuantLinear.from_quantized(name, back, 23, 768, layout="ggml_k_blocks")
     assert np.array_equal(layer.blocks.numpy(), from_file)  # the layout holds the file's bytes
+    tiles = tl.QuantLinear.from_quantized(name, back, 23, 768)  # the CPU kernels' tiles keep every field
+    assert tiles.layout.name == "kquant_i8_n16"
+    assert np.array_equal(kquant_blocks(name, tiles.layout.unpack(tiles.fmt, tiles.packed, 23, 768)), from_file)
 
 
 def _kquant_llama_gguf(path, types, tied=True):
@@ -104,7 +107,7 @@ def test_from_gguf_keeps_k_quant_blocks_and_to_gguf_writes_them_back(tmp_path, c
     summary = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("from_gguf k.gguf: kept"))
     assert "Q4_K x4 -> q4_k" in summary and "Q2_K x2 -> q2_k" in summary and "dequantized 5 (F32 x5" in summary
     layer = model.model.layers[1]
-    assert layer.self_attn.v_proj.fmt.name == "q6_k" and layer.self_attn.v_proj.layout.name == "ggml_k_blocks"
+    assert layer.self_attn.v_proj.fmt.name == "q6_k" and layer.self_attn.v_proj.layout.name == "kquant_i8_n16"
     assert layer.mlp.gate_up_proj.fmt.name == "q3_k"  # fused: both Q3_K
     reader = gguf.GGUFReader(path)
     tensors = {t.name: t for t in reader.tensors}
@@ -121,7 +124,7 @@ def test_from_gguf_keeps_k_quant_blocks_and_to_gguf_writes_them_back(tmp_path, c
     for name, t in tensors.items():
         assert written[name].tensor_type == t.tensor_type, name
         assert np.array_equal(np.asarray(written[name].data), np.asarray(t.data)), name
-    # requantize= trades the K-quant blocks (no fast kernel yet) for a format with one
+    # requantize= trades the K-quant blocks for another format
     fast, _ = tl.from_gguf(path, requantize="q4_0")
     assert fast.model.layers[0].mlp.down_proj.fmt.name == "q4_0"
 

@@ -48,6 +48,9 @@ def _relative(got, want):
     ("int2_g64", True, {}),
     ("q8_0", False, ODD),
     ("gcb2", False, dict(hidden_size=256, intermediate_size=512)),  # group codebooks (superblocks of 256)
+    ("q4_k", True, dict(hidden_size=256, intermediate_size=512)),  # K-quants: integer sub-scales of 32, mins
+    ("q6_k", False, dict(hidden_size=256, intermediate_size=512)),  # sub-scales of 16, 6-bit codes, an offset
+    ("q5_1", False, ODD),  # 5-bit codes with mins
     ("fp32", False, ODD),  # float nn.Linear everywhere
 ])
 def test_steps_match_the_models_forward(fmt, fuse, config):
@@ -226,7 +229,7 @@ def test_generate_takes_the_native_decoder_and_says_so():
     assert fast_route(model) == "native"  # the first generator again
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "int4_g32"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "int4_g32", "q5_0"])
 def test_embedding_rows_looked_up_in_the_decoder_equal_the_modules(fmt):
     model = _model("q4_0", 13, **ODD)
     tl.quantize_embeddings_(model, fmt)

@@ -117,7 +117,7 @@ def cmd_bench(args) -> None:
         sections = e2e_sections(e2e_models(args), args.gguf or (), tuple(args.formats or E2E_VARIANTS),
                                 prompt_tokens=prompt_tokens, new_tokens=args.new_tokens, threads=threads,
                                 repeats=repeats, peers=not args.no_peers, profile=args.profile,
-                                modes=("eager",) if args.quick else MODES, ppl=args.ppl)
+                                modes=("eager",) if args.quick else MODES, ppl=args.ppl, requantize=args.requantize)
         for title, headers, rows in sections:
             print(f"\n{title}:")
             print(markdown_table(headers, rows), flush=True)
@@ -201,8 +201,11 @@ def add_bench_parser(sub, cpu_paths: Callable[[], list[str]]) -> None:
                     "rows as --gguf's (no fp32/bf16 rows: too slow at 1B). --device cuda: default both")
     sp.add_argument("--gguf", nargs="+", metavar="PATH",
                     help="e2e (CPU): also time these llama.cpp GGUF files (llama, qwen2, qwen3, phi3, gemma2, gemma3): llama.cpp on the "
-                    "file and from_gguf's import of it, eager and compiled; K-quant linear blocks are requantized "
-                    "(Q2_K: int2_g64, Q3_K: int3_g64, Q4_K: int4_g32, Q5_K/Q6_K: q8_0), others imported as they are")
+                    "file and from_gguf's import of it (its blocks as stored, K-quants included), eager and compiled")
+    sp.add_argument("--requantize", metavar="FORMAT",
+                    help="e2e with --gguf / --models llama-1b: import the linear blocks other than the 32-weight block "
+                    "types (K-quants, and types from_gguf does not keep) requantized to FORMAT, as "
+                    "from_gguf(requantize=FORMAT) does (e.g. int2_g64 next to llama.cpp's Q2_K)")
     sp.add_argument("--ppl", action="store_true",
                     help="e2e with --gguf: also the perplexity of our import and of llama.cpp on each file, over the "
                          "same first 2048 Wikipedia tokens in windows of 512 (every next token scored for both)")
@@ -220,6 +223,14 @@ def bench_format_names(p: argparse.ArgumentParser, args, cpu_paths: Callable[[],
     --path this CPU cannot run is an error on the parser."""
     if args.gguf and (args.what != "e2e" or args.device != "cpu"):
         p.error("--gguf goes with bench e2e on the CPU (llama.cpp and our import of the file)")
+    if args.requantize and (args.what != "e2e" or not (args.gguf or "llama-1b" in (args.models or []))):
+        p.error("--requantize goes with bench e2e --gguf FILE or --models llama-1b (the GGUF imports)")
+    if args.requantize:
+        from ..formats import get_format
+        try:
+            get_format(args.requantize)
+        except (KeyError, ValueError) as e:
+            p.error(f"--requantize: {e}")
     if args.ppl and not args.gguf:
         p.error("--ppl goes with bench e2e --gguf FILE (perplexity needs a real model: the llama-1b files hold "
                 "random weights)")

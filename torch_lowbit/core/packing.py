@@ -18,7 +18,7 @@ GCB_SUBGROUP = 32  # weights per group-codebook sub-group byte (formats/gcb.py, 
 # The code widths each packing and its ops take, defined here once and read by the layouts, the ops'
 # checks (torch_lowbit/ops/) and the Triton launchers (the C++ check of lut_i8_linear spells its sets
 # out and names these constants beside it: csrc/lut_i8_linear.cpp).
-STREAM_CODE_BITS = (1, 2, 3, 8)  # one stream per row: layout stream_rowmajor, ops lowbit_*
+STREAM_CODE_BITS = (1, 2, 3, 5, 8)  # one stream per row: layout stream_rowmajor, ops lowbit_*
 GCB_CODE_BITS = (2, 3)  # group-codebook codes: gcb_rowmajor (ops gcb_*), gcb_i8_n16 (lut_i8_linear's sub_groups)
 
 STREAMS = 16  # a row's codes dealt round-robin to 16 bit streams (csrc/common/palette.h)

@@ -362,9 +362,7 @@ def _weighted_symmetric_scale(x: Tensor, w: Tensor, signed_max: Tensor, half: in
 
 
 register_format(Q4_0())
-# Not in the registry until a kernel layout holds 5-bit codes (the lut5_i8_n16 tiles): every registered
-# format must build a QuantLinear. The GGUF block codec (io/gguf_blocks.py) uses them already.
-GGML_Q5 = {f.name: f for f in (Q5_0(), Q5_1())}
+GGML_Q5 = {f.name: register_format(f) for f in (Q5_0(), Q5_1())}  # CPU: the lut5_i8_n16 tiles
 register_format(Int4PerChannel())
 for _g in (32, 64, 128):
     register_format(Int4(group=_g))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import mmap
 import os
 from pathlib import Path
 from typing import Iterator, Optional, Union
@@ -153,8 +154,8 @@ def _torch_on_one_thread() -> Iterator[None]:
 
 def kept_format(type_name: str, requantize: Optional[Format] = None) -> Optional[str]:
     """The format whose blocks a linear GGUF tensor of this type is kept in (None: dequantized or
-    requantized): the 32-weight block types with fast kernels always; the K-quants unless requantize=
-    asks for a format with fast kernels instead (their own run on the reference path for now)."""
+    requantized): the 32-weight block types always; the K-quants unless requantize= asks for another
+    format."""
     native = native_format(type_name)
     if native is not None:
         return native
@@ -179,9 +180,6 @@ def _plan_format(t, fqn: str, requantize: Optional[Format], is_head: bool, notes
     the import summary) if not native."""
     kept = kept_format(t.tensor_type.name, requantize if not is_head else None)
     if kept is not None:
-        if kquant_format(t.tensor_type.name) is not None:
-            notes.append((logging.INFO, f"{t.name}: GGUF {t.tensor_type.name} kept as {kept} blocks (no fast kernel "
-                                        "yet: the reference path; requantize= trades them for one)"))
         return get_format(kept)
     kind = t.tensor_type.name
     rows, cols = int(t.shape[1]) if len(t.shape) > 1 else 1, int(t.shape[0])
@@ -247,7 +245,7 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
     embed_fqn = next(n for n, m in model.named_modules() if m is model.get_input_embeddings())
 
     embed_t = tensor_of(f"{embed_fqn}.weight")
-    embed_kept = quantized_embedding and native_format(embed_t.tensor_type.name) is not None
+    embed_kept = quantized_embedding and kept_format(embed_t.tensor_type.name) is not None
     linears = {fqn: m for fqn, m in model.named_modules() if isinstance(m, nn.Linear)
                and not (embed_kept and tied and fqn == head_fqn)}
     sources = {fqn: tensor_of(f"{embed_fqn if tied and fqn == head_fqn else fqn}.weight") for fqn in linears}
@@ -262,6 +260,7 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
         log.log(level, "%s", note)
 
     qemb = _quantized_embedding(embed_t, model, config, arch, dtype, layout) if embed_kept else None
+    _drop_pages(reader, [embed_t] if qemb is not None else [])
     if qemb is not None:
         _set_child(model, embed_fqn, qemb)
     targets = [fqn for fqn, f in plan.items() if f is not None]
@@ -297,6 +296,7 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
             _set_child(model, pfqn, module)
         else:
             install_fused(model.get_submodule(pfqn) if pfqn else model, tuple(names), fused_name, module)
+        _drop_pages(reader, [sources[fqn] for fqn in members])
 
     if qemb is not None and tied:
         _set_child(model, head_fqn, qemb.tied_head())
@@ -356,7 +356,7 @@ def _announce(path: Path, reader, dtype: torch.dtype, sources: dict, plan: dict,
         if t.name in counted:
             continue
         if t is embed_t and embed_kept:
-            summary.add(t, KEPT, native_format(t.tensor_type.name))
+            summary.add(t, KEPT, kept_format(t.tensor_type.name))
         else:
             summary.add(t, DEQUANTIZED)
     fix = summary.fix()
@@ -368,9 +368,9 @@ def _announce(path: Path, reader, dtype: torch.dtype, sources: dict, plan: dict,
 
 def _quantized_embedding(t, model: nn.Module, config, arch: str, dtype: torch.dtype,
                          layout: Union[None, str, Layout]) -> Optional[QuantEmbedding]:
-    """The token embedding as a QuantEmbedding of the file's own blocks, or None if its type has no
-    torch_lowbit format (then it is dequantized like any float tensor)."""
-    native = native_format(t.tensor_type.name)
+    """The token embedding as a QuantEmbedding of the file's own blocks (K-quants included), or None if its
+    type has no torch_lowbit format (then it is dequantized like any float tensor)."""
+    native = kept_format(t.tensor_type.name)
     if native is None:
         return None
     fmt, old = get_format(native), model.get_input_embeddings()
@@ -380,8 +380,28 @@ def _quantized_embedding(t, model: nn.Module, config, arch: str, dtype: torch.dt
     with _torch_on_one_thread():
         return QuantEmbedding.from_quantized(fmt, q, old.num_embeddings, old.embedding_dim,
                                              layout=resolve_layout(layout, fmt), padding_idx=old.padding_idx,
-                                             out_dtype=dtype, codes_as_row_bytes=codes_as_row_bytes(t.tensor_type.name),
+                                             out_dtype=dtype, codes_as_row_bytes=native_format(t.tensor_type.name) is not None
+                                             and codes_as_row_bytes(t.tensor_type.name),
                                              scale=embedding_scale(old))
+
+
+def _drop_pages(reader, tensors) -> None:
+    """Drops these tensors' file pages from the process (they stay in the OS page cache; a later read
+    faults them back): once a tensor is converted the import no longer holds its bytes twice, so its
+    peak memory is the model plus about one tensor, not the model plus the whole mapped file."""
+    mm, a = None, reader.data  # an ndarray view of the reader's numpy.memmap (open_gguf): its base chain
+    while a is not None and mm is None:
+        mm, a = (a, None) if isinstance(a, mmap.mmap) else (getattr(a, "_mmap", None), getattr(a, "base", None))
+    if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+        return  # another platform or numpy: the pages stay until the reader goes
+    page = mmap.PAGESIZE
+    for t in tensors:
+        if t is None:
+            continue
+        start = int(t.data_offset) // page * page
+        end = min(len(mm), -(-(int(t.data_offset) + int(t.n_bytes)) // page) * page)
+        if end > start:
+            mm.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 def _set_child(model: nn.Module, fqn: str, new: nn.Module) -> None:

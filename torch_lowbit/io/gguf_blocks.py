@@ -18,9 +18,8 @@ Nibbles are in ggml's half-split order (low nibbles = codes 0..15 of the block, 
 which is torch_lowbit.core.packing's pack_nibbles order. Q5's nibbles are a code's low 4 bits and
 bit j of the little-endian qh its bit 4.
 
-A type imports as blocks only where its format is registered and has a CPU kernel layout
-(native_format); q5_0 / q5_1 are neither yet (no 5-bit tiles), so from_gguf dequantizes Q5_0 / Q5_1
-while the block functions here already convert them losslessly.
+A type imports as blocks where its format is registered and has a CPU kernel layout (native_format):
+all of these (Q5_0 / Q5_1 in the lut5_i8_n16 tiles).
 """
 from __future__ import annotations
 

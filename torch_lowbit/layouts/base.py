@@ -71,8 +71,8 @@ class Layout(ABC):
         """y = x @ W.T + bias with the kernels of `backend` ("cpu" or "triton")."""
 
     def lut_i8_args(self, fmt: Format, buffers: dict[str, Tensor]) -> Optional[tuple]:
-        """The weight arguments of lut_i8_linear (qweight, scales, mins, lut, code_bits, group, sub_groups)
-        when this layout's CPU forward is that one op on x as it comes (no rotation, no reordering): the
+        """The weight arguments of lut_i8_linear (qweight, scales, mins, lut, code_bits, group, sub_groups,
+        sub_scales, sub_mins) when this layout's CPU forward is that one op on x as it comes (no rotation, no reordering): the
         native decoder calls the kernels with them. None otherwise."""
         return None
 

@@ -128,13 +128,13 @@ class GcbI8Tiled(Layout):
         if backend != "cpu" or x.device.type != "cpu":
             raise RuntimeError(f"layout {self.name} runs on the CPU backend only; repack the module with "
                                "QuantLinear.repack(...) to gcb_rowmajor for other devices")
-        qweight, scales, mins, lut, bits, group, sub_groups = self.lut_i8_args(fmt, buffers)
+        qweight, scales, mins, lut, bits, group, sub_groups, _, _ = self.lut_i8_args(fmt, buffers)
         return lut_i8_linear(x, qweight, scales, mins, lut, bits, group, out_features, bias, sub_groups=sub_groups,
                              backend=backend)
 
     def lut_i8_args(self, fmt: GroupCodebook, buffers: dict[str, Tensor]) -> Optional[tuple]:
         return (buffers["qweight"], buffers["super_scales"], None, buffers["codebooks"].reshape(-1), fmt.bits,
-                fmt.superblock, buffers["sub_groups"])
+                fmt.superblock, buffers["sub_groups"], None, None)
 
 
 def _decode_rowmajor(in_features, codes, code_bits, sub_groups, super_scales, codebooks):

@@ -88,14 +88,18 @@ class KQuantI8Tiled(Layout):
     def kernel_ops(self, fmt) -> tuple:
         return super().kernel_ops(fmt) + (("lut_i8_linear", None),)
 
+    def lut_i8_args(self, fmt: KQuantFormat, buffers: dict[str, Tensor]) -> Optional[tuple]:
+        return (buffers["qweight"], buffers["scales"], buffers.get("mins"), buffers["lut_i8"], fmt.code_bits,
+                SUPER_BLOCK, None, buffers["sub_scales"], buffers.get("sub_mins"))
+
     def linear(self, fmt: KQuantFormat, buffers: dict[str, Tensor], x: Tensor, bias: Optional[Tensor],
                backend: str, out_features: int) -> Tensor:
         if backend != "cpu" or x.device.type != "cpu":
             raise RuntimeError(f"layout {self.name} runs on the CPU backend only; repack the module with "
                                "QuantLinear.repack('ggml_k_blocks') for other devices")
-        return lut_i8_linear(x, buffers["qweight"], buffers["scales"], buffers.get("mins"), buffers["lut_i8"],
-                             fmt.code_bits, SUPER_BLOCK, out_features, bias, sub_scales=buffers["sub_scales"],
-                             sub_mins=buffers.get("sub_mins"), backend=backend)
+        qweight, scales, mins, lut, bits, group, _, sub_scales, sub_mins = self.lut_i8_args(fmt, buffers)
+        return lut_i8_linear(x, qweight, scales, mins, lut, bits, group, out_features, bias, sub_scales=sub_scales,
+                             sub_mins=sub_mins, backend=backend)
 
 
 KQUANT_I8 = register_layout(KQuantI8Tiled(), default_for="ggml_k", device="cpu")

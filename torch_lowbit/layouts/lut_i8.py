@@ -138,7 +138,7 @@ class LutI8Tiled(Layout):
 
     def lut_i8_args(self, fmt: ScalarCodebookFormat, buffers: dict[str, Tensor]) -> Optional[tuple]:
         return (buffers["qweight"], buffers["scales"], buffers.get("mins"), buffers["lut_i8"], self.bits,
-                fmt.group_size, None)
+                fmt.group_size, None, None, None)
 
 
 class NuqI8Tiled(LutI8Tiled):

@@ -1,6 +1,6 @@
-"""QuantEmbedding: an nn.Embedding replacement holding a scalar-codebook format's packed weight, and
-`quantize_embeddings_`, which quantizes a model's input embedding and its LM head — one packed copy
-for both when the head is tied to the embedding (as llama.cpp keeps token_embd in Q8_0).
+"""QuantEmbedding: an nn.Embedding replacement holding a scalar-codebook format's (or a K-quant's)
+packed weight, and `quantize_embeddings_`, which quantizes a model's input embedding and its LM head —
+one packed copy for both when the head is tied to the embedding (as llama.cpp keeps token_embd in Q8_0).
 
 A lookup gathers only the packed bytes of the rows it reads and dequantizes those (the layout's
 `gather_rows`), so the float table never exists in memory. The tied head is a QuantLinear whose
@@ -14,16 +14,18 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
-from ..formats import Format, ScalarCodebookFormat, get_format
+from ..formats import Format, KQuantFormat, ScalarCodebookFormat, get_format
 from ..layouts import Layout
 from .linear import QuantLinear, _resolve_layout
 
 
-def _scalar_format(fmt: Union[str, Format]) -> ScalarCodebookFormat:
+def _row_format(fmt: Union[str, Format]) -> Format:
+    """The format, if its rows dequantize on their own (what a lookup gathers): the scalar-codebook group
+    formats and the K-quants."""
     fmt = get_format(fmt)
-    if not isinstance(fmt, ScalarCodebookFormat):
-        raise ValueError(f"QuantEmbedding holds scalar-codebook group formats (q8_0, q4_0, int4_g*, ...), not "
-                         f"{fmt.name}: pick one of those for the embedding")
+    if not isinstance(fmt, (ScalarCodebookFormat, KQuantFormat)):
+        raise ValueError(f"QuantEmbedding holds scalar-codebook group formats (q8_0, q4_0, int4_g*, ...) and the "
+                         f"K-quants (q2_k .. q6_k), not {fmt.name}: pick one of those for the embedding")
     return fmt
 
 
@@ -37,7 +39,7 @@ class QuantEmbedding(nn.Module):
                  out_dtype: torch.dtype = torch.float32, scale: float = 1.0):
         super().__init__()
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
-        self.fmt = _scalar_format(fmt)
+        self.fmt = _row_format(fmt)
         self.layout = _resolve_layout(layout, self.fmt, "cpu")
         self.padding_idx = padding_idx
         if out_dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -62,7 +64,7 @@ class QuantEmbedding(nn.Module):
         """Quantizes an nn.Embedding's table (one row per token, groups along embedding_dim)."""
         if not isinstance(embedding, nn.Embedding):
             raise TypeError(f"from_embedding expects an nn.Embedding, got {type(embedding).__name__}")
-        fmt = _scalar_format(fmt)
+        fmt = _row_format(fmt)
         weight = embedding.weight.detach()
         fmt.check_weight(weight, "embedding weight")
         return cls.from_quantized(fmt, fmt.quantize(weight), embedding.num_embeddings, embedding.embedding_dim,
@@ -80,7 +82,7 @@ class QuantEmbedding(nn.Module):
         format if q is on the CPU (q8_0: lut8_i8_n16), so tied_head() runs the CPU kernels.
         codes_as_row_bytes: as QuantLinear.from_quantized's. scale: what each row is multiplied by
         (embedding_scale of the module it replaces)."""
-        fmt = _scalar_format(fmt)
+        fmt = _row_format(fmt)
         fmt.check_quantized(q, num_embeddings, embedding_dim, codes_as_row_bytes=codes_as_row_bytes)
         layout = _resolve_layout(layout, fmt, next(iter(q.values())).device.type)
         buffers = layout.pack_row_bytes(fmt, q) if codes_as_row_bytes else layout.pack(fmt, q)
@@ -92,7 +94,7 @@ class QuantEmbedding(nn.Module):
               layout: Union[None, str, Layout] = None, padding_idx: Optional[int] = None,
               out_dtype: torch.dtype = torch.float32, device="meta", scale: float = 1.0) -> "QuantEmbedding":
         """An unfilled module of the right shapes (checkpoint loading assigns its buffers)."""
-        fmt = _scalar_format(fmt)
+        fmt = _row_format(fmt)
         layout = _resolve_layout(layout, fmt, "cpu")
         shapes = layout.buffer_shapes(fmt, num_embeddings, embedding_dim)
         buffers = {k: torch.empty(shape, dtype=dt, device=device) for k, (shape, dt) in shapes.items()}
@@ -170,7 +172,7 @@ def quantize_embeddings_(model: nn.Module, fmt: Union[str, Format], *,
 
     layout: default the device's default for the format (q8_0 on CPU: lut8_i8_n16). In place;
     returns model. Run it before or after quantize_ (which skips the head by default)."""
-    fmt = _scalar_format(fmt)
+    fmt = _row_format(fmt)
     if not hasattr(model, "get_input_embeddings"):
         raise TypeError("quantize_embeddings_ needs a model with get_input_embeddings() (a transformers "
                         "PreTrainedModel); for another model use QuantEmbedding.from_embedding directly")

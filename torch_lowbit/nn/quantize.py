@@ -64,8 +64,10 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
             raise ValueError(f"quantize_: the recipe sets rounding={fmt.rounding!r}; pass rounding inside it")
         return fmt.apply(model, calibration=calibration, progress=progress, filter_fn=filter_fn, fuse=fuse,
                          skip_incompatible=skip_incompatible, layout=layout, include_lm_head=include_lm_head)
+    tied_head = None
     if isinstance(fmt, str) and fmt in NAMED_MIXES:  # llama.cpp's mixes by name: a per-layer plan, the head in it
         fmt = ggml_mix_plan(model, fmt)
+        fmt, tied_head = _without_tied_head(model, fmt)
     rounding = rounding or ("imatrix" if calibration is not None else "rtn")
     if rounding not in ROUNDINGS:
         raise ValueError(f"unknown rounding {rounding!r}; choose one of {', '.join(ROUNDINGS)}")
@@ -97,6 +99,9 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
         if progress and (done % step == 0 or done == len(jobs)):
             log.info("quantized %d/%d layer groups to %s", done, len(jobs), label)
     bar.close()
+    if tied_head is not None:  # as llama.cpp: one tensor, token_embd, in the head's type
+        from .embedding import quantize_embeddings_
+        quantize_embeddings_(model, tied_head, layout=layout)
     chosen: dict[tuple[str, str], int] = {}
     for m in model.modules():
         if isinstance(m, QuantLinear):
@@ -104,6 +109,18 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
     for (fmt_name, layout_name), count in sorted(chosen.items()):
         log.info("%d module(s) in %s, layout %s", count, fmt_name, layout_name)
     return model
+
+
+def _without_tied_head(model: nn.Module, plan: dict[str, str]) -> tuple[dict[str, str], Optional[str]]:
+    """A mix plan without the LM head when the head is tied to the input embedding, and the head's format:
+    llama.cpp's files then hold one tensor for both (token_embd, typed as the output would be), which
+    quantize_embeddings_ makes (a QuantEmbedding and a head sharing its blocks)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if not (isinstance(head, nn.Linear) and isinstance(emb, nn.Embedding) and head.weight is emb.weight):
+        return plan, None
+    fqn = next(n for n, m in model.named_modules() if m is head)
+    return {k: v for k, v in plan.items() if k != fqn}, plan.get(fqn)
 
 
 def _jobs_with_stats(model: nn.Module, jobs: list[Job], targets: dict[str, nn.Linear], calibration,

@@ -37,6 +37,7 @@ KQUANTS = {case[0] for case in KQUANT_CASES}
 # groups, M = 1..33; the cases with activation bits run QuaRot's per-token A8 / A4 (int32 group sums), the
 # last two its sub-block activations (two-level scales in blocks of 16 / 8)
 CASES = [("q4_0", 37, 96, 1, True), ("q4_0", 16, 64, 33, False), ("int4_g64", 50, 128, 5, True),
+         ("q5_0", 29, 96, 3, True), ("q5_1", 17, 128, 2, False),  # 5-bit codes: a 4-bit and a 1-bit plane
          ("iq4_nl", 23, 64, 2, False), ("q8_0", 29, 96, 3, True), ("int2_g64", 17, 64, 4, True),
          ("int3_g64", 9, 128, 1, False), ("int1_g32", 33, 64, 2, True), ("int2_sym_g32", 16, 96, 3, False),
          ("q4_0", 21, 96, 3, True, 8), ("int4_g64", 19, 128, 2, False, 4), ("iq4_nl", 40, 64, 5, True, 8),

@@ -13,9 +13,9 @@ from torch_lowbit.ops import cpu_extension
 # per-row group codebooks (gcb2 / gcb3), pair codebooks (vq2) and the NUQ table (nuq3); groups of 32
 # with mins (int4_g32: the AVX-512 kernel's one-block groups add the mins per block).
 # The K-quants: integer sub-scales of 16 (q2_k with mins, q3_k, q6_k with offsets) and 32 (q4_k, q5_k)
-# features, 5- and 6-bit codes.
+# features, 5- and 6-bit codes; q5_0 / q5_1: plain 5-bit codes.
 FORMATS = ["q4_0", "int4_g128", "int4_g32", "iq4_nl", "int1_g64", "int2_g64", "int3_g64", "q8_0", "gcb2", "gcb3", "vq2", "nuq3",
-           "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
+           "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q5_0", "q5_1"]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
