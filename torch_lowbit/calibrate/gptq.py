@@ -1,4 +1,5 @@
-"""GPTQ (Frantar et al., 2022) rounding for scalar-codebook group formats: quantize one input column
+"""GPTQ (Frantar et al., 2022) rounding for scalar-codebook group formats (and gcb and the K-quants, whose
+parameters it fixes up front): quantize one input column
 at a time and spread its error over the not-yet-quantized columns through the inverse Hessian of
 the layer's calibration inputs. Codes come from the format's own encode(); group parameters from its
 fit_groups(), either on the original weights up front (static groups, required with act_order) or
@@ -40,8 +41,9 @@ def gptq_quantize(fmt: ScalarCodebookFormat, weight: Tensor, hessian: Tensor, *,
     act_order quantizes columns by decreasing Hessian diagonal (most-excited inputs first), with
     group parameters fixed up front from the original weights."""
     from ..formats.gcb import GroupCodebook
-    if not isinstance(fmt, (ScalarCodebookFormat, GroupCodebook)):
-        raise ValueError(f"GPTQ rounding supports scalar-codebook and gcb formats; {fmt.name} is neither")
+    from ..formats.kquants import KQuantFormat
+    if not isinstance(fmt, (ScalarCodebookFormat, GroupCodebook, KQuantFormat)):
+        raise ValueError(f"GPTQ rounding supports scalar-codebook, gcb and K-quant formats; {fmt.name} is none of them")
     fmt.check_weight(weight)
     n, k = weight.shape
     fmt = fmt.for_layer(k)
@@ -53,7 +55,8 @@ def gptq_quantize(fmt: ScalarCodebookFormat, weight: Tensor, hessian: Tensor, *,
     dead = torch.diag(h) == 0
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
-    if isinstance(fmt, GroupCodebook):  # parameters always fixed up front (each sub-group's codebook and scale)
+    if isinstance(fmt, (GroupCodebook, KQuantFormat)):  # parameters fixed up front (gcb: each sub-group's codebook
+        # and scale; K-quants: the imatrix quantizer's d, dmin, sub-scales and mins of the original weight)
         fixed = fmt.fixed_parameters(w, torch.diag(h))
         return _gptq_columns(w, h, _order(h, act_order), damp, block, 1,
                              encode=lambda col, x: fmt.encode_column(fixed, col, x),

@@ -308,6 +308,26 @@ class KQuantFormat(Format):
         q = self._quantize_blocks(x, imp)
         return {key: t.reshape(n, -1) for key, t in q.items()}
 
+    def fixed_parameters(self, weight: Tensor, importance: Optional[Tensor] = None) -> dict[str, Tensor]:
+        """GPTQ's parameters, fixed before its column sweep: the super-block d (dmin) and the sub-block
+        scales (mins) this format's quantizer picks for the original weight (with importance: llama.cpp's
+        imatrix path)."""
+        return {k: v for k, v in self.quantize(weight, importance).items() if k != "codes"}
+
+    def encode_column(self, fixed: dict[str, Tensor], col: int, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Column col's codes uint8 [N] for values x [N] under the fixed parameters, and the values they
+        dequantize to (the dequantizer's arithmetic, so GPTQ feeds forward the exact error)."""
+        sb, sub = col // SUPER_BLOCK, col // self.sub_block
+        scale = fixed["d"][:, sb].float() * fixed["sub_scales"][:, sub].float()
+        safe = torch.where(scale != 0, scale, torch.ones_like(scale))
+        top = (1 << self.code_bits) - 1
+        if self.has_mins:
+            low = fixed["dmin"][:, sb].float() * fixed["sub_mins"][:, sub].float()
+            codes = torch.where(scale != 0, torch.round((x + low) / safe), torch.zeros_like(x)).clamp(0, top)
+            return codes.to(torch.uint8), scale * codes - low
+        codes = (torch.where(scale != 0, torch.round(x / safe), torch.zeros_like(x)) + self.code_offset).clamp(0, top)
+        return codes.to(torch.uint8), scale * (codes - self.code_offset)
+
     def _importance(self, importance: Tensor, in_features: int) -> Tensor:
         if not isinstance(importance, Tensor) or importance.shape != (in_features,) or \
                 not bool(torch.isfinite(importance).all()) or bool((importance < 0).any()):
