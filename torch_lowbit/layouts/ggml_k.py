@@ -1,10 +1,10 @@
 """ggml_k_blocks: the K-quant formats (q2_k .. q6_k) stored as their GGUF block bytes.
 
 blocks: uint8 [N, K/256 * block bytes], each row its super-blocks exactly as a GGUF file stores them
-(core/kquant_blocks.py), so a model read from a file keeps the file's bytes and memory. The forward
-is the reference path until kernels for these blocks exist: it decodes the bytes in torch on the
-weight's device (CPU or CUDA), dequantizes with the format's reference dequantizer and multiplies
-in fp32 (F.linear), so it costs a full fp32 weight per call.
+(core/kquant_blocks.py). The default off the CPU (on the CPU: kquant_i8_n16, the int8-activation
+kernels). The forward is the reference path until Triton kernels read these blocks: it decodes the
+bytes in torch on the weight's device, dequantizes with the format's reference dequantizer and
+multiplies in fp32 (F.linear), so it costs a full fp32 weight per call.
 """
 from __future__ import annotations
 
