@@ -138,6 +138,29 @@ inline void with_code_bits(int bits, F&& f) {
   }
 }
 
+// Calls f(B, SUB, MINS) as std::integral_constant / std::bool_constant for a sub-scaled (K-quant) weight
+// whose code width is one of the K-quants' (2..6), so SIMD kernels specialize on all three; false for
+// other widths (the caller runs the scalar path).
+template <typename F>
+inline bool with_sub_scaled(const LutI8Weights& w, F&& f) {
+  auto by_sub = [&](auto b) {
+    if (w.sub_block == 16) {
+      if (w.sub_mins) return f(b, std::integral_constant<int, 16>{}, std::true_type{});
+      return f(b, std::integral_constant<int, 16>{}, std::false_type{});
+    }
+    if (w.sub_mins) return f(b, std::integral_constant<int, 32>{}, std::true_type{});
+    return f(b, std::integral_constant<int, 32>{}, std::false_type{});
+  };
+  switch (w.bits) {
+    case 2: by_sub(std::integral_constant<int, 2>{}); return true;
+    case 3: by_sub(std::integral_constant<int, 3>{}); return true;
+    case 4: by_sub(std::integral_constant<int, 4>{}); return true;
+    case 5: by_sub(std::integral_constant<int, 5>{}); return true;
+    case 6: by_sub(std::integral_constant<int, 6>{}); return true;
+    default: return false;
+  }
+}
+
 // out[m * ldo + n] for tiles [t0, t1) and all tokens of `a`.
 using LutI8Fn = void (*)(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out,
                          int64_t ldo);

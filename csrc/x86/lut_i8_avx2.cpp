@@ -11,14 +11,11 @@ namespace torch_lowbit {
 
 TLB_KERNEL void lut_i8_avx2(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out, int64_t ldo) {
   if (w.sub_scales) {  // K-quants: the widths of q2_k .. q6_k
-    switch (w.bits) {
-      case 2: return sub_scaled_bits<2>(w, a, t0, t1, out, ldo);
-      case 3: return sub_scaled_bits<3>(w, a, t0, t1, out, ldo);
-      case 4: return sub_scaled_bits<4>(w, a, t0, t1, out, ldo);
-      case 5: return sub_scaled_bits<5>(w, a, t0, t1, out, ldo);
-      case 6: return sub_scaled_bits<6>(w, a, t0, t1, out, ldo);
-      default: return lut_i8_scalar(w, a, t0, t1, out, ldo);
-    }
+    const bool ran = with_sub_scaled(w, [&](auto b, auto sub, auto mins) TLB_KERNEL {
+      sub_scaled_range<decltype(b)::value, decltype(sub)::value, decltype(mins)::value>(w, a, t0, t1, out, ldo);
+    });
+    if (!ran) lut_i8_scalar(w, a, t0, t1, out, ldo);
+    return;
   }
   int umax = 0;  // unused table entries are 0
   for (int i = 0; i < kI8MaxTable; ++i) umax = std::max<int>(umax, w.utable[i]);

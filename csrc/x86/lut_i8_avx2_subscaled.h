@@ -109,16 +109,5 @@ TLB_KERNEL void sub_scaled_range(const LutI8Weights& w, const Q8Acts& a, int64_t
     });
 }
 
-// The sub-scaled kernel for this weight's code width, sub-block and mins.
-template <int B>
-TLB_KERNEL void sub_scaled_bits(const LutI8Weights& w, const Q8Acts& a, int64_t t0, int64_t t1, float* out, int64_t ldo) {
-  if (w.sub_block == 16) {
-    if (w.sub_mins) return sub_scaled_range<B, 16, true>(w, a, t0, t1, out, ldo);
-    return sub_scaled_range<B, 16, false>(w, a, t0, t1, out, ldo);
-  }
-  if (w.sub_mins) return sub_scaled_range<B, 32, true>(w, a, t0, t1, out, ldo);
-  return sub_scaled_range<B, 32, false>(w, a, t0, t1, out, ldo);
-}
-
 }  // namespace
 }  // namespace torch_lowbit
