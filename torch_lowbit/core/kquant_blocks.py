@@ -18,12 +18,48 @@ the GGUF reader share one conversion.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
 SUPER_BLOCK = 256
 BLOCK_BYTES = {"q2_k": 84, "q3_k": 110, "q4_k": 144, "q5_k": 176, "q6_k": 210}
+# each type's value structure by code width: (type, sub-block, code offset, has mins): w = d s q - dmin m
+# (the affine types) or d s (q - offset); one type per width, so a kernel's code_bits names it
+STRUCTURES = {2: ("q2_k", 16, 0, True), 3: ("q3_k", 16, 4, False), 4: ("q4_k", 32, 0, True),
+              5: ("q5_k", 32, 0, True), 6: ("q6_k", 16, 32, False)}
 
+
+
+def buffer_problem(codes: Tensor, code_bits: int, sub_scales: Tensor, sub_mins, d: Tensor, dmin, sub_block: int,
+                   code_offset: int) -> tuple[Optional[str], int, int]:
+    """(what is wrong with these kquant_stream buffers or None, N, K): one MSB-first code stream per row
+    (int32 [N, K b / 32]), int8 sub-block scales (uint8 mins) [N, K / sub_block], fp16 d (dmin)
+    [N, K / 256], the structure of one of the five types. The kquant ops' check (ops/kquant.py) and
+    their Triton launchers' (triton_kernels/kquant.py)."""
+    if code_bits not in STRUCTURES:
+        return f"code_bits must be one of {tuple(STRUCTURES)} (q2_k .. q6_k), got {code_bits}", 0, 0
+    name, sub, offset, mins = STRUCTURES[code_bits]
+    if (sub_block, code_offset, sub_mins is not None) != (sub, offset, mins):
+        return (f"{code_bits}-bit codes are {name}: sub_block {sub}, code_offset {offset}, "
+                f"{'with' if mins else 'without'} sub_mins / dmin; got {sub_block}, {code_offset}, "
+                f"{'with' if sub_mins is not None else 'without'}"), 0, 0
+    if d.dtype != torch.float16 or d.dim() != 2:
+        return f"d must be 2-D fp16 [N, K/{SUPER_BLOCK}], got {d.dtype} {tuple(d.shape)}", 0, 0
+    n, k = d.shape[0], d.shape[1] * SUPER_BLOCK
+    if sub_scales.dtype != torch.int8 or tuple(sub_scales.shape) != (n, k // sub_block):
+        return f"sub_scales must be int8 [{n}, {k // sub_block}] (one per {sub_block} weights)", n, k
+    if (sub_mins is None) != (dmin is None):
+        return "sub_mins and dmin come together (the affine types) or not at all", n, k
+    if sub_mins is not None and (sub_mins.dtype != torch.uint8 or sub_mins.shape != sub_scales.shape):
+        return "sub_mins must be uint8 shaped like sub_scales", n, k
+    if dmin is not None and (dmin.dtype != torch.float16 or dmin.shape != d.shape):
+        return "dmin must be fp16 shaped like d", n, k
+    words = k * code_bits // 32
+    if codes.dtype != torch.int32 or tuple(codes.shape) != (n, words):
+        return f"codes must be int32 [{n}, {words}] (one {code_bits}-bit MSB-first stream per row)", n, k
+    return None, n, k
 
 def _shifts(device, *widths: int) -> Tensor:
     return torch.tensor(widths, dtype=torch.uint8, device=device)

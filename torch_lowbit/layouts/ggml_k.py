@@ -1,10 +1,10 @@
 """ggml_k_blocks: the K-quant formats (q2_k .. q6_k) stored as their GGUF block bytes.
 
 blocks: uint8 [N, K/256 * block bytes], each row its super-blocks exactly as a GGUF file stores them
-(core/kquant_blocks.py). The default off the CPU (on the CPU: kquant_i8_n16, the int8-activation
-kernels). The forward is the reference path until Triton kernels read these blocks: it decodes the
-bytes in torch on the weight's device, dequantizes with the format's reference dequantizer and
-multiplies in fp32 (F.linear), so it costs a full fp32 weight per call.
+(core/kquant_blocks.py): the file's bytes as they are, for checkpoints that must hold them. Its
+forward is the reference path on any device: it decodes the bytes in torch, dequantizes with the
+format's reference dequantizer and multiplies in fp32 (F.linear), a full fp32 weight per call. The
+defaults are kquant_i8_n16 on the CPU and kquant_stream elsewhere (their kernels read the same fields).
 """
 from __future__ import annotations
 
@@ -47,4 +47,4 @@ class GgmlKBlocks(Layout):
         return dense_linear(x, fmt.dequantize(blocks_to_tensors(fmt.name, buffers["blocks"])), bias)
 
 
-GGML_K_BLOCKS = register_layout(GgmlKBlocks(), default_for="ggml_k")
+GGML_K_BLOCKS = register_layout(GgmlKBlocks())

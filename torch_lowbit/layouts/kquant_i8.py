@@ -96,7 +96,7 @@ class KQuantI8Tiled(Layout):
                backend: str, out_features: int) -> Tensor:
         if backend != "cpu" or x.device.type != "cpu":
             raise RuntimeError(f"layout {self.name} runs on the CPU backend only; repack the module with "
-                               "QuantLinear.repack('ggml_k_blocks') for other devices")
+                               "QuantLinear.repack('kquant_stream') for other devices")
         qweight, scales, mins, lut, bits, group, _, sub_scales, sub_mins = self.lut_i8_args(fmt, buffers)
         return lut_i8_linear(x, qweight, scales, mins, lut, bits, group, out_features, bias, sub_scales=sub_scales,
                              sub_mins=sub_mins, backend=backend)

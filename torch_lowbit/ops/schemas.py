@@ -51,6 +51,12 @@ SCHEMAS: dict[str, str] = {
                   "Tensor codebooks, Tensor? bias) -> Tensor",
     "gcb_dequantize": "gcb_dequantize(Tensor codes, int code_bits, Tensor sub_groups, Tensor super_scales, "
                       "Tensor codebooks) -> Tensor",
+    # the off-CPU layout of the K-quants (layouts/kquant_stream.py): w = (d sub_scale) code - dmin sub_min,
+    # or (d sub_scale) (code - code_offset); int8 sub_scales, uint8 sub_mins, fp16 d / dmin per 256
+    "kquant_linear": "kquant_linear(Tensor x, Tensor codes, int code_bits, Tensor sub_scales, Tensor? sub_mins, "
+                     "Tensor d, Tensor? dmin, int sub_block, int code_offset, Tensor? bias) -> Tensor",
+    "kquant_dequantize": "kquant_dequantize(Tensor codes, int code_bits, Tensor sub_scales, Tensor? sub_mins, "
+                         "Tensor d, Tensor? dmin, int sub_block, int code_offset) -> Tensor",
     # the randomized Hadamard transform of the rotated formats (rotations/hadamard.py); its base matrices
     # reach the C++ kernel through _C.register_hadamard_base (rotations/ops.py)
     "hadamard_transform": "hadamard_transform(Tensor x, Tensor? signs, bool inverse) -> Tensor",

@@ -149,8 +149,8 @@ class Checker:
 
 
 def _modules():
-    from ..triton_kernels import hadamard, int_act, kv_attention, lowbit, lut4, matmul, palette
-    return (matmul, lut4, lowbit, palette, hadamard, kv_attention, int_act)
+    from ..triton_kernels import hadamard, int_act, kquant, kv_attention, lowbit, lut4, matmul, palette
+    return (matmul, lut4, lowbit, kquant, palette, hadamard, kv_attention, int_act)
 
 
 def _install(checker: Checker) -> None:
@@ -171,16 +171,19 @@ def _module(fmt_name: str, n: int, k: int):
 
 
 # (format, K): every kernel family; int4_g128 has mins, iq4_nl's table is not affine, int3 straddles
-# words, gcb gathers from its codebooks, vq5's table is the largest, tcq2.25 is half-TCQ.
+# words, gcb gathers from its codebooks, vq5's table is the largest, tcq2.25 is half-TCQ, the K-quants
+# (q3_k: two sub-blocks a unit, q4_k / q6_k: GGUF's most common types).
 FORMATS = (("q4_0", 4096), ("int4_g128", 4096), ("iq4_nl", 4096), ("int3_g64", 4096), ("int2_g64", 4096), ("int1_g64", 4096),
            ("gcb2", 4096), ("gcb3", 4096), ("nuq3", 4096), ("vq2", 4096), ("vq5", 4096), ("tcq2", 4096),
-           ("tcq2.25", 4096))
+           ("tcq2.25", 4096), ("q2_k", 4096), ("q3_k", 4096), ("q4_k", 4096), ("q5_k", 4096), ("q6_k", 4096))
 
 
 # The test suite's subset (tests/kernels/triton/test_triton_compile_check.py): every kernel and decoder once — q4_0 (affine
 # table, all activation dtypes), int3 (mins, straddling codes), int2 (the 16-byte-load GEMV of whole-word
-# codes), gcb3 (codebook gathers), vq2 (codebook kernels, pairs; its GEMV the 16-byte-load one), half-TCQ.
-QUICK = (("q4_0", 4096), ("int3_g64", 4096), ("int2_g64", 4096), ("gcb3", 4096), ("vq2", 4096), ("tcq2.25", 4096))
+# codes), gcb3 (codebook gathers), vq2 (codebook kernels, pairs; its GEMV the 16-byte-load one), half-TCQ,
+# q4_k (the K-quants' 16-byte-load GEMV and tl.dot kernel) and q3_k (their unit GEMV, two sub-blocks a unit).
+QUICK = (("q4_0", 4096), ("int3_g64", 4096), ("int2_g64", 4096), ("gcb3", 4096), ("vq2", 4096), ("tcq2.25", 4096),
+         ("q4_k", 4096), ("q3_k", 4096))
 
 
 def _variants(candidates, default, every: bool) -> list:

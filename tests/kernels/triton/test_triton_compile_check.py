@@ -67,5 +67,11 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     # vq2's and int1's default tiles spill 8 bytes; before, the check compiled without them and saw none)
     assert len(words) >= 6 and all(v[2] == 0 if "('GEMV', True)" in key else v[2] <= 8
                                    for key, v in words.items()), words
+    # the K-quants at M = 1: q4_k's 16-byte-load GEMV and q3_k's 3-word units, no barrier in the K loop
+    # (sm_90 model of 2026-11-29: 10.8 and 7.4 instructions a weight)
+    kquant = {key: v for key, v in done.items() if "('BLOCK_M', 1)" in key and (
+        key.startswith("_kquant_gemv_kernel ") or key.startswith("_kquant_linear_kernel ") and "('GEMV', True)" in key)}
+    assert len(kquant) >= 2 and all(v[2] == 0 and v[4] == 0 and v[3] < 12 for v in kquant.values()), kquant
+    assert all(v[5] == 16 for key, v in kquant.items() if key.startswith("_kquant_gemv_kernel ")), kquant
     budget = {key: 16 if "('CODEBOOKS', True)" in key else 12 for key in words}
     assert any(b == 16 for b in budget.values()) and all(v[3] < budget[key] for key, v in words.items()), words
