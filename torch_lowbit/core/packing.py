@@ -24,9 +24,21 @@ GCB_CODE_BITS = (2, 3)  # group-codebook codes: gcb_rowmajor (ops gcb_*), gcb_i8
 STREAMS = 16  # a row's codes dealt round-robin to 16 bit streams (csrc/common/palette.h)
 
 
+_BIT_CHUNK = 1 << 24  # bits expanded at once by the bitwise stream (un)packers: 128 MiB of int64
+
+
+def _in_row_chunks(fn, t: Tensor, bits_per_row: int, *args) -> Tensor:
+    """fn(t, *args) over blocks of rows, so that a big layer's one-int64-a-bit expansion stays bounded
+    (a 4096 x 14336 6-bit weight at once: 2.8 GB)."""
+    rows = max(1, _BIT_CHUNK // max(1, bits_per_row))
+    return torch.cat([fn(t[i:i + rows], *args) for i in range(0, t.shape[0], rows)])
+
+
 def pack_stream(codes: Tensor, bits: int) -> Tensor:
     """Codes [N, C] (values < 2^bits) -> int32 [N, W]: one MSB-first bit stream per row, padded to a word."""
     n, c = codes.shape
+    if bits != 8 and n > 1 and n * c * bits > _BIT_CHUNK:
+        return _in_row_chunks(pack_stream, codes, c * bits, bits)
     if bits == 8:  # whole bytes: the same stream, built bytewise (the bitwise route takes 64 B a code)
         b = torch.cat([codes.to(torch.int64), codes.new_zeros(n, -c % 4, dtype=torch.int64)], 1).reshape(n, -1, 4)
         w = (b[..., 0] << 24) | (b[..., 1] << 16) | (b[..., 2] << 8) | b[..., 3]
@@ -41,6 +53,8 @@ def pack_stream(codes: Tensor, bits: int) -> Tensor:
 
 def unpack_stream(words: Tensor, bits: int, count: int) -> Tensor:
     """Inverse of pack_stream: int64 codes [N, count]."""
+    if bits != 8 and words.shape[0] > 1 and words.numel() * 32 > _BIT_CHUNK:
+        return _in_row_chunks(unpack_stream, words, words.shape[1] * 32, bits, count)
     u = words.to(torch.int64) & 0xFFFFFFFF
     if bits == 8:
         return ((u[..., None] >> torch.tensor([24, 16, 8, 0], device=words.device)) & 255).reshape(
