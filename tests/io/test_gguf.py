@@ -686,3 +686,24 @@ def test_q5_block_codec_round_trips_gguf_bytes(qtype):
         block_tensors(raw[:, :-1], qtype.name)
     with pytest.raises(ValueError, match="row length 80"):
         encode_blocks(fmt, {k: v[:, :80] if k == "codes" else v for k, v in q.items()})
+
+
+def test_lean_reader_steps_over_long_arrays(tmp_path, monkeypatch):
+    """from_gguf's reader leaves the vocabulary, merges and token types unparsed (lengths kept), and
+    reads every other field and tensor as gguf's own reader does."""
+    from torch_lowbit.io import gguf as io_gguf
+    path = tokenizer_gguf(tmp_path)
+    monkeypatch.setattr(io_gguf, "LEAN_ARRAY_MIN", 8)  # the test vocabulary is 269 tokens
+    full, lean = io_gguf.open_gguf(path), io_gguf.open_gguf(path, lean=True)
+    assert list(lean.fields) == list(full.fields)
+    stepped = [k for k, f in lean.fields.items() if len(f.types) > 1 and not f.data]
+    assert {"tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type"} <= set(stepped)
+    for key, field in lean.fields.items():
+        if key in stepped:
+            assert io_gguf.array_length(field) == len(full.fields[key].contents()) >= 8
+        else:
+            assert field.contents() == full.fields[key].contents(), key
+    assert [(t.name, t.data_offset, t.tensor_type) for t in lean.tensors] == \
+        [(t.name, t.data_offset, t.tensor_type) for t in full.tensors]
+    model, tok = tl.from_gguf(path)
+    assert model.config.vocab_size == TOKENIZER_VOCAB and tok("the cap").input_ids

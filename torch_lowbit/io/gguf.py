@@ -84,22 +84,61 @@ def resolve_layout(layout: Union[None, str, Layout], fmt: Format) -> Layout:
     return layout
 
 
+LEAN_ARRAY_MIN = 1024  # a lean reader leaves arrays of this many values or more unparsed
+
+
 @functools.lru_cache(maxsize=None)
-def _reader_class():
+def _reader_class(lean: bool = False):
     """gguf.GGUFReader over a plain ndarray view of its memory map (still mapped, nothing read): the
     reader slices the map once per value, 200k times for a 49k-entry vocabulary and its merges, and
-    each numpy.memmap slice runs memmap's Python-level __array_finalize__ (SmolLM2: 2.3 s -> 0.7 s)."""
-    class PlainArrayReader(require_gguf().GGUFReader):
+    each numpy.memmap slice runs memmap's Python-level __array_finalize__ (SmolLM2: 2.3 s -> 0.7 s).
+    lean: arrays of LEAN_ARRAY_MIN values or more (the vocabulary, its merges, scores and token types)
+    are stepped over, not parsed: such a field keeps only its item type and length (array_length),
+    contents() is empty. gguf-py holds 2-3 numpy views a value, ~73 MB for SmolLM2's 49k vocabulary,
+    which from_gguf never reads (transformers reads the file's tokenizer itself)."""
+    gguf = require_gguf()
+
+    class PlainArrayReader(gguf.GGUFReader):
         def __setattr__(self, name, value):
             if name == "data" and isinstance(value, np.memmap):
                 value = value.view(np.ndarray)
             super().__setattr__(name, value)
+
+        def _get_field_parts(self, orig_offs, raw_type):
+            if lean and raw_type == gguf.GGUFValueType.ARRAY:
+                item, count = self._get(orig_offs, np.uint32), self._get(orig_offs + 4, np.uint64)
+                size = _array_bytes(self.data, orig_offs + 12, int(item[0]), int(count[0]), self.gguf_scalar_to_np,
+                                    gguf.GGUFValueType)
+                if size is not None:
+                    return 12 + size, [item, count], [], [gguf.GGUFValueType.ARRAY, gguf.GGUFValueType(int(item[0]))]
+            return super()._get_field_parts(orig_offs, raw_type)
     return PlainArrayReader
 
 
-def open_gguf(path: Union[str, os.PathLike]):
-    """A gguf.GGUFReader of path, or a GGUFError saying why the file is not a readable GGUF."""
-    reader_class = _reader_class()  # without the gguf package: ImportError, not a GGUFError
+def _array_bytes(data: np.ndarray, offs: int, item: int, count: int, scalars: dict, types) -> Optional[int]:
+    """Bytes of a GGUF array's values at offs (strings: each an 8-byte length and its bytes), or None to
+    parse it (short arrays, arrays of arrays)."""
+    if count < LEAN_ARRAY_MIN:
+        return None
+    if item == types.STRING:
+        start = offs
+        for _ in range(count):
+            offs += 8 + int.from_bytes(data[offs:offs + 8].tobytes(), "little")
+        return offs - start
+    scalar = scalars.get(types(item))
+    return None if scalar is None else count * np.dtype(scalar).itemsize
+
+
+def array_length(field) -> int:
+    """The number of values of a GGUF array field, parsed or stepped over by a lean reader (its parts
+    begin key length, key, value type, item type, count)."""
+    return int(field.parts[4][0])
+
+
+def open_gguf(path: Union[str, os.PathLike], *, lean: bool = False):
+    """A gguf.GGUFReader of path, or a GGUFError saying why the file is not a readable GGUF. lean: long
+    arrays are not parsed (see _reader_class): what from_gguf needs."""
+    reader_class = _reader_class(lean)  # without the gguf package: ImportError, not a GGUFError
     path = Path(os.fspath(path))
     if not path.is_file():
         raise FileNotFoundError(f"no GGUF file at {path}")
@@ -222,9 +261,12 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
     if layout is not None and not isinstance(layout, (str, Layout)):
         raise TypeError(f"layout must be a layout name or a Layout, got {type(layout).__name__}")
     path = Path(os.fspath(path))
-    reader = open_gguf(path)
+    reader = open_gguf(path, lean=True)
     arch = gguf_architecture(reader, path)
     config, model = _skeleton(reader, arch, path, dtype)
+    # the tokenizer before the weights: its load's transient memory (JSON, transformers' conversion on a
+    # first import) then adds to the file's header, not to the converted weights
+    tok = gguf_tokenizer(reader, path) if tokenizer else None
     name_map = tensor_name_map(arch, config.num_hidden_layers)
     tensors = {t.name: t for t in reader.tensors}
     used: set[str] = set()
@@ -328,7 +370,7 @@ def from_gguf(path: Union[str, os.PathLike], *, dtype: torch.dtype = torch.float
         if isinstance(m, QuantLinear):
             counts[f"{m.fmt.name}/{m.layout.name}"] = counts.get(f"{m.fmt.name}/{m.layout.name}", 0) + 1
     log.info("from_gguf %s: %s QuantLinear module(s) %s", path.name, sum(counts.values()), counts)
-    return model.eval(), gguf_tokenizer(reader, path) if tokenizer else None
+    return model.eval(), tok
 
 
 def _announce(path: Path, reader, dtype: torch.dtype, sources: dict, plan: dict, kept: dict, embed_t,
@@ -429,7 +471,7 @@ def gguf_config_dict(reader, arch: str) -> dict:
             value = value[0]
         config[name] = value.replace(arch, model_type) if isinstance(value, str) else value
     if "vocab_size" not in config and "tokenizer.ggml.tokens" in reader.fields:
-        config["vocab_size"] = len(reader.fields["tokenizer.ggml.tokens"].data)
+        config["vocab_size"] = array_length(reader.fields["tokenizer.ggml.tokens"])
     config["model_type"] = built_type  # as transformers renames it (gemma3: the text backbone)
     return config
 
