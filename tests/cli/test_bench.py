@@ -227,3 +227,20 @@ def test_e2e_cuda_models_and_errors(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         e2e_cuda.bench_e2e_cuda()
+
+
+def test_bench_cpu_rounds_interleave_contenders_and_take_medians(monkeypatch):
+    """rounds: A B, A B, A B — each row the median of its rounds."""
+    from torch_lowbit.bench import cpu
+    order, times = [], iter([5.0, 50.0, 1.0, 70.0, 3.0, 60.0])
+
+    def contenders(n, k, formats, rotate_mib, layouts):
+        return {name: (lambda i, name=name: (lambda x: order.append(name)), 1, torch.float32, 1, "", "")
+                for name in ("A", "B")}
+
+    monkeypatch.setattr(cpu, "_contenders", contenders)
+    monkeypatch.setattr(cpu, "dram_read_gbs", lambda mib: 1.0)
+    monkeypatch.setattr(cpu, "_median_us", lambda fn, copies: (fn(0), next(times))[1])
+    rows, _ = cpu.bench_cpu(shapes=((16, 32),), ms=(1,), threads=(1,), progress=lambda m: None, rounds=3)
+    assert order == ["A", "B"] * 3
+    assert [(r.name, r.us) for r in rows] == [("A", 3.0), ("B", 60.0)]

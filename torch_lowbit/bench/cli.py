@@ -27,7 +27,7 @@ def cmd_bench(args) -> None:
         machine = machine_line()
         rows, bw = bench_cpu(shapes=shapes, ms=ms, threads=tuple(args.threads), formats=tuple(formats),
                              layouts=tuple(args.layouts) if args.layouts else None, rotate_mib=args.rotate_mib,
-                             paths=paths)
+                             paths=paths, rounds=args.repeats or 1)
         print(format_table(rows, bw, machine))
         if args.png:
             from .plots import roofline_png
@@ -188,7 +188,8 @@ def add_bench_parser(sub, cpu_paths: Callable[[], list[str]]) -> None:
                     "a causal prefill block at the end of the cache, against torch's SDPA)")
     sp.add_argument("--new-tokens", type=int, default=64, help="e2e: greedy new tokens (decode)")
     sp.add_argument("--repeats", type=int, help="e2e: timed runs per row, median (default 3); cpu --prefill: "
-                    "forward passes per row, median (default 5)")
+                    "forward passes per row, median (default 5); cpu kernels: rounds over all contenders, one "
+                    "after the other, each row the median of its rounds (default 1)")
     sp.add_argument("--no-peers", action="store_true", help="e2e: leave llama.cpp out even if installed")
     sp.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="e2e: cuda: fp16 vs formats in their CUDA layouts on SmolLM2 and a Llama-3.2-1B-shaped "

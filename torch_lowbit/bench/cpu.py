@@ -156,9 +156,12 @@ def _path_runs(layout: str, paths: list[str]):
 @torch.no_grad()
 def bench_cpu(shapes=((4096, 4096),), ms=(1, 8, 64, 512), threads=(1, 2),
               formats=("q4_0", "iq4_nl", "int4_g32", "int4_g128"), layouts=None,
-              rotate_mib: int = 512, paths=None, progress=None) -> tuple[list[Row], float]:
+              rotate_mib: int = 512, paths=None, progress=None, rounds: int = 1) -> tuple[list[Row], float]:
     """Returns the rows (one per shape x M x threads x contender x path) and the DRAM read GB/s.
-    paths: the CPU ISA paths to time each torch_lowbit kernel on (default: the active one)."""
+    paths: the CPU ISA paths to time each torch_lowbit kernel on (default: the active one). rounds > 1:
+    every contender of a shape, M and thread count is timed once per round, the rounds one after the
+    other (A B C, A B C, ...), and a row is the median of its rounds' medians: the ratios then compare
+    timings taken in the same seconds, not minutes apart on a host whose bandwidth drifts."""
     if progress is None:
         progress = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     paths = list(paths or [active_path()])
@@ -173,14 +176,19 @@ def bench_cpu(shapes=((4096, 4096),), ms=(1, 8, 64, 512), threads=(1, 2),
             for t in threads:
                 torch.set_num_threads(t)
                 for m in ms:
-                    for name, (make, nbytes, dtype, copies, fmt, layout) in contenders.items():
-                        x = torch.randn(m, k).to(dtype)
-                        for path, forced in _path_runs(layout, paths):
-                            with forced():  # use_backend puts the previous path back, also on errors
-                                us = _median_us(lambda i: make(i)(x), copies)
-                            label = name if path in ("-", "any") else f"{name} {path}"
-                            rows.append(Row(f"{n}x{k}", m, t, label, us, nbytes, path, fmt, layout))
-                            progress(f"  {n}x{k} M={m} threads={t} {label}: {us:.0f} us")
+                    timed: dict = {}  # label -> (times of the rounds, the row's other fields)
+                    for r in range(rounds):
+                        for name, (make, nbytes, dtype, copies, fmt, layout) in contenders.items():
+                            x = torch.randn(m, k).to(dtype)
+                            for path, forced in _path_runs(layout, paths):
+                                with forced():  # use_backend puts the previous path back, also on errors
+                                    us = _median_us(lambda i: make(i)(x), copies)
+                                label = name if path in ("-", "any") else f"{name} {path}"
+                                timed.setdefault(label, ([], (nbytes, path, fmt, layout)))[0].append(us)
+                                progress(f"  {n}x{k} M={m} threads={t} {label}"
+                                         f"{f' round {r + 1}/{rounds}' if rounds > 1 else ''}: {us:.0f} us")
+                    for label, (times, (nbytes, path, fmt, layout)) in timed.items():
+                        rows.append(Row(f"{n}x{k}", m, t, label, statistics.median(times), nbytes, path, fmt, layout))
     finally:
         torch.set_num_threads(saved_threads)
     return rows, bw
