@@ -25,9 +25,10 @@ import triton.language as tl
 
 from torch_lowbit.core.kquant_blocks import SUPER_BLOCK, buffer_problem
 
-from .lowbit import _GEMV_TILES, _row_codes, _word_total
+from .lowbit import _GEMV_TILES, _row_codes, _word_totals
 from .matmul import (WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _bits_at, _epilogue, _fma_or_dot,
-                     _gemv_accumulators, _gemv_epilogue, _k_slice, _store_tile, _tiles, _unit_words, _word_fma,
+                     _gemv_accumulators, _gemv_epilogue, _k_slice, _store_tile, _tiles, _unit_words, _word_fma_rows,
+                     _word_step_zeros,
                      check_device, check_x, dequant_launch, linear_launch, quad_tiles)
 
 _SUPER = tl.constexpr(SUPER_BLOCK)  # jit code reads only constexpr globals
@@ -166,24 +167,14 @@ def _kquant_gemv_kernel(x_ptr, words_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, b_ptr
                     tl.load(mn_ptr + sub_off, mask=ok, other=0).to(tl.float32))
         else:
             low = scale * (-OFFSET)
-        zero = tl.zeros((BLOCK_N, QUADS, 4), dtype=tl.float32)
-        zero_x = tl.zeros((1, QUADS, 4), dtype=tl.float32)
-        t0, xs0, t1, xs1, t2, xs2, t3, xs3 = zero, zero_x, zero, zero_x, zero, zero_x, zero, zero_x
+        t0, xs0, t1, xs1, t2, xs2, t3, xs3 = _word_step_zeros(BLOCK_N, QUADS)
         for i in tl.static_range(C):
             q = _bits_at(words, words, i * BITS, BITS).to(tl.int32).to(tl.float32)
-            col = w * C + i
-            t0, xs0 = _word_fma(q, x_ptr, 0, K, M, col, w_ok, t0, xs0)
-            if BLOCK_M > 1:
-                t1, xs1 = _word_fma(q, x_ptr, 1, K, M, col, w_ok, t1, xs1)
-            if BLOCK_M > 2:
-                t2, xs2 = _word_fma(q, x_ptr, 2, K, M, col, w_ok, t2, xs2)
-                t3, xs3 = _word_fma(q, x_ptr, 3, K, M, col, w_ok, t3, xs3)
-        acc0 += _word_total(t0, xs0, scale, low, 1, False, 1.0, 0.0, True)
-        if BLOCK_M > 1:
-            acc1 += _word_total(t1, xs1, scale, low, 1, False, 1.0, 0.0, True)
-        if BLOCK_M > 2:
-            acc2 += _word_total(t2, xs2, scale, low, 1, False, 1.0, 0.0, True)
-            acc3 += _word_total(t3, xs3, scale, low, 1, False, 1.0, 0.0, True)
+            t0, xs0, t1, xs1, t2, xs2, t3, xs3 = _word_fma_rows(q, x_ptr, K, M, w * C + i, w_ok, t0, xs0, t1, xs1,
+                                                                t2, xs2, t3, xs3, BLOCK_M)
+        # sum x w = (d s) sum x q + low sum x: lowbit's word totals with mins and no affine table
+        acc0, acc1, acc2, acc3 = _word_totals(acc0, acc1, acc2, acc3, t0, xs0, t1, xs1, t2, xs2, t3, xs3, scale, low,
+                                              1, False, 1.0, 0.0, True, BLOCK_M)
     _gemv_epilogue(acc0, acc1, acc2, acc3, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K, BLOCK_M)
 
 

@@ -29,7 +29,7 @@ from torch_lowbit.core.packing import GCB_SUBGROUP as SUBGROUP  # weights per gc
 
 from .matmul import (WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _bits_at, _epilogue, _fma_or_dot,
                      _gemv_accumulators, _gemv_epilogue, _group_dequant_kernel, _k_slice, _lookup, _tiles,
-                     _unit_words, _window, _word_fma,
+                     _unit_words, _window, _word_fma_rows, _word_step_zeros,
                      check_device, check_x, dequant_launch, derived, linear_launch, quad_tiles, table_form)
 
 _SUBGROUP = tl.constexpr(SUBGROUP)  # jit code reads only constexpr globals (the interpreter does not check)
@@ -195,6 +195,20 @@ def _word_total(t, xs, scale, low, ONE: tl.constexpr, AFFINE: tl.constexpr, LUT_
 
 
 @triton.jit
+def _word_totals(acc0, acc1, acc2, acc3, t0, xs0, t1, xs1, t2, xs2, t3, xs3, scale, low, ONE: tl.constexpr,
+                 AFFINE: tl.constexpr, LUT_A: tl.constexpr, LUT_B: tl.constexpr, HAS_MIN: tl.constexpr,
+                 BLOCK_M: tl.constexpr):
+    """Each of the BLOCK_M (<= 4) x rows' accumulator plus its _word_total of this K step."""
+    acc0 += _word_total(t0, xs0, scale, low, ONE, AFFINE, LUT_A, LUT_B, HAS_MIN)
+    if BLOCK_M > 1:
+        acc1 += _word_total(t1, xs1, scale, low, ONE, AFFINE, LUT_A, LUT_B, HAS_MIN)
+    if BLOCK_M > 2:
+        acc2 += _word_total(t2, xs2, scale, low, ONE, AFFINE, LUT_A, LUT_B, HAS_MIN)
+        acc3 += _word_total(t3, xs3, scale, low, ONE, AFFINE, LUT_A, LUT_B, HAS_MIN)
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
 def _lowbit_gemv_kernel(x_ptr, words_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, ROW_WORDS,
                         GROUP_WORDS, SUB_WORDS, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BITS: tl.constexpr,
                         G: tl.constexpr, GROUP: tl.constexpr, HAS_MIN: tl.constexpr, AFFINE: tl.constexpr,
@@ -241,27 +255,16 @@ def _lowbit_gemv_kernel(x_ptr, words_ptr, s_ptr, mn_ptr, lut_ptr, b_ptr, y_ptr, 
             book = 0
             if HAS_MIN:
                 low = tl.load(mn_ptr + g_off, mask=ok, other=0.0).to(tl.float32)
-        zero = tl.zeros((BLOCK_N, QUADS, 4), dtype=tl.float32)
-        zero_x = tl.zeros((1, QUADS, 4), dtype=tl.float32)
-        t0, xs0, t1, xs1, t2, xs2, t3, xs3 = zero, zero_x, zero, zero_x, zero, zero_x, zero, zero_x
+        t0, xs0, t1, xs1, t2, xs2, t3, xs3 = _word_step_zeros(BLOCK_N, QUADS)
         for i in tl.static_range(C):
             if AFFINE:
                 f = _code_float(words, words, i * BITS, BITS)
             else:
                 f = _lookup(lut_ptr, book + _bits_at(words, words, i * BITS, BITS).to(tl.int32))
-            col = w * C + i
-            t0, xs0 = _word_fma(f, x_ptr, 0, K, M, col, w_ok, t0, xs0)
-            if BLOCK_M > 1:
-                t1, xs1 = _word_fma(f, x_ptr, 1, K, M, col, w_ok, t1, xs1)
-            if BLOCK_M > 2:
-                t2, xs2 = _word_fma(f, x_ptr, 2, K, M, col, w_ok, t2, xs2)
-                t3, xs3 = _word_fma(f, x_ptr, 3, K, M, col, w_ok, t3, xs3)
-        acc0 += _word_total(t0, xs0, scale, low, ONE, AFFINE, LUT_A, LUT_B, HAS_MIN)
-        if BLOCK_M > 1:
-            acc1 += _word_total(t1, xs1, scale, low, ONE, AFFINE, LUT_A, LUT_B, HAS_MIN)
-        if BLOCK_M > 2:
-            acc2 += _word_total(t2, xs2, scale, low, ONE, AFFINE, LUT_A, LUT_B, HAS_MIN)
-            acc3 += _word_total(t3, xs3, scale, low, ONE, AFFINE, LUT_A, LUT_B, HAS_MIN)
+            t0, xs0, t1, xs1, t2, xs2, t3, xs3 = _word_fma_rows(f, x_ptr, K, M, w * C + i, w_ok, t0, xs0, t1, xs1,
+                                                                t2, xs2, t3, xs3, BLOCK_M)
+        acc0, acc1, acc2, acc3 = _word_totals(acc0, acc1, acc2, acc3, t0, xs0, t1, xs1, t2, xs2, t3, xs3, scale, low,
+                                              ONE, AFFINE, LUT_A, LUT_B, HAS_MIN, BLOCK_M)
     _gemv_epilogue(acc0, acc1, acc2, acc3, offs_n, pid_k, M, N, b_ptr, y_ptr, ws_ptr, HAS_BIAS, SPLIT_K, BLOCK_M)
 
 # -- input checks ----------------------------------------------------------------------------------

@@ -182,6 +182,27 @@ def _word_fma(f, x_ptr, ROW: tl.constexpr, K, M, col, ok, t, xs):
 
 
 @triton.jit
+def _word_step_zeros(BLOCK_N: tl.constexpr, QUADS: tl.constexpr):
+    """One K step's (t, x sum) of the 16-byte-load GEMVs for 4 x rows, zero: t [BLOCK_N, QUADS, 4] and
+    xs [1, QUADS, 4] (in the words' layout, see _word_fma), as t0, xs0, ..., t3, xs3."""
+    zero = tl.zeros((BLOCK_N, QUADS, 4), dtype=tl.float32)
+    zero_x = tl.zeros((1, QUADS, 4), dtype=tl.float32)
+    return zero, zero_x, zero, zero_x, zero, zero_x, zero, zero_x
+
+
+@triton.jit
+def _word_fma_rows(f, x_ptr, K, M, col, ok, t0, xs0, t1, xs1, t2, xs2, t3, xs3, BLOCK_M: tl.constexpr):
+    """_word_fma of the values f with each of the BLOCK_M (<= 4) x rows; rows past BLOCK_M keep their zeros."""
+    t0, xs0 = _word_fma(f, x_ptr, 0, K, M, col, ok, t0, xs0)
+    if BLOCK_M > 1:
+        t1, xs1 = _word_fma(f, x_ptr, 1, K, M, col, ok, t1, xs1)
+    if BLOCK_M > 2:
+        t2, xs2 = _word_fma(f, x_ptr, 2, K, M, col, ok, t2, xs2)
+        t3, xs3 = _word_fma(f, x_ptr, 3, K, M, col, ok, t3, xs3)
+    return t0, xs0, t1, xs1, t2, xs2, t3, xs3
+
+
+@triton.jit
 def _gemv_accumulators(BLOCK_N: tl.constexpr, STEPS: tl.constexpr):
     """The 16-byte-load GEMVs' accumulators: fp32 zeros [BLOCK_N, STEPS], one per x row (up to 4)."""
     zero = tl.zeros((BLOCK_N, STEPS), dtype=tl.float32)

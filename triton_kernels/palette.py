@@ -46,7 +46,7 @@ from torch_lowbit.core import tcq_codes as tcq
 
 from .matmul import (WORD_DOT_TILES, KernelLaunch, _acc_init, _acc_total, _bits_at, _epilogue, _fma_or_dot,
                      _gemv_accumulators, _gemv_epilogue, _k_slice, _lookup, _store_tile, _tiles, _unit_words,
-                     _window, _word_fma,
+                     _window, _word_fma, _word_step_zeros,
                      check_device, check_x, dequant_launch, derived, linear_launch, pair_table, quad_tiles)
 
 # The 1mad code's constants (torch_lowbit/core/tcq_codes.py); jit code reads only constexpr globals.
@@ -273,9 +273,7 @@ def _codebook_gemv_kernel(x_ptr, words_ptr, tbl_ptr, s_ptr, b_ptr, y_ptr, ws_ptr
         if G > 4:
             a4 = _unit_word(unit, 64, n_ok & q_ok & (g * G + 4 < stream_words))
         col_base = g * GROUP_COLS + stream * D
-        zero = tl.zeros((BLOCK_N, QUADS, 4), dtype=tl.float32)
-        zero_x = tl.zeros((1, QUADS, 4), dtype=tl.float32)
-        t0, xs0, t1, xs1, t2, xs2, t3, xs3 = zero, zero_x, zero, zero_x, zero, zero_x, zero, zero_x
+        t0, xs0, t1, xs1, t2, xs2, t3, xs3 = _word_step_zeros(BLOCK_N, QUADS)
         for i in tl.static_range(CODES // P):
             cur = _pick5(a0, a1, a2, a3, a4, (i * F) // 32)
             nxt = cur
