@@ -22,7 +22,7 @@ from .formats import (IQ4_NL, NUQ, VQ, Format, PaletteFormat, Int4, IntAsym, Int
 from .generation import CompiledGenerator, GenerationTimes
 from .generate_route import generate
 from .io import CheckpointError, GGUFError, from_gguf, load_quantized, save_quantized, to_gguf
-from .nn import ActQuantLinear, quantize_activations_, MixedBits, ProjectionSlot, QuantEmbedding, QuantLinear, allocate_formats, quantize_, quantize_embeddings_
+from .nn import ActQuantLinear, quantize_activations_, MixedBits, MSQ, plan_msq, ProjectionSlot, QuantEmbedding, QuantLinear, allocate_formats, quantize_, quantize_embeddings_
 from .ops import current_backend, get_num_threads, set_num_threads, threading_info, use_backend
 from . import rotations  # noqa: F401  (Hadamard rotations; registers torch_lowbit::hadamard_transform impls)
 from .rotations import rotate_, smooth_down_proj_
@@ -31,7 +31,7 @@ from .quarot import QuaRot
 from .version import __version__
 
 __all__ = ["Format", "ScalarCodebookFormat", "PaletteFormat", "Int4", "IntAsym", "IntSym", "Q4_0", "Q8_0", "IQ4_NL", "NUQ", "VQ", "formats", "get_format", "register_format", "format_from_json",
-           "QuantLinear", "QuantEmbedding", "ProjectionSlot", "quantize_", "quantize_embeddings_", "allocate_formats", "MixedBits", "use_backend", "current_backend", "set_num_threads", "get_num_threads", "threading_info",
+           "QuantLinear", "QuantEmbedding", "ProjectionSlot", "quantize_", "quantize_embeddings_", "allocate_formats", "MixedBits", "MSQ", "plan_msq", "use_backend", "current_backend", "set_num_threads", "get_num_threads", "threading_info",
            "save_quantized", "load_quantized", "CheckpointError", "from_gguf", "to_gguf", "GGUFError", "CompiledGenerator", "GenerationTimes", "generate", "rotate_", "smooth_down_proj_", "quantize_activations_", "ActQuantLinear", "QuantizedKVCache", "QuantizedKVLayer", "QuaRot", "__version__"]
 
 

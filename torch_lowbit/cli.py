@@ -45,9 +45,13 @@ def _load_checkpoint(path: str, spec: str):
 def _quantize(model, tok, args):
     from . import quantize_
     from .eval.assets import calibration_batches
-    from .nn import MixedBits, mix_summary
+    from .nn import MSQ, MixedBits, mix_summary
     calib = calibration_batches(tok, args.calib, args.ctx) if args.rounding != "rtn" else None
-    fmt = MixedBits(args.mix, args.target_bpw, args.sensitivity) if args.mix else args.format
+    msq = getattr(args, "msq", False)
+    if msq:
+        fmt = MSQ(args.mix or "palette", args.target_bpw, loss=args.sensitivity or "linearity")
+    else:
+        fmt = MixedBits(args.mix, args.target_bpw, args.sensitivity) if args.mix else args.format
     quarot = getattr(args, "quarot", None)  # (callers building their own Namespace may leave it out)
     if quarot:
         import dataclasses
@@ -70,10 +74,14 @@ def _quantize(model, tok, args):
     quantize_(model, fmt, calibration=calib, rounding=None if quarot else args.rounding,
               skip_incompatible=args.skip_incompatible, include_lm_head=args.include_lm_head,
               **({} if quarot else {"sequential": getattr(args, "sequential", False)}))
-    if args.mix:
-        how = (args.sensitivity or "fisher") if calib else "data-free weight error"
-        print(f"per-layer formats ({' / '.join(args.mix)}, target {args.target_bpw} bits per weight, "
-              f"sensitivity: {how}):")
+    if args.mix or msq:
+        if msq:
+            how = "MSQ, " + ("data-free linearity-theorem sensitivities" if (args.sensitivity or "linearity") ==
+                             "linearity" else "Fisher-weighted errors") + ", exact solver"
+        else:
+            how = "sensitivity: " + ((args.sensitivity or "fisher") if calib else "data-free weight error")
+        print(f"per-layer formats ({' / '.join(args.mix) if args.mix else 'the Q-Palette formats'}, target "
+              f"{args.target_bpw} bits per weight, {how}):")
         print(mix_summary(model), flush=True)
     return model
 
@@ -85,6 +93,8 @@ def _kv_cache_factory(model, ctx: int):
 
 
 def _format_label(args) -> str:
+    if getattr(args, "msq", False):
+        return f"MSQ over {'+'.join(args.mix) if args.mix else 'the palette'} @ {args.target_bpw} bpw"
     return f"mix {'+'.join(args.mix)} @ {args.target_bpw} bpw" if args.mix else args.format
 
 
@@ -268,8 +278,8 @@ def _quantize_streaming(args) -> None:
     from .hf import quantize_streaming
     if args.quarot:
         raise CliError("--quarot rotates the whole model; quantize to a .safetensors file instead")
-    if args.mix:
-        raise CliError("--mix allocates over the whole model; quantize to a .safetensors file instead, or "
+    if args.mix or getattr(args, "msq", False):
+        raise CliError("--mix / --msq allocate over the whole model; quantize to a .safetensors file instead, or "
                        "allocate a plan with torch_lowbit.allocate_formats and pass it to quantize_streaming")
     src = str(smollm2_dir()) if args.model == "smollm2" else args.model
     if not os.path.isfile(os.path.join(src, "config.json")):
@@ -373,6 +383,9 @@ def main(argv=None) -> None:
         sp.add_argument("--mix", nargs="+", metavar="FMT", help="instead of --format: a per-layer mix of these "
                         "formats (e.g. gcb2_sb192 gcb3_sb192), each layer's picked by measured sensitivity "
                         "within --target-bpw (from the calibration unless --rounding rtn)")
+        sp.add_argument("--msq", action="store_true", help="instead of --format: mixed-scheme quantization (Q-Palette "
+                        "MSQ): each layer's format from the Q-Palette formats (or the --mix list) for the least "
+                        "predicted loss within --target-bpw, solved exactly; data-free sensitivities by default")
         sp.add_argument("--quarot", metavar="SPEC", help="QuaRot recipe, e.g. W4A4KV4, W4A8KV8, W16A4: rotate the "
                         "model, then weights in --format (--rounding, gptq recommended), per-token activations "
                         "and the KV cache to those bits (16 = float)")
@@ -385,11 +398,12 @@ def main(argv=None) -> None:
                         "instead of per token; rounded in the CPU kernels")
         sp.add_argument("--kv-group", type=int, metavar="N", help="with --quarot ...KV4/KV8: features per KV-cache "
                         "scale (default 64; 32 measured better at KV4)")
-        sp.add_argument("--target-bpw", type=float, help="with --mix: the bit budget, bits per weight over the "
-                        "quantized layers")
-        sp.add_argument("--sensitivity", choices=["fisher", "output"], help="with --mix: fisher (default with "
-                        "calibration): errors weighted by the loss's squared gradients; output: by the layer "
-                        "inputs' E[x²] (no backward pass)")
+        sp.add_argument("--target-bpw", type=float, help="with --mix / --msq: the bit budget, bits per weight over "
+                        "the quantized layers")
+        sp.add_argument("--sensitivity", choices=["fisher", "output", "linearity"], help="with --mix: fisher "
+                        "(default with calibration): errors weighted by the loss's squared gradients; output: by "
+                        "the layer inputs' E[x²] (no backward pass). With --msq: linearity (default, data-free) "
+                        "or fisher (needs calibration: --rounding other than rtn)")
 
     sp = sub.add_parser("demo", help="main job: SmolLM2 in fp32 (transformers, eager) next to quantized (q8_0 "
                         "embedding/head, torch_lowbit.generate's compiled route) and llama.cpp when installed: "
@@ -477,12 +491,20 @@ def main(argv=None) -> None:
     logging.basicConfig(format="%(name)s: %(message)s")
     logging.getLogger("torch_lowbit").setLevel(logging.INFO)  # layers left in float, layouts chosen
     _check_before_work(p, args)
-    if getattr(args, "mix", None) and args.target_bpw is None:
-        p.error("--mix needs --target-bpw (bits per weight, e.g. 3.2)")
-    if (getattr(args, "target_bpw", None) is not None or getattr(args, "sensitivity", None)) and not args.mix:
-        p.error("--target-bpw and --sensitivity go with --mix FMT FMT ...")
-    if getattr(args, "mix", None) and getattr(args, "lm_eval", False):
-        p.error("--mix is not available with --lm-eval yet; quantize with --mix to a checkpoint and pass --checkpoint")
+    msq = getattr(args, "msq", False)
+    if (getattr(args, "mix", None) or msq) and args.target_bpw is None:
+        p.error(f"{'--msq' if msq else '--mix'} needs --target-bpw (bits per weight, e.g. 3.2)")
+    if (getattr(args, "target_bpw", None) is not None or getattr(args, "sensitivity", None)) and not \
+            (args.mix or msq):
+        p.error("--target-bpw and --sensitivity go with --mix FMT FMT ... or --msq")
+    if getattr(args, "sensitivity", None) == "linearity" and not msq:
+        p.error("--sensitivity linearity is MSQ's loss model: add --msq")
+    if msq and getattr(args, "sensitivity", None) == "output":
+        p.error("--msq predicts the loss by linearity (default) or fisher; --sensitivity output is --mix's")
+    if msq and getattr(args, "sensitivity", None) == "fisher" and args.rounding == "rtn":
+        p.error("--msq --sensitivity fisher needs calibration: pass --rounding imatrix (or gptq)")
+    if (getattr(args, "mix", None) or msq) and getattr(args, "lm_eval", False):
+        p.error("--mix / --msq are not available with --lm-eval yet; quantize to a checkpoint and pass --checkpoint")
     from .io import CheckpointError
     try:
         args.fn(args)
@@ -536,8 +558,8 @@ def _check_before_work(p: argparse.ArgumentParser, args) -> None:
             QuaRot.parse(args.quarot)
         except ValueError as e:
             p.error(str(e))
-        if args.mix:
-            p.error("--quarot and --mix cannot be combined; pick one")
+        if args.mix or getattr(args, "msq", False):
+            p.error("--quarot and --mix / --msq cannot be combined; pick one")
     smooth = getattr(args, "smooth", None)
     if smooth is not None and (not getattr(args, "quarot", None) or not 0.0 < smooth <= 1.0):
         p.error(f"--smooth {smooth}: needs --quarot and a value in (0, 1], e.g. --smooth 0.25")
@@ -548,7 +570,7 @@ def _check_before_work(p: argparse.ArgumentParser, args) -> None:
     if act_block is not None and (not getattr(args, "quarot", None) or act_block <= 0
                                   or (act_block not in (8, 16) and act_block % 32)):
         p.error(f"--act-block {act_block}: needs --quarot and 16, 8 or a multiple of 32 features, e.g. --act-block 16")
-    if getattr(args, "sequential", False) and (args.rounding == "rtn" or args.mix):
+    if getattr(args, "sequential", False) and (args.rounding == "rtn" or args.mix or getattr(args, "msq", False)):
         p.error("--sequential calibrates layer by layer: it needs --rounding gptq, imatrix or mixed, and no --mix")
     from .nn.ggml_mixes import NAMED_MIXES
     for name in names:

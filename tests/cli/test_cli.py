@@ -213,7 +213,12 @@ def test_cli_checks_names_and_paths_before_any_work(tmp_path):
              (["eval", "--act-block", "16"], "--act-block 16: needs --quarot"),
              (["eval", "--quarot", "W16A4", "--act-block", "7"], "16, 8 or a multiple of 32"),
              (["eval", "--kv-group", "32"], "--kv-group 32: needs --quarot"),
-             (["eval", "--sequential"], "--sequential calibrates layer by layer")]
+             (["eval", "--sequential"], "--sequential calibrates layer by layer"),
+             (["eval", "--msq"], "--msq needs --target-bpw"),
+             (["eval", "--mix", "gcb2", "gcb3", "--target-bpw", "3", "--sensitivity", "linearity"], "add --msq"),
+             (["eval", "--msq", "--target-bpw", "3", "--sensitivity", "fisher", "--rounding", "rtn"],
+              "needs calibration"),
+             (["eval", "--msq", "--target-bpw", "3", "--quarot", "W4A4"], "cannot be combined")]
     for argv, message in cases:
         r = subprocess.run([sys.executable, "-m", "torch_lowbit", *argv], capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (argv, r.stderr[-500:])

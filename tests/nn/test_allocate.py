@@ -213,3 +213,8 @@ def test_cli_quantize_step_prints_the_mix(capsys):
     assert "sensitivity: data-free weight error" in out and "| gate_up_proj |" in out
     assert f"{quantized_bpw(model):.4f} bits per weight" in out and quantized_bpw(model) <= 3.0
     assert cli._format_label(args) == "mix gcb2_sb64+gcb3_sb64 @ 3.0 bpw"
+    args.mix, args.msq = ["int2_g64", "int4_g64"], True
+    model = cli._quantize(tiny_llama(), None, args)
+    out = capsys.readouterr().out
+    assert "MSQ, data-free linearity-theorem sensitivities, exact solver" in out and "| gate_up_proj |" in out
+    assert quantized_bpw(model) <= 3.0 and cli._format_label(args) == "MSQ over int2_g64+int4_g64 @ 3.0 bpw"

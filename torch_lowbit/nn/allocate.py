@@ -25,7 +25,7 @@ parameter the format counts; a gcb layer's 64-128-byte codebook table is not cou
 format's own bits/weight).
 
 Budget: Σ bits ≤ target_bpw × Σ numel over the allocated units. Solved as a multiple-choice
-knapsack by the standard greedy: every unit starts at its cheapest candidate; then, repeatedly,
+knapsack by the standard greedy (nn/knapsack.py; MSQ, nn/msq.py, solves it exactly): every unit starts at its cheapest candidate; then, repeatedly,
 among the upgrades (a unit to one of its more expensive candidates with a lower score) that still
 fit the remaining budget, take the one with the largest score decrease per added bit. It stops
 when no upgrade fits. With two candidates this is the fractional-knapsack order, optimal up to the
@@ -34,6 +34,7 @@ last unit that did not fit.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from typing import Iterable, Mapping, Optional, Sequence
 
@@ -42,9 +43,12 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..formats import Format, get_format
+from . import knapsack
 from .fusion import fusion_jobs, job_members
 from .select import FilterFn, FormatSpec, collect_stats, input_importance, select_linears
 
+
+log = logging.getLogger("torch_lowbit")
 
 SENSITIVITIES = ("fisher", "output")
 
@@ -65,7 +69,6 @@ class _Unit:
     members: list[str]  # fqns of the Linear layers quantized as one module
     numel: int
     options: list[tuple[Format, float, float]]  # (format, bits, score), by increasing bits
-    choice: int = 0
 
 
 def allocate_formats(model: nn.Module, candidates: Sequence[FormatSpec], target_bpw: float, *,
@@ -106,44 +109,9 @@ def allocate_and_collect(model: nn.Module, candidates: Sequence[FormatSpec], tar
     if sensitivity == "fisher" and calibration is None:
         raise ValueError("sensitivity='fisher' needs calibration batches (token ids); pass calibration=... "
                          "or use sensitivity='output'")
-    targets = select_linears(model, filter_fn, include_lm_head)
-    if not targets:
-        raise ValueError("allocate_formats: no nn.Linear layers selected (check filter_fn / the model)")
-    units, orphans = [], []
-    for job in fusion_jobs(model, targets, fuse):
-        members = job_members(job)
-        layers = [targets[f] for f in members]
-        n, k = sum(m.out_features for m in layers), layers[0].in_features
-        held = sorted((f for f in cands if all(f.shape_problem(m.out_features, m.in_features) is None
-                                               for m in layers)), key=lambda f: f.bits_per_weight())
-        if held:
-            units.append(_Unit(members, n * k, [(f, f.bits_per_weight() * n * k, 0.0) for f in held]))
-        else:
-            orphans += [f"{fqn} (in_features={k})" for fqn in members]
-    if orphans and not skip_incompatible:
-        raise ValueError(f"none of {', '.join(f.name for f in cands)} can hold {len(orphans)} layer(s): "
-                         f"{'; '.join(orphans[:3])}{' …' if len(orphans) > 3 else ''}. Add a candidate whose group "
-                         "size divides them, exclude them with filter_fn, or pass skip_incompatible=True to keep "
-                         "them in float")
-    if not units:
-        raise ValueError("allocate_formats: no selected layer can be held by any candidate")
-
-    total = sum(u.numel for u in units)
-    budget = target_bpw * total
-    low = sum(u.options[0][1] for u in units)
-    high = sum(u.options[-1][1] for u in units)
-    cheapest = min(cands, key=lambda f: f.bits_per_weight())
-    priciest = max(cands, key=lambda f: f.bits_per_weight())
-    if budget < low * (1 - 1e-9):
-        raise ValueError(f"target_bpw={target_bpw} is below the cheapest possible mix ({low / total:.4f} bits per "
-                         f"weight: each layer in its cheapest candidate, e.g. {cheapest.name} at "
-                         f"{cheapest.bits_per_weight():.4f}); raise target_bpw or add a cheaper candidate")
-    if budget > high * (1 + 1e-9):
-        raise ValueError(f"target_bpw={target_bpw} is above the most expensive mix ({high / total:.4f} bits per "
-                         f"weight: each layer in its priciest candidate, e.g. {priciest.name} at "
-                         f"{priciest.bits_per_weight():.4f}); lower target_bpw, add a richer candidate, or just "
-                         f"quantize everything with {priciest.name}")
-
+    targets, units = build_units(model, cands, filter_fn=filter_fn, include_lm_head=include_lm_head, fuse=fuse,
+                                 skip_incompatible=skip_incompatible, caller="allocate_formats")
+    budget = check_budget(units, cands, target_bpw, above_is_error=True)
     choices = [u for u in units if len(u.options) > 1]  # a unit one candidate holds has no choice to score
     stats: dict[str, Tensor] = {}
     if calibration is not None and choices:
@@ -165,8 +133,69 @@ def allocate_and_collect(model: nn.Module, candidates: Sequence[FormatSpec], tar
         per_weight = None if fisher is None else _cat([fisher.pop(f) for f in u.members])
         u.options = [(f, bits, quantization_error(f, weight, imp, per_weight)) for f, bits, _ in u.options]
 
-    _greedy_upgrade(units, budget - low)
-    return {fqn: u.options[u.choice][0] for u in units for fqn in u.members}, stats
+    choice = knapsack.solve_greedy([[score for _, _, score in u.options] for u in units],
+                                   [[[bits for _, bits, _ in u.options] for u in units]], [budget])
+    return {fqn: u.options[j][0] for u, j in zip(units, choice) for fqn in u.members}, stats
+
+
+def build_units(model: nn.Module, cands: Sequence[Format], *, filter_fn: Optional[FilterFn], include_lm_head: bool,
+                fuse: bool, skip_incompatible: bool, caller: str) -> tuple[dict[str, nn.Linear], list[_Unit]]:
+    """The selected Linear layers and the units they form (fused groups as quantize_ builds them),
+    each with the candidates that can hold it, cheapest first (scores 0 until scored). A candidate
+    that cannot hold some unit is left out there, said once per candidate in the log; a unit no
+    candidate holds raises, or with skip_incompatible is left out (stays float)."""
+    targets = select_linears(model, filter_fn, include_lm_head)
+    if not targets:
+        raise ValueError(f"{caller}: no nn.Linear layers selected (check filter_fn / the model)")
+    units, orphans, skipped = [], [], {}
+    for job in fusion_jobs(model, targets, fuse):
+        members = job_members(job)
+        layers = [targets[f] for f in members]
+        n, k = sum(m.out_features for m in layers), layers[0].in_features
+        held = []
+        for f in cands:
+            if all(f.shape_problem(m.out_features, m.in_features) is None for m in layers):
+                held.append(f)
+            else:
+                skipped.setdefault(f.name, []).append(members[0])
+        held.sort(key=lambda f: f.bits_per_weight())
+        if held:
+            units.append(_Unit(members, n * k, [(f, f.bits_per_weight() * n * k, 0.0) for f in held]))
+        else:
+            orphans += [f"{fqn} (in_features={k})" for fqn in members]
+    for name, where in skipped.items():
+        log.info("%s: %s cannot hold %d unit(s) (e.g. %s): not a candidate there", caller, name, len(where), where[0])
+    if orphans and not skip_incompatible:
+        raise ValueError(f"none of {', '.join(f.name for f in cands)} can hold {len(orphans)} layer(s): "
+                         f"{'; '.join(orphans[:3])}{' …' if len(orphans) > 3 else ''}. Add a candidate whose group "
+                         "size divides them, exclude them with filter_fn, or pass skip_incompatible=True to keep "
+                         "them in float")
+    if not units:
+        raise ValueError(f"{caller}: no selected layer can be held by any candidate")
+    return targets, units
+
+
+def check_budget(units: list[_Unit], cands: Sequence[Format], target_bpw: float, above_is_error: bool) -> float:
+    """The bit budget target_bpw × the units' weights; raises naming the smallest feasible target
+    when no mix fits (and, with above_is_error, the largest useful one when even the priciest mix
+    spends less)."""
+    total = sum(u.numel for u in units)
+    budget = target_bpw * total
+    low = sum(u.options[0][1] for u in units)
+    high = sum(u.options[-1][1] for u in units)
+    cheapest = min(cands, key=lambda f: f.bits_per_weight())
+    priciest = max(cands, key=lambda f: f.bits_per_weight())
+    if budget < low * (1 - 1e-9):
+        raise ValueError(f"target_bpw={target_bpw} is below the cheapest possible mix ({low / total:.4f} bits per "
+                         f"weight: each layer in its cheapest candidate, e.g. {cheapest.name} at "
+                         f"{cheapest.bits_per_weight():.4f}); raise target_bpw to at least {low / total:.4f} or add a "
+                         "cheaper candidate")
+    if above_is_error and budget > high * (1 + 1e-9):
+        raise ValueError(f"target_bpw={target_bpw} is above the most expensive mix ({high / total:.4f} bits per "
+                         f"weight: each layer in its priciest candidate, e.g. {priciest.name} at "
+                         f"{priciest.bits_per_weight():.4f}); lower target_bpw, add a richer candidate, or just "
+                         f"quantize everything with {priciest.name}")
+    return budget
 
 
 def quantization_error(fmt: Format, weight: Tensor, importance: Optional[Tensor] = None,
@@ -187,26 +216,6 @@ def quantization_error(fmt: Format, weight: Tensor, importance: Optional[Tensor]
 
 def _cat(rows: list[Tensor]) -> Tensor:
     return torch.cat(rows) if len(rows) > 1 else rows[0]
-
-
-def _greedy_upgrade(units: list[_Unit], spare: float) -> None:
-    """Spends `spare` bits on upgrades, best score decrease per added bit first (module doc)."""
-    while True:
-        best = None  # (gain per bit, unit, option)
-        for u in units:
-            _, bits0, score0 = u.options[u.choice]
-            for j in range(u.choice + 1, len(u.options)):
-                _, bits, score = u.options[j]
-                extra = bits - bits0
-                if score < score0 and extra <= spare:
-                    rate = (score0 - score) / max(extra, 1e-12)
-                    if best is None or rate > best[0]:
-                        best = (rate, u, j)
-        if best is None:
-            return
-        _, u, j = best
-        spare -= u.options[j][1] - u.options[u.choice][1]
-        u.choice = j
 
 
 def _check_candidates(candidates: Sequence[FormatSpec]) -> list[Format]:

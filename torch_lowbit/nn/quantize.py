@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 
 from ..formats import Format, get_format
 from .allocate import MixedBits, allocate_and_collect
+from .msq import MSQ, plan_and_collect
 from .fusion import Job, fusion_jobs, install_fused, job_members
 from .ggml_mixes import NAMED_MIXES, ggml_mix_plan
 from .linear import QuantLinear
@@ -22,7 +23,7 @@ def _set_child(model: nn.Module, fqn: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
 
 
-def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec], MixedBits], *,
+def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec], MixedBits, MSQ], *,
               filter_fn: Optional[FilterFn] = None, fuse: bool = True, skip_incompatible: bool = False,
               calibration: Optional[Iterable[Tensor]] = None, rounding: Optional[str] = None,
               layout=None, include_lm_head: bool = False, progress: bool = True,
@@ -39,7 +40,10 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
     or MixedBits(candidates, target_bpw[, sensitivity]): allocate_formats picks that plan from the
     candidates within the bit budget (with calibration: errors weighted by the loss's Fisher
     diagonal, one extra forward + backward pass; E[x²] / E[x xᵀ] are collected once for both
-    steps), then it is quantized like a plan.
+    steps), then it is quantized like a plan;
+    or MSQ(candidates="palette", target_bpw=...): mixed-scheme quantization (nn/msq.py): the plan
+    of least predicted loss (data-free linearity-theorem sensitivities by default) within the budget,
+    solved exactly, then quantized like a plan.
     filter_fn(module, fqn) -> bool picks layers (default: all Linear but lm_head / output embeddings).
     fuse: q/k/v and gate/up projections of Llama-like blocks become one fused QuantLinear each
     (under a plan: only where the group's members share one format; the others stay separate).
@@ -79,6 +83,11 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
                                           sensitivity=fmt.sensitivity, rounding=rounding, filter_fn=filter_fn,
                                           include_lm_head=include_lm_head, fuse=fuse,
                                           skip_incompatible=skip_incompatible, progress=progress)
+    elif isinstance(fmt, MSQ):
+        msq_plan, stats = plan_and_collect(model, fmt, calibration=calibration, rounding=rounding, filter_fn=filter_fn,
+                                           include_lm_head=include_lm_head, fuse=fuse,
+                                           skip_incompatible=skip_incompatible, progress=progress)
+        fmt = msq_plan.formats
     plan, jobs, label = plan_jobs(model, fmt, filter_fn=filter_fn, fuse=fuse, skip_incompatible=skip_incompatible,
                                   include_lm_head=include_lm_head)
     targets: dict[str, nn.Linear] = {fqn: model.get_submodule(fqn) for fqn in plan}
@@ -86,7 +95,7 @@ def quantize_(model: nn.Module, fmt: Union[FormatSpec, Mapping[str, FormatSpec],
         raise ValueError("sequential=True calibrates layer by layer; it needs a data-aware rounding "
                          "(gptq, imatrix, mixed) and calibration batches")
     if sequential and stats:
-        raise ValueError("sequential=True cannot be combined with MixedBits (its allocation needs the "
+        raise ValueError("sequential=True cannot be combined with MixedBits / MSQ (its allocation needs the "
                          "statistics of the float model up front)")
     step = max(1, len(jobs) // 10)  # progress lines for logs, where tqdm's bar is off (no terminal)
     bar = tqdm(total=len(jobs), desc=f"quantize {label}", disable=None if progress else True, leave=False)

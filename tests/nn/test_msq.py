@@ -1,0 +1,139 @@
+"""Mixed-scheme quantization (torch_lowbit/nn/msq.py) on a small random Llama: plans within the
+budget, optimal for their own predicted losses (brute force), never worse than the greedy, through
+quantize_ and a checkpoint, and the errors. Candidates are a few formats (each palette one costs a
+Gaussian distortion measurement, cached per test session)."""
+import itertools
+import logging
+
+import pytest
+import torch
+
+import torch_lowbit as tl
+from torch_lowbit.formats import distortion
+from torch_lowbit.nn import msq as msq_module
+from torch_lowbit.nn import ProjectionSlot
+from torch_lowbit.nn.allocate import plan_bpw
+from torch_lowbit.nn.msq import MSQ, candidate_set, plan_msq
+
+from conftest import tiny_llama
+
+pytest.importorskip("scipy")
+
+ROTATED = ["tcq2_1mad", "nuq3", "vq2"]
+MIXED = ["tcq2_1mad", "nuq3", "int4_g64"]  # int4_g64 is measured on each layer's weight
+FAST = dict(sequences=2, length=24)
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("TORCH_LOWBIT_CACHE", str(tmp_path_factory.getbasetemp() / "msq-cache"))
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return tiny_llama(num_hidden_layers=2, vocab_size=200)
+
+
+def test_plan_is_within_budget_fused_groups_share_and_losses_add_up():
+    model = _model()
+    plan = plan_msq(model, MSQ(MIXED, 3.1, **FAST), progress=False)
+    assert plan.bpw <= 3.1 + 1e-9 and plan_bpw(model, plan.formats) == pytest.approx(plan.bpw)
+    assert len(plan.units) == 8  # q+k+v, o, gate+up, down per block
+    for u in plan.units:
+        assert {plan.formats[f] for f in u.members} == {u.fmt}
+        assert u.loss == pytest.approx(u.sensitivity * u.distortion)
+        if u.fmt.name == "int4_g64":
+            w = torch.cat([model.get_submodule(f).weight for f in u.members])
+            assert u.distortion == pytest.approx(distortion.relative_error(u.fmt, w))
+        else:
+            assert u.distortion == distortion.gaussian_distortion(u.fmt)
+    assert plan.predicted_loss == pytest.approx(sum(u.loss for u in plan.units))
+    assert "| block |" in plan.table() and "predicted loss" in plan.table()
+
+
+def test_exact_plan_is_the_brute_force_optimum_and_never_worse_than_greedy():
+    model = _model(1)
+    first = plan_msq(model, MSQ(ROTATED, 2.6, **FAST), progress=False)
+    sens = first.sensitivities()
+    by_name = {u.name: u for u in first.units}
+    cands = [tl.get_format(f) for f in ROTATED]
+    for target in (2.2, 2.6, 2.9):
+        exact = plan_msq(model, MSQ(ROTATED, target, sensitivities=sens), progress=False)
+        greedy = plan_msq(model, MSQ(ROTATED, target, solver="greedy", sensitivities=sens), progress=False)
+        assert exact.predicted_loss <= greedy.predicted_loss * (1 + 1e-12) and greedy.bpw <= target + 1e-9
+        best = None
+        names = list(by_name)
+        total = sum(by_name[n].numel for n in names)
+        for combo in itertools.product(cands, repeat=len(names)):
+            bits = sum(f.bits_per_weight() * by_name[n].numel for f, n in zip(combo, names))
+            if bits <= target * total * (1 + 1e-12):
+                loss = sum(sens[n] * distortion.gaussian_distortion(f) for f, n in zip(combo, names))
+                best = loss if best is None else min(best, loss)
+        assert exact.predicted_loss == pytest.approx(best, rel=1e-9)
+
+
+def test_given_sensitivities_are_not_measured_again(monkeypatch):
+    model = _model(2)
+    plan = plan_msq(model, MSQ(ROTATED, 2.5, **FAST), progress=False)
+
+    def measure(*a, **k):
+        raise AssertionError("sensitivities were given")
+    monkeypatch.setattr(msq_module, "linearity_sensitivities", measure)
+    again = plan_msq(model, MSQ(ROTATED, 2.5, sensitivities=plan.sensitivities()), progress=False)
+    assert again.formats == plan.formats
+
+
+def test_quantize_with_msq_then_save_and_load(tmp_path):
+    model = _model(3)
+    ref = _model(3)
+    spec = MSQ(MIXED, 3.2, **FAST)
+    plan = plan_msq(ref, spec, progress=False)
+    tl.quantize_(model, spec, progress=False)
+    for fqn, fmt in plan.formats.items():
+        parent, _, name = fqn.rpartition(".")
+        mod = model.get_submodule(fqn)
+        if isinstance(mod, ProjectionSlot):  # a slice of the fused module beside it
+            mod = model.get_submodule(f"{parent}.{mod.fused_name}")
+        assert mod.fmt.name == fmt.name, fqn
+    ids = torch.randint(0, 200, (1, 12))
+    with torch.no_grad():
+        out = model(ids).logits
+    path = tmp_path / "msq.safetensors"
+    tl.save_quantized(model, path)
+    loaded = tl.load_quantized(_model(3), path)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, out)
+
+
+def test_budgets_and_candidates_are_checked(caplog):
+    model = _model(4)
+    with pytest.raises(ValueError, match=r"raise target_bpw to at least 2\.0000"):
+        plan_msq(model, MSQ(ROTATED, 1.5, **FAST), progress=False)
+    with pytest.raises(ValueError, match="needs a budget"):
+        MSQ(ROTATED)
+    with pytest.raises(ValueError, match="unknown loss model"):
+        MSQ(ROTATED, 3.0, loss="hessian")
+    with pytest.raises(ValueError, match="unknown candidate set"):
+        MSQ("pallete", 3.0).formats()
+    with pytest.raises(ValueError, match="calibration"):
+        plan_msq(model, MSQ(ROTATED, 3.0, loss="fisher"), progress=False)
+    # q4_k's 256-weight super-blocks hold no layer here (hidden 128): skipped with a log line
+    with caplog.at_level(logging.INFO, logger="torch_lowbit"):
+        plan = plan_msq(model, MSQ(["q4_k", "tcq2_1mad", "nuq3"], 2.5, **FAST), progress=False)
+    assert "q4_k cannot hold 8 unit(s)" in caplog.text
+    assert all(f.name != "q4_k" for f in plan.formats.values())
+
+
+def test_the_palette_set_is_every_rotated_palette_format():
+    names = candidate_set("palette")
+    assert {"nuq2", "vq2", "tcq3", "tcq3_1mad", "tcq2.25"} <= set(names)
+    assert not any(n.startswith(("q4", "int", "gcb")) for n in names)
+    assert all(tl.get_format(n).rotate for n in names)
+
+
+def test_fisher_loss_model_with_calibration():
+    model = _model(5)
+    calib = [torch.randint(0, 200, (1, 16)) for _ in range(2)]
+    plan = plan_msq(model, MSQ(["int2_g64", "int4_g64"], 3.0, loss="fisher"), calibration=calib, progress=False)
+    assert plan.bpw <= 3.0 + 1e-9 and {f.name for f in plan.formats.values()} == {"int2_g64", "int4_g64"}
+    assert plan.predicted_loss > 0
