@@ -92,3 +92,35 @@ def test_errors_name_the_problem():
         knapsack.solve_greedy([[1.0]], [[[1.0]], [[1.0]]], [5.0, 5.0])
     with pytest.raises(ValueError, match="unknown solver"):
         knapsack.solve([[1.0]], [[[1.0]]], [5.0], solver="dp")
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_alternatives_pick_the_whole_or_every_part_optimally(seed):
+    """Units 0 (whole) | 1, 2 (its parts), 3 and 4 free; two constraints (bits, latency)."""
+    rng = random.Random(seed + 500)
+    losses, costs = _instance(rng, units=5, options=3, constraints=2)
+    alts = [(0, [1, 2])]
+    budgets = [rng.uniform(10, 25), rng.uniform(10, 25)]
+    best = None
+    for choice in itertools.product(*(range(3) for _ in range(5))):
+        for fused in (True, False):
+            c = list(choice)
+            if fused:
+                c[1] = c[2] = -1
+            else:
+                c[0] = -1
+            if all(knapsack.total(t, c) <= b for t, b in zip(costs, budgets)):
+                loss = knapsack.total(losses, c)
+                best = loss if best is None else min(best, loss)
+    if best is None:
+        with pytest.raises(ValueError):
+            knapsack.solve_exact(losses, costs, budgets, alts)
+        return
+    choice = knapsack.solve_exact(losses, costs, budgets, alts)
+    assert (choice[0] >= 0) != (choice[1] >= 0 and choice[2] >= 0) and choice[3] >= 0 and choice[4] >= 0
+    assert (choice[0] == -1) == (choice[1] >= 0) == (choice[2] >= 0)
+    assert knapsack.total(losses, choice) == pytest.approx(best, rel=1e-12, abs=1e-12)
+    with pytest.raises(ValueError, match="only the exact solver"):
+        knapsack.solve(losses, costs[:1], budgets[:1], "greedy", alts)
+    with pytest.raises(ValueError, match="distinct units"):
+        knapsack.solve_exact(losses, costs, budgets, [(0, [1, 2]), (2, [3])])

@@ -39,14 +39,15 @@ def test_plan_is_within_budget_fused_groups_share_and_losses_add_up():
     plan = plan_msq(model, MSQ(MIXED, 3.1, **FAST), progress=False)
     assert plan.bpw <= 3.1 + 1e-9 and plan_bpw(model, plan.formats) == pytest.approx(plan.bpw)
     assert len(plan.units) == 8  # q+k+v, o, gate+up, down per block
+    sens = plan.sensitivities()
+    assert set(sens) == set(plan.formats) and all(a > 0 for a in sens.values())
     for u in plan.units:
         assert {plan.formats[f] for f in u.members} == {u.fmt}
-        assert u.loss == pytest.approx(u.sensitivity * u.distortion)
-        if u.fmt.name == "int4_g64":
-            w = torch.cat([model.get_submodule(f).weight for f in u.members])
-            assert u.distortion == pytest.approx(distortion.relative_error(u.fmt, w))
-        else:
-            assert u.distortion == distortion.gaussian_distortion(u.fmt)
+        if u.fmt.name == "int4_g64":  # measured on each layer's weight
+            d = [distortion.relative_error(u.fmt, model.get_submodule(f).weight) for f in u.members]
+        else:  # rotated: the Gaussian distortion
+            d = [distortion.gaussian_distortion(u.fmt)] * len(u.members)
+        assert u.loss == pytest.approx(sum(sens[f] * x for f, x in zip(u.members, d)))
     assert plan.predicted_loss == pytest.approx(sum(u.loss for u in plan.units))
     assert "| block |" in plan.table() and "predicted loss" in plan.table()
 
@@ -56,6 +57,7 @@ def test_exact_plan_is_the_brute_force_optimum_and_never_worse_than_greedy():
     first = plan_msq(model, MSQ(ROTATED, 2.6, **FAST), progress=False)
     sens = first.sensitivities()
     by_name = {u.name: u for u in first.units}
+    a = {u.name: sum(sens[f] for f in u.members) for u in first.units}
     cands = [tl.get_format(f) for f in ROTATED]
     for target in (2.2, 2.6, 2.9):
         exact = plan_msq(model, MSQ(ROTATED, target, sensitivities=sens), progress=False)
@@ -67,7 +69,7 @@ def test_exact_plan_is_the_brute_force_optimum_and_never_worse_than_greedy():
         for combo in itertools.product(cands, repeat=len(names)):
             bits = sum(f.bits_per_weight() * by_name[n].numel for f, n in zip(combo, names))
             if bits <= target * total * (1 + 1e-12):
-                loss = sum(sens[n] * distortion.gaussian_distortion(f) for f, n in zip(combo, names))
+                loss = sum(a[n] * distortion.gaussian_distortion(f) for f, n in zip(combo, names))
                 best = loss if best is None else min(best, loss)
         assert exact.predicted_loss == pytest.approx(best, rel=1e-9)
 
@@ -109,7 +111,7 @@ def test_budgets_and_candidates_are_checked(caplog):
     model = _model(4)
     with pytest.raises(ValueError, match=r"raise target_bpw to at least 2\.0000"):
         plan_msq(model, MSQ(ROTATED, 1.5, **FAST), progress=False)
-    with pytest.raises(ValueError, match="needs a budget"):
+    with pytest.raises(ValueError, match="needs a budget: target_bpw"):
         MSQ(ROTATED)
     with pytest.raises(ValueError, match="unknown loss model"):
         MSQ(ROTATED, 3.0, loss="hessian")
@@ -137,3 +139,74 @@ def test_fisher_loss_model_with_calibration():
     plan = plan_msq(model, MSQ(["int2_g64", "int4_g64"], 3.0, loss="fisher"), calibration=calib, progress=False)
     assert plan.bpw <= 3.0 + 1e-9 and {f.name for f in plan.formats.values()} == {"int2_g64", "int4_g64"}
     assert plan.predicted_loss > 0
+
+
+def _fake_latency(monkeypatch, per_weight):
+    """Latencies from a formula instead of timing: per_weight[format] µs per 1k weights, plus 5 µs a module."""
+    seen = []
+
+    def latency(fmt, n, k, m=1, device="cpu"):
+        seen.append((fmt.name, n, k, m))
+        return (5.0 + per_weight[fmt.name] * n * k / 1000) * 1e-6
+    monkeypatch.setattr(msq_module, "layer_latency", latency)
+    return seen
+
+
+def test_latency_budget_trades_loss_for_time(monkeypatch):
+    model = _model(6)
+    sens = plan_msq(model, MSQ(ROTATED, 2.6, **FAST), progress=False).sensitivities()
+    per_weight = {"tcq2_1mad": 1.0, "vq2": 2.0, "nuq3": 3.0}  # the least loss is the slowest here
+    seen = _fake_latency(monkeypatch, per_weight)
+    roomy = plan_msq(model, MSQ(ROTATED, target_latency_ms=10.0, sensitivities=sens), progress=False)
+    assert {f.name for f in roomy.formats.values()} == {"nuq3"}
+    assert (ROTATED[0], 128 + 2 * 64, 128, 1) in seen  # the fused q/k/v shape (4 heads, 2 KV heads of 32)
+    assert (ROTATED[0], 64, 128, 1) in seen  # and k alone: the unfused alternative
+    sizes = [u.numel for u in plan_msq(model, MSQ(ROTATED, 2.6, sensitivities=sens), progress=False).units]
+    fastest = sum(5.0 + 1.0 * n / 1000 for n in sizes) * 1e-3  # every fused module in tcq2_1mad
+    slowest = sum(5.0 + 3.0 * n / 1000 for n in sizes) * 1e-3
+    budget = (fastest + slowest) / 2
+    mid = plan_msq(model, MSQ(ROTATED, target_latency_ms=budget, sensitivities=sens), progress=False)
+    assert mid.latency_ms <= budget * (1 + 1e-9) and mid.latency_ms == pytest.approx(
+        sum(u.latency_s for u in mid.units) * 1e3)
+    assert roomy.predicted_loss < mid.predicted_loss and len({f.name for f in mid.formats.values()}) > 1
+    at_least = plan_msq(model, MSQ(ROTATED, target_latency_ms=fastest * (1 + 1e-9), sensitivities=sens),
+                        progress=False)
+    assert {f.name for f in at_least.formats.values()} == {"tcq2_1mad"} and len(at_least.units) == len(sizes)
+    with pytest.raises(ValueError, match=f"raise target_latency_ms to at least {fastest:.4f}"):
+        plan_msq(model, MSQ(ROTATED, target_latency_ms=fastest * 0.99, sensitivities=sens), progress=False)
+
+
+def test_fusion_is_given_up_where_separate_formats_win(monkeypatch):
+    """With every format equally fast and no launch cost, fused and unfused modules cost the same
+    time; under a bit budget the unfused alternative can only lower the loss, and the exact program
+    finds the layer-by-layer optimum."""
+    model = _model(7)
+    sens = plan_msq(model, MSQ(ROTATED, 2.6, **FAST), progress=False).sensitivities()
+
+    def latency(fmt, n, k, m=1, device="cpu"):
+        return n * k * 1e-9
+    monkeypatch.setattr(msq_module, "layer_latency", latency)
+    both = plan_msq(model, MSQ(ROTATED, 2.6, target_latency_ms=1.0, sensitivities=sens), progress=False)
+    fused_only = plan_msq(model, MSQ(ROTATED, 2.6, sensitivities=sens), progress=False)
+    unfused = plan_msq(model, MSQ(ROTATED, 2.6, sensitivities=sens), fuse=False, progress=False)
+    assert both.bpw <= 2.6 + 1e-9
+    assert both.predicted_loss == pytest.approx(unfused.predicted_loss, rel=1e-9)
+    assert both.predicted_loss <= fused_only.predicted_loss * (1 + 1e-12)
+    assert len(both.units) >= len(fused_only.units)
+
+
+def test_layer_latency_is_measured_once_and_cached(tmp_path, monkeypatch):
+    from torch_lowbit.nn import latency
+    monkeypatch.setenv("TORCH_LOWBIT_CACHE", str(tmp_path))
+    fmt = tl.get_format("int4_g64")
+    calls = []
+    real = latency.measure
+    monkeypatch.setattr(latency, "measure", lambda *a, **k: calls.append(a) or real(*a, **k))
+    first = latency.layer_latency(fmt, 96, 128, 1)
+    assert first > 0 and latency.layer_latency(fmt, 96, 128, 1) == first and len(calls) == 1
+    assert latency.cached_table() == {latency.entry_key(fmt, 96, 128, 1): first}
+    assert "threads" in latency.device_key() and latency.device_key().startswith("cpu|")
+    with pytest.raises(KeyError, match="bench latency"):
+        latency.layer_latency(fmt, 96, 128, 16, measure_missing=False)
+    with pytest.raises(ValueError, match="cannot hold a 96x48 layer"):
+        latency.measure(fmt, 96, 48, 1)

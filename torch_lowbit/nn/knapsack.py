@@ -11,6 +11,10 @@ under each constraint c (bits, or measured latency) and predicts loss[u][j]; min
                   (one constraint). Optimal up to the last unit that did not fit when each unit's
                   options are convex; the fallback without scipy.
 
+Alternatives (exact solver): (whole, parts) says that exactly one of "an option of unit `whole`" and
+"an option of every unit in `parts`" is taken (a fused q/k/v module in one format, or q, k and v
+each in its own); the units left out are -1 in the result.
+
 Options that another option of the same unit dominates (no more cost under every constraint, no more
 loss, one of them strictly less) are dropped first: neither solver would take them."""
 from __future__ import annotations
@@ -20,7 +24,8 @@ from typing import Optional, Sequence
 Table = Sequence[Sequence[float]]  # [unit][option]
 
 
-def check_problem(losses: Table, costs: Sequence[Table], budgets: Sequence[float]) -> None:
+def check_problem(losses: Table, costs: Sequence[Table], budgets: Sequence[float],
+                  alternatives: Sequence[tuple[int, Sequence[int]]] = ()) -> None:
     """Raises ValueError naming what is inconsistent, or which budget no choice meets and the
     smallest one that some choice meets (each unit at its cheapest option under that constraint)."""
     if not losses or any(len(opts) == 0 for opts in losses):
@@ -30,8 +35,14 @@ def check_problem(losses: Table, costs: Sequence[Table], budgets: Sequence[float
     for c, table in enumerate(costs):
         if len(table) != len(losses) or any(len(a) != len(b) for a, b in zip(table, losses)):
             raise ValueError(f"knapsack: cost table {c} does not have one cost per unit and option")
+    grouped = [u for whole, parts in alternatives for u in (whole, *parts)]
+    if len(grouped) != len(set(grouped)) or any(not 0 <= u < len(losses) for u in grouped) or \
+            any(not parts for _, parts in alternatives):
+        raise ValueError("knapsack: alternatives must name distinct units, each with at least one part")
+    grouped_set = set(grouped)
     for c, (table, budget) in enumerate(zip(costs, budgets)):
-        least = sum(min(opts) for opts in table)
+        least = sum(min(opts) for u, opts in enumerate(table) if u not in grouped_set) + \
+            sum(min(min(table[whole]), sum(min(table[p]) for p in parts)) for whole, parts in alternatives)
         if least > budget + _tolerance(budget):
             raise ValueError(f"knapsack: budget {budget:g} of constraint {c} is below the cheapest choice "
                              f"({least:g}: every unit at its cheapest option)")
@@ -56,9 +67,10 @@ def dominated(losses: Table, costs: Sequence[Table], unit: int) -> set[int]:
 
 
 def solve_exact(losses: Table, costs: Sequence[Table], budgets: Sequence[float],
-                time_limit: Optional[float] = 60.0) -> list[int]:
-    """The optimal option per unit (module doc). Needs scipy (>= 1.9: `pip install scipy`)."""
-    check_problem(losses, costs, budgets)
+                alternatives: Sequence[tuple[int, Sequence[int]]] = (), time_limit: Optional[float] = 60.0) -> list[int]:
+    """The optimal option per unit (module doc; -1 for units an alternative left out). Needs scipy
+    (>= 1.9: `pip install scipy`)."""
+    check_problem(losses, costs, budgets, alternatives)
     try:
         import numpy as np
         from scipy.optimize import Bounds, LinearConstraint, milp
@@ -72,21 +84,29 @@ def solve_exact(losses: Table, costs: Sequence[Table], budgets: Sequence[float],
     for u, js in enumerate(keep):
         var_unit += [u] * len(js)
         var_opt += js
-    n = len(var_unit)
+    n = len(var_unit) + len(alternatives)  # then one indicator per alternative: "the parts are taken"
     # scale each row to O(1) so HiGHS's absolute tolerances mean the same for bits and for seconds
     loss_scale = max(max(abs(v) for v in opts) for opts in losses) or 1.0
-    objective = np.array([losses[u][j] / loss_scale for u, j in zip(var_unit, var_opt)])
-    one_each = csr_array((np.ones(n), (np.array(var_unit), np.arange(n))), shape=(len(keep), n))
+    objective = np.array([losses[u][j] / loss_scale for u, j in zip(var_unit, var_opt)] + [0.0] * len(alternatives))
+    rows_i, cols_i, vals = list(var_unit), list(range(len(var_unit))), [1.0] * len(var_unit)
+    rhs = np.ones(len(keep))
+    for g, (whole, parts) in enumerate(alternatives):
+        z = len(var_unit) + g
+        rows_i.append(whole), cols_i.append(z), vals.append(1.0)  # Σ x[whole] + z = 1
+        for p in parts:  # Σ x[part] - z = 0
+            rows_i.append(p), cols_i.append(z), vals.append(-1.0)
+            rhs[p] = 0.0
+    one_each = csr_array((np.array(vals), (np.array(rows_i), np.array(cols_i))), shape=(len(keep), n))
     options = {"mip_rel_gap": 0.0, "disp": False}
     if time_limit is not None:
         options["time_limit"] = float(time_limit)
     slack = [0.0] * len(budgets)
     for _ in range(4):  # HiGHS accepts a row up to its feasibility tolerance over: tighten and re-solve
-        rows = [LinearConstraint(one_each, 1, 1)]
+        rows = [LinearConstraint(one_each, rhs, rhs)]
         for table, budget, tight in zip(costs, budgets, slack):
             scale = max(abs(budget), 1e-30)
-            rows.append(LinearConstraint(np.array([[table[u][j] / scale for u, j in zip(var_unit, var_opt)]]),
-                                         -np.inf, (budget - tight) / scale))
+            row = [table[u][j] / scale for u, j in zip(var_unit, var_opt)] + [0.0] * len(alternatives)
+            rows.append(LinearConstraint(np.array([row]), -np.inf, (budget - tight) / scale))
         res = milp(objective, constraints=rows, integrality=np.ones(n), bounds=Bounds(0, 1), options=options)
         if res.x is None:
             raise ValueError(f"knapsack: the integer program found no plan ({res.message})")
@@ -94,9 +114,12 @@ def solve_exact(losses: Table, costs: Sequence[Table], budgets: Sequence[float],
             raise ValueError(f"knapsack: the integer program stopped before proving its plan optimal "
                              f"({res.message}); raise time_limit or use solver='greedy'")
         choice = [-1] * len(keep)
-        for k in np.flatnonzero(res.x > 0.5):
+        for k in np.flatnonzero(res.x[:len(var_unit)] > 0.5):
             choice[var_unit[k]] = var_opt[k]
-        assert all(c >= 0 for c in choice), "milp returned a unit without an option"
+        for whole, parts in alternatives:
+            assert (choice[whole] >= 0) != all(choice[p] >= 0 for p in parts), "milp broke an alternative"
+        assert sum(c >= 0 for c in choice) == len(keep) - sum(len(p) if choice[w] >= 0 else 1
+                                                              for w, p in alternatives), "milp left a unit out"
         over = [total(table, choice) - budget for table, budget in zip(costs, budgets)]
         if all(o <= _tolerance(b) for o, b in zip(over, budgets)):
             return choice
@@ -129,16 +152,20 @@ def solve_greedy(losses: Table, costs: Sequence[Table], budgets: Sequence[float]
         choice[u] = j
 
 
-def solve(losses: Table, costs: Sequence[Table], budgets: Sequence[float], solver: str = "exact") -> list[int]:
+def solve(losses: Table, costs: Sequence[Table], budgets: Sequence[float], solver: str = "exact",
+          alternatives: Sequence[tuple[int, Sequence[int]]] = ()) -> list[int]:
     if solver == "exact":
-        return solve_exact(losses, costs, budgets)
+        return solve_exact(losses, costs, budgets, alternatives)
+    if alternatives:
+        raise ValueError("knapsack: only the exact solver chooses between alternatives (fused or not)")
     if solver == "greedy":
         return solve_greedy(losses, costs, budgets)
     raise ValueError(f"unknown solver {solver!r}; choose 'exact' or 'greedy'")
 
 
 def total(table: Table, choice: Sequence[int]) -> float:
-    return sum(table[u][j] for u, j in enumerate(choice))
+    """Σ of the chosen options' values (units left out, -1, count nothing)."""
+    return sum(table[u][j] for u, j in enumerate(choice) if j >= 0)
 
 
 def _tolerance(budget: float) -> float:

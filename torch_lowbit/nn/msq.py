@@ -1,22 +1,25 @@
-"""Mixed-scheme quantization (MSQ, Q-Palette §5): each unit (a layer, or a q/k/v or gate/up group that
-quantize_ fuses into one module) gets one format from a candidate palette, chosen to minimise the
-predicted loss of the whole model within a bit budget, solved exactly.
+"""Mixed-scheme quantization (MSQ, Q-Palette §5): each module (a layer, or a q/k/v or gate/up group
+that quantize_ fuses) gets one format from a candidate palette, chosen to minimise the predicted loss
+of the whole model within a bit budget and/or a measured latency budget, solved exactly.
 
     tl.quantize_(model, tl.MSQ(target_bpw=2.875))                      # the palette, data-free
     plan = tl.plan_msq(model, tl.MSQ(["tcq2", "tcq3", "q4_k"], 3.0))   # the plan alone, with its report
     print(plan.table()); tl.quantize_(model, plan.formats)
+    tl.MSQ(target_latency_ms=4.0)                                      # Σ layer latencies at batch 1
 
-Loss model (loss=):
-    "linearity" (default, data-free): the linearity theorem (calibrate/linearity.py): predicted loss
-        of a plan = Σ_u a_u · d_u(Q), a_u the unit's KL-divergence sensitivity on text the model
-        samples itself, d_u(Q) the relative error ‖W − Q(W)‖² / ‖W‖² of Q on the unit: for rotated
-        Q-Palette formats their distortion on a standard Gaussian (formats/distortion.py: cached, no
-        layer is quantized), for the others measured on the unit's weight (data-free rounding).
+Loss model (loss=), per layer l and format Q, summed over the plan's layers:
+    "linearity" (default, data-free): the linearity theorem (calibrate/linearity.py): a_l · d_l(Q),
+        a_l the layer's KL-divergence sensitivity on text the model samples itself, d_l(Q) the relative
+        error ‖W − Q(W)‖² / ‖W‖²: for rotated Q-Palette formats their distortion on a standard Gaussian
+        (formats/distortion.py: cached, no layer is quantized), for the others measured on the layer.
     "fisher" (calibration batches): Σ_nk F[n,k] (W − Q(W))²[n,k] with F the empirical Fisher
-        diagonal (nn/allocate.py's score); every unit is quantized once per candidate.
-Solver (solver=): "exact" (an integer program solved to optimality, nn/knapsack.py; needs scipy) or
-"greedy" (gain per bit). Candidates (candidates=): "palette" (every registered Q-Palette format:
-NUQ, VQ, TCQ and its 1MAD variants at 1 to 5 bits), or a list of format names / configs."""
+        diagonal (nn/allocate.py's score); every layer is quantized once per candidate.
+Latency (target_latency_ms=): each candidate module's forward measured on this device at `batch`
+tokens (nn/latency.py, cached per device); a fused group is then also offered unfused (its layers
+in their own formats, at their own latencies) and the program picks. Solver (solver=): "exact" (an
+integer program solved to optimality, nn/knapsack.py; needs scipy) or "greedy" (gain per bit, bit
+budget only). Candidates (candidates=): "palette" (every registered rotated Q-Palette format: NUQ,
+VQ, TCQ and its 1MAD variants, 1 to 5 bits), or a list of format names / configs."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,13 +28,15 @@ import re
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 
 from ..calibrate.linearity import DEFAULT_NOISE, linearity_sensitivities, self_generated_tokens, unit_name
 from ..formats import Format, formats, get_format
 from ..formats.distortion import gaussian_distortion, relative_error
 from ..formats.palette import PaletteFormat
 from . import knapsack
-from .allocate import _cat, _check_candidates, build_units, check_budget, quantization_error
+from .allocate import _check_candidates, build_units, check_budget, quantization_error
+from .latency import layer_latency
 from .select import FilterFn, FormatSpec, collect_stats, input_importance
 
 log = logging.getLogger("torch_lowbit")
@@ -52,26 +57,35 @@ class MSQ:
     """quantize_(model, MSQ(...)): plan_msq, then quantize the plan (module doc)."""
     candidates: Union[str, Sequence[FormatSpec]] = "palette"
     target_bpw: Optional[float] = None
+    target_latency_ms: Optional[float] = None  # Σ of the quantized layers' measured latencies at `batch`
+    batch: int = 1  # tokens per forward call the latencies are measured at (1: decode)
     loss: str = "linearity"
     solver: str = "exact"
     noise: tuple = DEFAULT_NOISE  # relative noise norms of the sensitivity fit
-    sequences: int = 8  # self-generated text for the sensitivities: sequences x length tokens
+    sequences: int = 4  # self-generated text for the sensitivities: sequences x length tokens
     length: int = 128
     seed: int = 0
-    sensitivities: Optional[Mapping[str, float]] = None  # {unit name: a}, from an earlier plan's report
+    sensitivities: Optional[Mapping[str, float]] = None  # {layer fqn: a}, e.g. an earlier plan's .sensitivities()
+    device: str = "cpu"  # whose latency table
 
     def __post_init__(self):
         if not isinstance(self.candidates, str):
             object.__setattr__(self, "candidates", tuple(self.candidates))
-        if self.target_bpw is None:
-            raise ValueError("MSQ needs a budget: target_bpw=... (bits per weight over the quantized layers)")
-        if isinstance(self.target_bpw, bool) or not isinstance(self.target_bpw, (int, float)) or \
-                not self.target_bpw > 0:
-            raise ValueError(f"target_bpw must be a positive number of bits per weight, got {self.target_bpw!r}")
+        if self.target_bpw is None and self.target_latency_ms is None:
+            raise ValueError("MSQ needs a budget: target_bpw=... (bits per weight over the quantized layers) "
+                             "and/or target_latency_ms=... (their summed measured latency)")
+        for name in ("target_bpw", "target_latency_ms"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+                raise ValueError(f"{name} must be a positive number, got {v!r}")
         if self.loss not in LOSS_MODELS:
             raise ValueError(f"unknown loss model {self.loss!r}; choose one of {', '.join(LOSS_MODELS)}")
         if self.solver not in ("exact", "greedy"):
             raise ValueError(f"unknown solver {self.solver!r}; choose 'exact' or 'greedy'")
+        if self.target_latency_ms is not None and self.target_bpw is not None and self.solver == "greedy":
+            raise ValueError("MSQ with both a bit and a latency budget needs solver='exact'")
+        if not isinstance(self.batch, int) or self.batch < 1:
+            raise ValueError(f"batch must be a positive number of tokens, got {self.batch!r}")
         object.__setattr__(self, "noise", tuple(self.noise))
 
     def formats(self) -> list[Format]:
@@ -81,22 +95,24 @@ class MSQ:
 
 @dataclasses.dataclass(frozen=True)
 class UnitChoice:
-    name: str  # calibrate.linearity.unit_name(members)
-    members: tuple[str, ...]
+    members: tuple[str, ...]  # the Linear layers quantized as one module in fmt
     numel: int
     fmt: Format
-    distortion: float  # d_u: relative error of fmt on this unit (linearity), or nan (fisher)
-    sensitivity: float  # a_u (linearity), or nan (fisher)
-    loss: float  # predicted loss of this unit in fmt
+    loss: float  # predicted loss of these layers in fmt
+    latency_s: float  # measured latency of the module (nan without a latency budget)
+
+    @property
+    def name(self) -> str:
+        return unit_name(self.members)
 
 
 @dataclasses.dataclass
 class MSQPlan:
-    """plan_msq's result: formats {fqn: Format} for quantize_, the choice per unit and the totals."""
+    """plan_msq's result: formats {fqn: Format} for quantize_, the choice per module and the totals."""
     formats: dict[str, Format]
     units: list[UnitChoice]
-    target_bpw: float
-    loss_model: str
+    spec: MSQ
+    layer_sensitivities: dict[str, float]  # a_l per layer (linearity), else empty
 
     @property
     def bpw(self) -> float:
@@ -106,12 +122,17 @@ class MSQPlan:
     def predicted_loss(self) -> float:
         return sum(u.loss for u in self.units)
 
+    @property
+    def latency_ms(self) -> float:
+        """Σ of the modules' measured latencies (nan without a latency budget)."""
+        return 1e3 * sum(u.latency_s for u in self.units)
+
     def sensitivities(self) -> dict[str, float]:
-        """{unit name: a_u}: pass as MSQ(sensitivities=...) to plan other budgets without measuring again."""
-        return {u.name: u.sensitivity for u in self.units}
+        """{layer fqn: a_l}: pass as MSQ(sensitivities=...) to plan other budgets without measuring again."""
+        return dict(self.layer_sensitivities)
 
     def table(self) -> str:
-        """The plan by block: one row per block index, one column per kind of unit (q+k+v, o, ...)."""
+        """The plan by block: one row per block index, one column per kind of module (q+k+v, o, ...)."""
         rows: dict[str, dict[str, str]] = {}
         kinds: list[str] = []
         for u in self.units:
@@ -124,15 +145,20 @@ class MSQPlan:
         lines = ["| block | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
         for block in sorted(rows, key=lambda b: (not b.isdigit(), int(b) if b.isdigit() else 0, b)):
             lines.append(f"| {block} | " + " | ".join(rows[block].get(k, "") for k in kinds) + " |")
-        lines.append(f"{len(self.units)} units, {self.bpw:.4f} bits per weight (target {self.target_bpw:g}), "
-                     f"predicted loss {self.predicted_loss:.5g} ({self.loss_model})")
+        budget = ", ".join(x for x in (f"target {self.spec.target_bpw:g} bpw" if self.spec.target_bpw else "",
+                                       f"{self.latency_ms:.3f} ms at batch {self.spec.batch} (target "
+                                       f"{self.spec.target_latency_ms:g})" if self.spec.target_latency_ms else "") if x)
+        lines.append(f"{len(self.units)} modules, {self.bpw:.4f} bits per weight ({budget}), predicted loss "
+                     f"{self.predicted_loss:.5g} ({self.spec.loss})")
         return "\n".join(lines)
 
 
 def plan_msq(model: nn.Module, spec: MSQ, *, calibration: Optional[Iterable[Tensor]] = None,
              filter_fn: Optional[FilterFn] = None, include_lm_head: bool = False, fuse: bool = True,
              skip_incompatible: bool = False, progress: bool = True) -> MSQPlan:
-    """The MSQ plan of `model` (module doc): a format per selected layer, fused groups sharing one."""
+    """The MSQ plan of `model` (module doc). fuse: q/k/v and gate/up groups are one module in one
+    format; with a latency budget the program also weighs each group unfused (its layers in their
+    own formats, their own latencies) against fused."""
     plan, _ = plan_and_collect(model, spec, calibration=calibration, rounding="rtn", filter_fn=filter_fn,
                                include_lm_head=include_lm_head, fuse=fuse, skip_incompatible=skip_incompatible,
                                progress=progress)
@@ -152,49 +178,86 @@ def plan_and_collect(model: nn.Module, spec: MSQ, *, calibration: Optional[Itera
                          "the data-free loss='linearity'")
     targets, units = build_units(model, cands, filter_fn=filter_fn, include_lm_head=include_lm_head, fuse=fuse,
                                  skip_incompatible=skip_incompatible, caller="MSQ")
-    budget = check_budget(units, cands, spec.target_bpw, above_is_error=False)
-    names = [unit_name(u.members) for u in units]
+    if spec.target_bpw is not None:
+        check_budget(units, cands, spec.target_bpw, above_is_error=False)
+    # the modules the program chooses among: every unit, and with a latency budget each fused unit's
+    # layers alone as its alternative
+    modules = [(tuple(u.members), [f for f, _, _ in u.options]) for u in units]
+    alternatives = []
+    if spec.target_latency_ms is not None:
+        for i, u in enumerate(units):
+            if len(u.members) > 1:
+                parts = []
+                for fqn in u.members:
+                    m = targets[fqn]
+                    held = [f for f in cands if f.shape_problem(m.out_features, m.in_features) is None]
+                    parts.append(len(modules))
+                    modules.append(((fqn,), held))
+                alternatives.append((i, parts))
+    layer_loss, sens, stats = _layer_losses(model, spec, targets, units, modules, calibration, rounding, progress)
+    losses = [[sum(layer_loss[f][fmt.name] for f in members) for fmt in fmts] for members, fmts in modules]
+    sizes = [sum(targets[f].weight.numel() for f in members) for members, _ in modules]
+    costs, budgets = [], []
+    if spec.target_bpw is not None:
+        costs.append([[fmt.bits_per_weight() * n for fmt in fmts] for (_, fmts), n in zip(modules, sizes)])
+        budgets.append(spec.target_bpw * sum(u.numel for u in units))
+    latency = None
+    if spec.target_latency_ms is not None:
+        latency = [[_latency(fmt, targets, members, spec) for fmt in fmts] for members, fmts in
+                   tqdm(modules, desc="MSQ: latencies", disable=None if progress else True, leave=False)]
+        costs.append(latency)
+        budgets.append(spec.target_latency_ms * 1e-3)
+        least = sum(min(min(latency[w]), sum(min(latency[p]) for p in parts)) for w, parts in alternatives) + \
+            sum(min(latency[i]) for i in range(len(units)) if i not in {w for w, _ in alternatives})
+        if least > budgets[-1]:
+            raise ValueError(f"target_latency_ms={spec.target_latency_ms:g} is below the fastest possible mix "
+                             f"({least * 1e3:.4f} ms at batch {spec.batch}: each module in its fastest candidate); "
+                             f"raise target_latency_ms to at least {least * 1e3:.4f} or add a faster candidate")
+    choice = knapsack.solve(losses, costs, budgets, spec.solver, alternatives)
+    chosen = [UnitChoice(members, n, fmts[j], losses[i][j], latency[i][j] if latency else float("nan"))
+              for i, ((members, fmts), n, j) in enumerate(zip(modules, sizes, choice)) if j >= 0]
+    plan = MSQPlan({fqn: c.fmt for c in chosen for fqn in c.members}, chosen, spec, sens)
+    log.info("MSQ: %d modules, %.4f bits per weight%s, predicted loss %.5g", len(chosen), plan.bpw,
+             f", {plan.latency_ms:.3f} ms at batch {spec.batch}" if latency else "", plan.predicted_loss)
+    return plan, stats
+
+
+def _layer_losses(model, spec: MSQ, targets, units, modules, calibration, rounding, progress):
+    """{fqn: {format name: predicted loss of that layer in it}} over every candidate some module offers
+    it; the layer sensitivities (linearity) and the calibration statistics (fisher)."""
+    wanted: dict[str, dict[str, Format]] = {}
+    for members, fmts in modules:
+        for fqn in members:
+            wanted.setdefault(fqn, {}).update({f.name: f for f in fmts})
     stats: dict[str, Tensor] = {}
     if spec.loss == "linearity":
-        sens = dict(spec.sensitivities or {})
-        missing = {n: u.members for n, u in zip(names, units) if n not in sens}
+        sens = {f: float(a) for f, a in (spec.sensitivities or {}).items() if f in wanted}
+        missing = {f: [f] for f in wanted if f not in sens}
         if missing:
             tokens = self_generated_tokens(model, spec.sequences, spec.length, spec.seed)
             sens.update(linearity_sensitivities(model, missing, tokens=tokens, noise=spec.noise, seed=spec.seed,
                                                 progress=progress))
-        rows = []
-        for n, u in zip(names, units):
-            weight = _cat([targets[f].weight.detach() for f in u.members])
-            dist = [_distortion(f, weight) for f, _, _ in u.options]
-            rows.append([(f, bits, sens[n] * d, d) for (f, bits, _), d in zip(u.options, dist)])
-        per_unit_sens = [sens[n] for n in names]
-    else:
-        from ..calibrate import collect_fisher
-        calibration = list(calibration)
-        stats = collect_stats(model, calibration, {f: targets[f] for u in units for f in u.members}, rounding, progress)
-        importance = {f: input_importance(s) for f, s in stats.items()}
-        fisher = collect_fisher(model, calibration, {f: targets[f] for u in units for f in u.members},
-                                progress=progress)
-        rows = []
-        for u in units:
-            weight = _cat([targets[f].weight.detach() for f in u.members])
-            per_weight = _cat([fisher.pop(f) for f in u.members])
-            imp = importance.get(u.members[0])
-            rows.append([(f, bits, quantization_error(f, weight, imp, per_weight), float("nan"))
-                         for f, bits, _ in u.options])
-        per_unit_sens = [float("nan")] * len(units)
-    choice = knapsack.solve([[loss for _, _, loss, _ in r] for r in rows], [[[b for _, b, _, _ in r] for r in rows]],
-                            [budget], spec.solver)
-    chosen = [UnitChoice(n, tuple(u.members), u.numel, r[j][0], r[j][3], a, r[j][2])
-              for n, u, r, j, a in zip(names, units, rows, choice, per_unit_sens)]
-    plan = MSQPlan({fqn: c.fmt for c in chosen for fqn in c.members}, chosen, float(spec.target_bpw), spec.loss)
-    log.info("MSQ: %d units, %.4f bits per weight (target %g), predicted loss %.5g", len(chosen), plan.bpw,
-             spec.target_bpw, plan.predicted_loss)
-    return plan, stats
+        return {fqn: {name: sens[fqn] * _distortion(f, targets[fqn].weight) for name, f in fmts.items()}
+                for fqn, fmts in wanted.items()}, sens, stats
+    from ..calibrate import collect_fisher
+    calibration = list(calibration)
+    stats = collect_stats(model, calibration, {f: targets[f] for f in wanted}, rounding, progress)
+    importance = {f: input_importance(s) for f, s in stats.items()}
+    fisher = collect_fisher(model, calibration, {f: targets[f] for f in wanted}, progress=progress)
+    out = {}
+    for fqn, fmts in wanted.items():
+        w, per_weight = targets[fqn].weight.detach(), fisher.pop(fqn)
+        out[fqn] = {name: quantization_error(f, w, importance.get(fqn), per_weight) for name, f in fmts.items()}
+    return out, {}, stats
+
+
+def _latency(fmt: Format, targets, members, spec: MSQ) -> float:
+    layers = [targets[f] for f in members]
+    return layer_latency(fmt, sum(m.out_features for m in layers), layers[0].in_features, spec.batch, spec.device)
 
 
 def _distortion(fmt: Format, weight: Tensor) -> float:
-    """d_u(Q): the Gaussian distortion of a rotated palette format, else the error on the weight."""
+    """d(Q): the Gaussian distortion of a rotated palette format, else the error on the weight."""
     if isinstance(fmt, PaletteFormat) and fmt.rotate:
         return gaussian_distortion(fmt)
     return relative_error(fmt, weight)
