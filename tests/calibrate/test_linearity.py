@@ -6,7 +6,7 @@ import torch
 
 from torch_lowbit.calibrate import linearity
 from torch_lowbit.calibrate.linearity import (_Replay, _kl, _reference, linearity_sensitivities,
-                                              self_generated_tokens, unit_name)
+                                              relative_noise, self_generated_tokens, unit_name)
 
 from conftest import tiny_llama
 
@@ -25,8 +25,7 @@ def _perturbed_kl(model, tokens, noise, seed):
         for fqn, t in noise.items():
             w = model.get_submodule(fqn).weight
             saved[fqn] = w.clone()
-            g = torch.randn(w.shape, generator=gen)
-            w.add_(g * (t * w.norm() / g.norm()))
+            w.add_(relative_noise(w, t, gen))
         kl = _kl(ref, model(tokens).logits.float())
         for fqn, w in saved.items():
             model.get_submodule(fqn).weight.copy_(w)
@@ -98,3 +97,11 @@ def test_bad_input_is_named():
         linearity_sensitivities(model, {"a": ["lm_head"]}, tokens=tokens, noise=(0.1, 1.5))
     with pytest.raises(ValueError, match="is not an nn.Linear"):
         linearity_sensitivities(model, {"a": ["model.layers.0.input_layernorm"]}, tokens=tokens)
+
+
+def test_relative_noise_has_norm_t_on_every_row():
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    w = torch.randn(13, 40, generator=gen) * torch.logspace(-2, 1, 13)[:, None]
+    noise = relative_noise(w, 0.07, gen)
+    torch.testing.assert_close(noise.norm(dim=1), 0.07 * w.norm(dim=1))
+    assert abs(float(noise.norm() / w.norm()) - 0.07) < 1e-6

@@ -208,5 +208,7 @@ def test_layer_latency_is_measured_once_and_cached(tmp_path, monkeypatch):
     assert "threads" in latency.device_key() and latency.device_key().startswith("cpu|")
     with pytest.raises(KeyError, match="bench latency"):
         latency.layer_latency(fmt, 96, 128, 16, measure_missing=False)
+    both = latency.layer_latencies(fmt, 96, 128, (1, 16))
+    assert both[1] == first and both[16] > 0 and len(calls) == 2  # only M = 16 measured
     with pytest.raises(ValueError, match="cannot hold a 96x48 layer"):
-        latency.measure(fmt, 96, 48, 1)
+        latency.measure(fmt, 96, 48)

@@ -132,6 +132,20 @@ def cmd_bench(args) -> None:
         names = args.formats or ["int2_g64", "int2_sym_g64", "gcb2", "int3_g64", "gcb3"]
         print(f"normalized weight MSE |W - Ŵ|² / |W|² over the {args.model} linear layers every listed format holds\n")
         print(markdown_table(["format", "bits/weight", "layers", "normalized MSE"], bench_weights(args.model, names)))
+    elif args.what == "latency":
+        from ..eval.assets import load_smollm2
+        from ..nn.msq import candidate_set
+        from .latency import bench_latency, latency_title
+        from .machine import machine_line
+        if args.model != "smollm2":
+            raise ValueError("bench latency measures a decoder's module shapes: --model smollm2")
+        model, _ = load_smollm2()
+        names = args.formats or candidate_set("palette")
+        ms = tuple(args.m) if args.m != [1, 8, 64, 512] else (1, 16)
+        print(machine_line())
+        print(latency_title(args.device))
+        header, rows = bench_latency(model, names, ms, args.device)
+        print(markdown_table(header, rows))
     elif args.what == "distortion":
         from .distortion import bench_distortion, distortion_png, format_distortion_table
         rows, cols = (int(v) for v in (args.shapes or ["4096x4096"])[0].split("x"))
@@ -150,14 +164,16 @@ def add_bench_parser(sub, cpu_paths: Callable[[], list[str]]) -> None:
     """Adds the `bench` sub-command to the top-level parser's sub-parsers; cpu_paths() lists the CPU
     kernel paths this machine can run (for --path's help)."""
     sp = sub.add_parser("bench", help="benchmarks")
-    sp.add_argument("what", choices=["cpu", "e2e", "roofline", "gpu", "distortion", "weights", "kv"],
+    sp.add_argument("what", choices=["cpu", "e2e", "roofline", "gpu", "distortion", "weights", "kv", "latency"],
                     help="cpu: kernels vs PyTorch, DRAM-streamed; e2e: prefill and decode tok/s, eager and "
                     "compiled, next to llama.cpp on the same GGUF (with the [peers] extra), with the weight bytes a "
                     "decoded token reads and the GB/s they make (--models, --gguf); SmolLM2's --formats: fp32, bf16, "
                     "gguf (the GGUF file imported: llama.cpp's weights), F or F+E (E: embedding and tied head); roofline: M=1 compute vs memory ceilings of the "
                     "int8 CPU kernels (max --threads); gpu: Triton kernels vs fp16 F.linear, "
                     "HBM-streamed (needs CUDA); distortion: palette formats on a Gaussian; weights: formats on a "
-                    "real model's linear weights (--model); kv: decode attention over a 4/8-bit KV cache vs fp32 "
+                    "real model's linear weights (--model); latency: each format's forward at SmolLM2's module shapes, "
+                    "M 1 and 16 (--formats, default the palette; --m), cached for MSQ(target_latency_ms=...); "
+                    "kv: decode attention over a 4/8-bit KV cache vs fp32 "
                     "(--prompt-tokens cached tokens, --threads)")
     sp.add_argument("--quick", action="store_true", help="first shape only, M in {1, 8}; e2e: eager only")
     sp.add_argument("--model", default="smollm2", choices=["smollm2", "minilm"],

@@ -5,7 +5,7 @@ So a_l is measured once per layer, and any quantizer's predicted loss is a_l tim
 Measured here without a dataset: the model samples its own text (temperature 1 from the BOS token),
 its next-token distributions on that text are the reference, and for each unit (a layer, or the
 layers quantized as one fused module) and each noise level t, Gaussian noise of relative norm t is
-added to every member's weight; a_l is the least-squares slope of the mean per-token KL divergence
+added to every row of every member's weight (`relative_noise`); a_l is the least-squares slope of the mean per-token KL divergence
 from the reference against t² (through the origin).
 
 A unit inside a decoder block costs one pass through that block and those after it (the blocks'
@@ -113,6 +113,16 @@ class _Replay:
         return self.head(self.norm(h)).float()
 
 
+def relative_noise(w: Tensor, t: float, gen: torch.Generator) -> Tensor:
+    """Gaussian noise of relative norm t on each row of w (so ‖ΔW‖ = t ‖W‖): the error a quantizer
+    with per-row (or per-group) scales makes, proportional to each row's own size, not to the
+    matrix's average."""
+    g = torch.randn(w.shape, generator=gen).to(w.device, torch.float32)
+    wf = w.detach().float()
+    scale = t * wf.norm(dim=-1, keepdim=True) / g.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+    return (g * scale).to(w.dtype)
+
+
 def _logits(out) -> Tensor:
     return out.logits if hasattr(out, "logits") else (out[0] if isinstance(out, (tuple, list)) else out)
 
@@ -166,9 +176,7 @@ def linearity_sensitivities(model: nn.Module, units: Mapping[str, Sequence[str]]
                 saved = [m.weight.detach().clone() for m in layers]
                 try:
                     for m in layers:
-                        w = m.weight
-                        g = torch.randn(w.shape, generator=gen).to(w.device, torch.float32)
-                        w.add_((g * (t * w.float().norm() / g.norm())).to(w.dtype))
+                        m.weight.add_(relative_noise(m.weight, t, gen))
                     kls.append(_kl(ref, replay.from_block(start)))
                 finally:
                     for m, s in zip(layers, saved):

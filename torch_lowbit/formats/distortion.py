@@ -7,18 +7,17 @@ it without quantizing the layers. Gaussian values are cached in <cache>/gaussian
 (torch_lowbit version, format, shape, seed): TCQ takes ~2 s per million weights to quantize."""
 from __future__ import annotations
 
-import json
-import os
 import threading
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from ..core.cache import cache_dir
+from ..core.cache import read_json, write_json
 from ..version import __version__
 from .base import Format
 
+CACHE_FILE = "gaussian_distortion.json"
 GAUSSIAN_SHAPE = (256, 4096)  # a relative standard error of ~0.3% on the mean squared error
 _memo: dict[str, float] = {}
 _lock = threading.Lock()
@@ -43,26 +42,19 @@ def gaussian_distortion(fmt: Format, shape: tuple[int, int] = GAUSSIAN_SHAPE, se
     with _lock:
         if key in _memo:
             return _memo[key]
-        path = cache_dir() / "gaussian_distortion.json"
-        table = _read(path)
+        table = _read()
         if key not in table:
             problem = fmt.shape_problem(*shape)
             if problem is not None:
                 raise ValueError(f"gaussian_distortion: {fmt.name} cannot hold a {shape[0]}x{shape[1]} matrix: {problem}")
             w = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-            table = _read(path)  # another process may have added entries meanwhile
-            table[key] = relative_error(fmt, w)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(table, indent=0, sort_keys=True))
-            os.replace(tmp, path)
+            value = relative_error(fmt, w)
+            table = _read()  # another process may have added entries meanwhile
+            table[key] = value
+            write_json(CACHE_FILE, table)
         _memo[key] = float(table[key])
         return _memo[key]
 
 
-def _read(path) -> dict[str, float]:
-    try:
-        table = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return {k: v for k, v in table.items() if isinstance(k, str) and isinstance(v, (int, float))} \
-        if isinstance(table, dict) else {}
+def _read() -> dict[str, float]:
+    return {k: float(v) for k, v in read_json(CACHE_FILE).items() if isinstance(v, (int, float))}

@@ -2,26 +2,26 @@
 latency-constrained MSQ (nn/msq.py) and `python -m torch_lowbit bench latency`.
 
 A measurement builds a QuantLinear of random N(0, 0.02) weights in the format (its default layout for
-the device), with enough copies to exceed the last-level caches (`ROTATE_MIB`: the weights come from
-DRAM, as in a model's decode step), and times forward calls over the copies: the median of `rounds`
+the device), with enough copies to exceed the last-level caches (`ROTATE_MIB`, at most `MAX_COPIES`:
+the weights come from DRAM, as in a model's decode step), and times forward calls over the copies: the median of `rounds`
 rounds of one call per copy. The table is cached in <cache>/latency.json per device key (CPU model,
 ISA path, thread count and torch_lowbit version; or the CUDA device's name): numbers from another
 machine, path or thread count are never reused."""
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import threading
 import time
 import torch
 
-from ..core.cache import cache_dir
+from ..core.cache import read_json, write_json
 from ..formats import Format
 from ..version import __version__
 from .linear import QuantLinear
 
+CACHE_FILE = "latency.json"
 ROTATE_MIB = 64
+MAX_COPIES = 256  # a layer under 256 KiB is timed from the caches: its calls are overhead-bound anyway
 _lock = threading.Lock()
 
 
@@ -41,8 +41,9 @@ def entry_key(fmt: Format, n: int, k: int, m: int) -> str:
 
 
 @torch.no_grad()
-def measure(fmt: Format, n: int, k: int, m: int, device: str = "cpu", rounds: int = 7) -> float:
-    """Seconds per forward call of a QuantLinear [n, k] in fmt at batch m (module doc)."""
+def measure(fmt: Format, n: int, k: int, ms: Sequence[int] = (1,), device: str = "cpu", rounds: int = 7) -> dict[int, float]:
+    """Seconds per forward call of a QuantLinear [n, k] in fmt at each batch m of ms (module doc):
+    one layer built, then timed per m."""
     problem = fmt.shape_problem(n, k)
     if problem is not None:
         raise ValueError(f"latency: {fmt.name} cannot hold a {n}x{k} layer: {problem}")
@@ -51,20 +52,24 @@ def measure(fmt: Format, n: int, k: int, m: int, device: str = "cpu", rounds: in
     lin.weight.copy_(torch.randn(n, k, generator=gen) * 0.02)
     layer = QuantLinear.from_linear(lin.to(device), fmt)
     nbytes = max(1, sum(t.numel() * t.element_size() for t in layer.buffers()))
-    layers = [layer] + [_copy(layer) for _ in range(max(1, -(-ROTATE_MIB * 2**20 // nbytes)) - 1)]
-    x = torch.randn(m, k, generator=gen).to(device)
+    copies = min(MAX_COPIES, max(1, -(-ROTATE_MIB * 2**20 // nbytes)))
+    layers = [layer] + [_copy(layer) for _ in range(copies - 1)]
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    for ql in layers[:2]:  # warm-up: first-call set-up, caches of prepared tiles
-        ql(x)
-    times = []
-    for _ in range(rounds):
-        sync()
-        t0 = time.perf_counter()
-        for ql in layers:
+    out = {}
+    for m in ms:
+        x = torch.randn(m, k, generator=gen).to(device)
+        for ql in layers[:2]:  # warm-up: first-call set-up, caches of prepared tiles
             ql(x)
-        sync()
-        times.append((time.perf_counter() - t0) / len(layers))
-    return statistics.median(times)
+        times = []
+        for _ in range(rounds):
+            sync()
+            t0 = time.perf_counter()
+            for ql in layers:
+                ql(x)
+            sync()
+            times.append((time.perf_counter() - t0) / len(layers))
+        out[m] = statistics.median(times)
+    return out
 
 
 def _copy(layer: QuantLinear) -> QuantLinear:
@@ -75,35 +80,33 @@ def _copy(layer: QuantLinear) -> QuantLinear:
 def layer_latency(fmt: Format, n: int, k: int, m: int = 1, device: str = "cpu", measure_missing: bool = True) -> float:
     """fmt's latency at [n, k] and batch m on this device: from the cached table, or measured and
     cached (measure_missing), else KeyError naming the command that measures it."""
-    dev, key = device_key(device), entry_key(fmt, n, k, m)
+    return layer_latencies(fmt, n, k, (m,), device, measure_missing)[m]
+
+
+def layer_latencies(fmt: Format, n: int, k: int, ms: Sequence[int], device: str = "cpu",
+                    measure_missing: bool = True) -> dict[int, float]:
+    """layer_latency for several batch sizes, the missing ones measured on one built layer."""
+    dev = device_key(device)
     with _lock:
-        path = cache_dir() / "latency.json"
-        table = _read(path)
-        if key in table.get(dev, {}):
-            return float(table[dev][key])
-        if not measure_missing:
-            raise KeyError(f"no latency of {key} for {dev}; measure it with python -m torch_lowbit bench latency")
-        seconds = measure(fmt, n, k, m, device)
-        table = _read(path)  # another process may have added entries meanwhile
-        table.setdefault(dev, {})[key] = seconds
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
-        os.replace(tmp, path)
-        return seconds
+        have = _read().get(dev, {})
+        missing = [m for m in ms if entry_key(fmt, n, k, m) not in have]
+        if missing:
+            if not measure_missing:
+                raise KeyError(f"no latency of {entry_key(fmt, n, k, missing[0])} for {dev}; measure it with "
+                               "python -m torch_lowbit bench latency")
+            measured = measure(fmt, n, k, missing, device)
+            table = _read()  # another process may have added entries meanwhile
+            table.setdefault(dev, {}).update({entry_key(fmt, n, k, m): s for m, s in measured.items()})
+            write_json(CACHE_FILE, table)
+            have = table[dev]
+        return {m: float(have[entry_key(fmt, n, k, m)]) for m in ms}
 
 
 def cached_table(device: str = "cpu") -> dict[str, float]:
     """This device's cached latencies {format|NxK|M: seconds}."""
-    return dict(_read(cache_dir() / "latency.json").get(device_key(device), {}))
+    return dict(_read().get(device_key(device), {}))
 
 
-def _read(path) -> dict[str, dict[str, float]]:
-    try:
-        table = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(table, dict):
-        return {}
+def _read() -> dict[str, dict[str, float]]:
     return {d: {k: float(v) for k, v in e.items() if isinstance(v, (int, float))}
-            for d, e in table.items() if isinstance(d, str) and isinstance(e, dict)}
-
+            for d, e in read_json(CACHE_FILE).items() if isinstance(e, dict)}
