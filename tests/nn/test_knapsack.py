@@ -124,3 +124,10 @@ def test_alternatives_pick_the_whole_or_every_part_optimally(seed):
         knapsack.solve(losses, costs[:1], budgets[:1], "greedy", alts)
     with pytest.raises(ValueError, match="distinct units"):
         knapsack.solve_exact(losses, costs, budgets, [(0, [1, 2]), (2, [3])])
+
+
+def test_equal_plans_prefer_the_whole_to_its_parts():
+    # the parts cost the same and lose the same as the whole: the whole is taken
+    losses = [[1.0, 0.5], [0.5, 0.25], [0.5, 0.25]]
+    costs = [[[1.0, 2.0], [0.5, 1.0], [0.5, 1.0]]]
+    assert knapsack.solve_exact(losses, costs, [10.0], [(0, [1, 2])]) == [1, -1, -1]

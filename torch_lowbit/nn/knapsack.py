@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 Table = Sequence[Sequence[float]]  # [unit][option]
+PARTS_TIE_BREAK = 1e-9  # objective cost of an alternative's parts, relative to the largest loss
 
 
 def check_problem(losses: Table, costs: Sequence[Table], budgets: Sequence[float],
@@ -87,7 +88,9 @@ def solve_exact(losses: Table, costs: Sequence[Table], budgets: Sequence[float],
     n = len(var_unit) + len(alternatives)  # then one indicator per alternative: "the parts are taken"
     # scale each row to O(1) so HiGHS's absolute tolerances mean the same for bits and for seconds
     loss_scale = max(max(abs(v) for v in opts) for opts in losses) or 1.0
-    objective = np.array([losses[u][j] / loss_scale for u, j in zip(var_unit, var_opt)] + [0.0] * len(alternatives))
+    # taking an alternative's parts costs a hair more than its whole: of equal plans, the one with fewer modules
+    objective = np.array([losses[u][j] / loss_scale for u, j in zip(var_unit, var_opt)] +
+                         [PARTS_TIE_BREAK] * len(alternatives))
     rows_i, cols_i, vals = list(var_unit), list(range(len(var_unit))), [1.0] * len(var_unit)
     rhs = np.ones(len(keep))
     for g, (whole, parts) in enumerate(alternatives):
