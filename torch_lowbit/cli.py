@@ -49,7 +49,8 @@ def _quantize(model, tok, args):
     calib = calibration_batches(tok, args.calib, args.ctx) if args.rounding != "rtn" else None
     msq = getattr(args, "msq", False)
     if msq:
-        fmt = MSQ(args.mix or "palette", args.target_bpw, loss=args.sensitivity or "linearity")
+        fmt = MSQ(args.mix or "palette", args.target_bpw, target_latency_ms=getattr(args, "target_latency_ms", None),
+                  loss=args.sensitivity or "linearity")
     else:
         fmt = MixedBits(args.mix, args.target_bpw, args.sensitivity) if args.mix else args.format
     quarot = getattr(args, "quarot", None)  # (callers building their own Namespace may leave it out)
@@ -80,8 +81,11 @@ def _quantize(model, tok, args):
                              "linearity" else "Fisher-weighted errors") + ", exact solver"
         else:
             how = "sensitivity: " + ((args.sensitivity or "fisher") if calib else "data-free weight error")
+        budget = " and ".join(b for b in (f"{args.target_bpw} bits per weight" if args.target_bpw else "",
+                                          f"{args.target_latency_ms} ms" if getattr(args, "target_latency_ms", None)
+                                          else "") if b)
         print(f"per-layer formats ({' / '.join(args.mix) if args.mix else 'the Q-Palette formats'}, target "
-              f"{args.target_bpw} bits per weight, {how}):")
+              f"{budget}, {how}):")
         print(mix_summary(model), flush=True)
     return model
 
@@ -94,7 +98,10 @@ def _kv_cache_factory(model, ctx: int):
 
 def _format_label(args) -> str:
     if getattr(args, "msq", False):
-        return f"MSQ over {'+'.join(args.mix) if args.mix else 'the palette'} @ {args.target_bpw} bpw"
+        budget = " + ".join(b for b in (f"{args.target_bpw} bpw" if args.target_bpw else "",
+                                        f"{args.target_latency_ms} ms" if getattr(args, "target_latency_ms", None)
+                                        else "") if b)
+        return f"MSQ over {'+'.join(args.mix) if args.mix else 'the palette'} @ {budget}"
     return f"mix {'+'.join(args.mix)} @ {args.target_bpw} bpw" if args.mix else args.format
 
 
@@ -400,6 +407,9 @@ def main(argv=None) -> None:
                         "scale (default 64; 32 measured better at KV4)")
         sp.add_argument("--target-bpw", type=float, help="with --mix / --msq: the bit budget, bits per weight over "
                         "the quantized layers")
+        sp.add_argument("--target-latency-ms", type=float, help="with --msq: the latency budget, the quantized "
+                        "modules' summed forward time at batch 1 as `bench latency` measures it on this machine "
+                        "(measured and cached on first use)")
         sp.add_argument("--sensitivity", choices=["fisher", "output", "linearity"], help="with --mix: fisher "
                         "(default with calibration): errors weighted by the loss's squared gradients; output: by "
                         "the layer inputs' E[x²] (no backward pass). With --msq: linearity (default, data-free) "
@@ -492,8 +502,12 @@ def main(argv=None) -> None:
     logging.getLogger("torch_lowbit").setLevel(logging.INFO)  # layers left in float, layouts chosen
     _check_before_work(p, args)
     msq = getattr(args, "msq", False)
-    if (getattr(args, "mix", None) or msq) and args.target_bpw is None:
-        p.error(f"{'--msq' if msq else '--mix'} needs --target-bpw (bits per weight, e.g. 3.2)")
+    if getattr(args, "target_latency_ms", None) is not None and not msq:
+        p.error("--target-latency-ms goes with --msq")
+    if (getattr(args, "mix", None) or msq) and args.target_bpw is None and \
+            getattr(args, "target_latency_ms", None) is None:
+        p.error(f"{'--msq needs --target-bpw and/or --target-latency-ms' if msq else '--mix needs --target-bpw'} "
+                "(bits per weight, e.g. 3.2)")
     if (getattr(args, "target_bpw", None) is not None or getattr(args, "sensitivity", None)) and not \
             (args.mix or msq):
         p.error("--target-bpw and --sensitivity go with --mix FMT FMT ... or --msq")

@@ -218,3 +218,5 @@ def test_cli_quantize_step_prints_the_mix(capsys):
     out = capsys.readouterr().out
     assert "MSQ, data-free linearity-theorem sensitivities, exact solver" in out and "| gate_up_proj |" in out
     assert quantized_bpw(model) <= 3.0 and cli._format_label(args) == "MSQ over int2_g64+int4_g64 @ 3.0 bpw"
+    args.target_latency_ms = 50.0
+    assert cli._format_label(args) == "MSQ over int2_g64+int4_g64 @ 3.0 bpw + 50.0 ms"
