@@ -50,7 +50,7 @@ def _quantize(model, tok, args):
     msq = getattr(args, "msq", False)
     if msq:
         fmt = MSQ(args.mix or "palette", args.target_bpw, target_latency_ms=getattr(args, "target_latency_ms", None),
-                  loss=args.sensitivity or "linearity")
+                  target_tokens_per_s=getattr(args, "target_tokens_per_s", None), loss=args.sensitivity or "linearity")
     else:
         fmt = MixedBits(args.mix, args.target_bpw, args.sensitivity) if args.mix else args.format
     quarot = getattr(args, "quarot", None)  # (callers building their own Namespace may leave it out)
@@ -81,11 +81,8 @@ def _quantize(model, tok, args):
                              "linearity" else "Fisher-weighted errors") + ", exact solver"
         else:
             how = "sensitivity: " + ((args.sensitivity or "fisher") if calib else "data-free weight error")
-        budget = " and ".join(b for b in (f"{args.target_bpw} bits per weight" if args.target_bpw else "",
-                                          f"{args.target_latency_ms} ms" if getattr(args, "target_latency_ms", None)
-                                          else "") if b)
         print(f"per-layer formats ({' / '.join(args.mix) if args.mix else 'the Q-Palette formats'}, target "
-              f"{budget}, {how}):")
+              f"{_budget_label(args, ' and ', 'bits per weight')}, {how}):")
         print(mix_summary(model), flush=True)
     return model
 
@@ -98,11 +95,16 @@ def _kv_cache_factory(model, ctx: int):
 
 def _format_label(args) -> str:
     if getattr(args, "msq", False):
-        budget = " + ".join(b for b in (f"{args.target_bpw} bpw" if args.target_bpw else "",
-                                        f"{args.target_latency_ms} ms" if getattr(args, "target_latency_ms", None)
-                                        else "") if b)
-        return f"MSQ over {'+'.join(args.mix) if args.mix else 'the palette'} @ {budget}"
+        return f"MSQ over {'+'.join(args.mix) if args.mix else 'the palette'} @ {_budget_label(args, ' + ', 'bpw')}"
     return f"mix {'+'.join(args.mix)} @ {args.target_bpw} bpw" if args.mix else args.format
+
+
+def _budget_label(args, joiner: str, bits_unit: str) -> str:
+    """The --target-* budgets given, e.g. "3.0 bpw + 8.0 ms"."""
+    return joiner.join(b for b in (f"{args.target_bpw} {bits_unit}" if args.target_bpw else "",
+                                   f"{args.target_latency_ms} ms" if getattr(args, "target_latency_ms", None) else "",
+                                   f"{args.target_tokens_per_s} tokens/s" if getattr(args, "target_tokens_per_s", None)
+                                   else "") if b)
 
 
 def _median(values) -> float:
@@ -410,6 +412,8 @@ def main(argv=None) -> None:
         sp.add_argument("--target-latency-ms", type=float, help="with --msq: the latency budget, the quantized "
                         "modules' summed forward time at batch 1 as `bench latency` measures it on this machine "
                         "(measured and cached on first use)")
+        sp.add_argument("--target-tokens-per-s", type=float, help="with --msq: the latency budget as a rate, "
+                        "1000 / --target-latency-ms (the quantized layers' own rate at batch 1)")
         sp.add_argument("--sensitivity", choices=["fisher", "output", "linearity"], help="with --mix: fisher "
                         "(default with calibration): errors weighted by the loss's squared gradients; output: by "
                         "the layer inputs' E[x²] (no backward pass). With --msq: linearity (default, data-free) "
@@ -502,11 +506,13 @@ def main(argv=None) -> None:
     logging.getLogger("torch_lowbit").setLevel(logging.INFO)  # layers left in float, layouts chosen
     _check_before_work(p, args)
     msq = getattr(args, "msq", False)
-    if getattr(args, "target_latency_ms", None) is not None and not msq:
-        p.error("--target-latency-ms goes with --msq")
-    if (getattr(args, "mix", None) or msq) and args.target_bpw is None and \
-            getattr(args, "target_latency_ms", None) is None:
-        p.error(f"{'--msq needs --target-bpw and/or --target-latency-ms' if msq else '--mix needs --target-bpw'} "
+    latency = getattr(args, "target_latency_ms", None), getattr(args, "target_tokens_per_s", None)
+    if any(v is not None for v in latency) and not msq:
+        p.error("--target-latency-ms and --target-tokens-per-s go with --msq")
+    if all(v is not None for v in latency):
+        p.error("give --target-latency-ms or --target-tokens-per-s, not both (one budget: ms = 1000 / tokens/s)")
+    if (getattr(args, "mix", None) or msq) and args.target_bpw is None and all(v is None for v in latency):
+        p.error(f"{'--msq needs --target-bpw and/or --target-latency-ms (or --target-tokens-per-s)' if msq else '--mix needs --target-bpw'} "
                 "(bits per weight, e.g. 3.2)")
     if (getattr(args, "target_bpw", None) is not None or getattr(args, "sensitivity", None)) and not \
             (args.mix or msq):

@@ -176,6 +176,27 @@ def test_latency_budget_trades_loss_for_time(monkeypatch):
         plan_msq(model, MSQ(ROTATED, target_latency_ms=fastest * 0.99, sensitivities=sens), progress=False)
 
 
+def test_a_tokens_per_s_budget_is_the_same_latency_budget(monkeypatch):
+    model = _model(8)
+    sens = plan_msq(model, MSQ(ROTATED, 2.6, **FAST), progress=False).sensitivities()
+    _fake_latency(monkeypatch, {"tcq2_1mad": 1.0, "vq2": 2.0, "nuq3": 3.0})
+    sizes = [u.numel for u in plan_msq(model, MSQ(ROTATED, 2.6, sensitivities=sens), progress=False).units]
+    budget = sum(5.0 + 2.0 * n / 1000 for n in sizes) * 1e-3  # ms: between the fastest and the slowest mix
+    by_ms = plan_msq(model, MSQ(ROTATED, target_latency_ms=budget, sensitivities=sens), progress=False)
+    by_rate = plan_msq(model, MSQ(ROTATED, target_tokens_per_s=1e3 / budget, sensitivities=sens), progress=False)
+    assert by_rate.formats == by_ms.formats and len({f.name for f in by_ms.formats.values()}) > 1
+    assert by_rate.tokens_per_s >= 1e3 / budget * (1 - 1e-9)
+    assert "tokens/s of these layers (target" in by_rate.table()
+    batched = MSQ(ROTATED, target_tokens_per_s=1000.0, batch=16)
+    assert batched.target_latency_ms == pytest.approx(16.0)  # 16 tokens per call at 1000 tokens/s
+    with pytest.raises(ValueError, match=r"lower target_tokens_per_s to at most \d"):
+        plan_msq(model, MSQ(ROTATED, target_tokens_per_s=1e9, sensitivities=sens), progress=False)
+    with pytest.raises(ValueError, match="not both"):
+        MSQ(ROTATED, target_latency_ms=1.0, target_tokens_per_s=1000.0)
+    with pytest.raises(ValueError, match="positive finite"):
+        MSQ(ROTATED, target_tokens_per_s=float("inf"))
+
+
 def test_fusion_is_given_up_where_separate_formats_win(monkeypatch):
     """With every format equally fast and no launch cost, fused and unfused modules cost the same
     time; under a bit budget the unfused alternative can only lower the loss, and the exact program

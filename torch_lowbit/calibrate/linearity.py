@@ -151,6 +151,21 @@ def linearity_sensitivities(model: nn.Module, units: Mapping[str, Sequence[str]]
     """{unit: a}: the linearity theorem's sensitivity of each unit (module doc). units: {name: the
     fqns of its nn.Linear layers}; tokens: int64 [batch, seq] to measure on (default: 8 sequences of
     128 tokens the model samples itself)."""
+    kls = kl_under_noise(model, units, tokens=tokens, noise=noise, seed=seed, progress=progress)
+    return {name: fit_slope(noise, k) for name, k in kls.items()}
+
+
+def fit_slope(noise: Sequence[float], kls: Sequence[float]) -> float:
+    """a: the least-squares slope of KL against t² through the origin (never negative)."""
+    t2 = torch.tensor([float(t) for t in noise], dtype=torch.float64) ** 2
+    return max(float((torch.tensor(kls, dtype=torch.float64) * t2).sum() / (t2 * t2).sum()), 0.0)
+
+
+@torch.no_grad()
+def kl_under_noise(model: nn.Module, units: Mapping[str, Sequence[str]], *, tokens: Optional[Tensor] = None,
+                   noise: Sequence[float] = DEFAULT_NOISE, seed: int = 0, progress: bool = True) -> dict[str, list[float]]:
+    """{unit: [KL at each noise level]}: the mean per-token KL divergence from the clean model when
+    Gaussian noise of relative norm t is added to every row of the unit's weights (module doc)."""
     noise = tuple(float(t) for t in noise)
     if not noise or any(not 0 < t < 1 for t in noise):
         raise ValueError(f"noise levels must be relative norms in (0, 1), got {noise}")
@@ -184,8 +199,7 @@ def linearity_sensitivities(model: nn.Module, units: Mapping[str, Sequence[str]]
                 finally:
                     for m, s in zip(layers, saved):
                         m.weight.copy_(s)
-            t2 = torch.tensor(noise, dtype=torch.float64) ** 2
-            out[name] = max(float((torch.tensor(kls, dtype=torch.float64) * t2).sum() / (t2 * t2).sum()), 0.0)
+            out[name] = kls
         return out
     finally:
         model.train(was_training)

@@ -24,16 +24,22 @@ _lock = threading.Lock()
 
 
 @torch.no_grad()
+def squared_error(fmt: Format, weight: Tensor, importance: Optional[Tensor] = None) -> Tensor:
+    """(W − Q(W))² per weight (fp32) of fmt's data-free quantize→dequantize of weight [N, K], rounding
+    weighted by importance [K] where given."""
+    with torch.no_grad():
+        w = weight.detach().float()
+        imp = None if importance is None else importance.detach().float().to(w.device)
+        return (fmt.dequantize(fmt.quantize(w, imp)).to(w.device) - w).pow(2)
+
+
 def relative_error(fmt: Format, weight: Tensor, importance: Optional[Tensor] = None) -> float:
     """‖W − Q(W)‖² / ‖W‖² of fmt's data-free quantize→dequantize of weight [N, K] (rounding weighted
     by importance [K] where given)."""
-    w = weight.detach().float()
-    norm = float(w.pow(2).sum())
+    norm = float(weight.detach().float().pow(2).sum())
     if not norm > 0:
         raise ValueError("relative_error: the weight is all zeros (no relative error is defined)")
-    imp = None if importance is None else importance.detach().float().to(w.device)
-    err = (fmt.dequantize(fmt.quantize(w, imp)).to(w.device) - w).pow(2).sum()
-    return float(err) / norm
+    return float(squared_error(fmt, weight, importance).sum()) / norm
 
 
 def gaussian_distortion(fmt: Format, shape: tuple[int, int] = GAUSSIAN_SHAPE, seed: int = 0) -> float:

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..formats import Format, get_format
+from ..formats.distortion import squared_error
 from . import knapsack
 from .fusion import fusion_jobs, job_members
 from .select import FilterFn, FormatSpec, collect_stats, input_importance, select_linears
@@ -204,14 +205,11 @@ def quantization_error(fmt: Format, weight: Tensor, importance: Optional[Tensor]
     weighted by importance [K]): Σ weight_importance · (W − Q(W))² when given (e.g. the Fisher
     diagonal), else Σ_k importance_k · Σ_n (W − Q(W))²[n, k] (the layer's output error up to the
     off-diagonal terms of E[x xᵀ]), else the plain Σ (W − Q(W))²."""
-    with torch.no_grad():
-        w = weight.float()
-        imp = None if importance is None else importance.detach().float().to(w.device)
-        err = (fmt.dequantize(fmt.quantize(w, imp)).to(w.device) - w).pow(2)
-        if weight_importance is not None:
-            return float((weight_importance.to(w.device).float() * err).sum())
-        err = err.sum(0)
-        return float(err.sum() if imp is None else (imp * err).sum())
+    err = squared_error(fmt, weight, importance)
+    if weight_importance is not None:
+        return float((weight_importance.to(err.device).float() * err).sum())
+    err = err.sum(0)
+    return float(err.sum() if importance is None else (importance.detach().float().to(err.device) * err).sum())
 
 
 def _cat(rows: list[Tensor]) -> Tensor:
@@ -250,9 +248,8 @@ def mix_summary(model: nn.Module) -> str:
     by_type: dict[str, dict[str, list[str]]] = {}
     for fqn, m in model.named_modules():
         if isinstance(m, QuantLinear):
-            block = re.search(r"\.(\d+)\.", f".{fqn}.")
             kind = fqn.rsplit(".", 1)[-1]
-            by_type.setdefault(kind, {}).setdefault(m.fmt.name, []).append(block.group(1) if block else fqn)
+            by_type.setdefault(kind, {}).setdefault(m.fmt.name, []).append(block_index(fqn) or fqn)
     if not by_type:
         return "no quantized layers"
     names = sorted({f for d in by_type.values() for f in d}, key=lambda f: get_format(f).bits_per_weight())
@@ -262,6 +259,12 @@ def mix_summary(model: nn.Module) -> str:
     count = sum(len(v) for d in by_type.values() for v in d.values())
     lines.append(f"{count} quantized modules (blocks listed per format), {quantized_bpw(model):.4f} bits per weight")
     return "\n".join(lines)
+
+
+def block_index(fqn: str) -> Optional[str]:
+    """The decoder block number in a layer's name ("model.layers.11.mlp.down_proj" → "11"), or None."""
+    m = re.search(r"\.(\d+)\.", f".{fqn}.")
+    return m.group(1) if m else None
 
 
 def _ranges(blocks: list[str]) -> str:

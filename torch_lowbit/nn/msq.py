@@ -6,6 +6,7 @@ of the whole model within a bit budget and/or a measured latency budget, solved 
     plan = tl.plan_msq(model, tl.MSQ(["tcq2", "tcq3", "q4_k"], 3.0))   # the plan alone, with its report
     print(plan.table()); tl.quantize_(model, plan.formats)
     tl.MSQ(target_latency_ms=4.0)                                      # Σ layer latencies at batch 1
+    tl.MSQ(target_tokens_per_s=120)                                    # the same budget as a rate
 
 Loss model (loss=), per layer l and format Q, summed over the plan's layers:
     "linearity" (default, data-free): the linearity theorem (calibrate/linearity.py): a_l · d_l(Q),
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
 from torch import Tensor, nn
@@ -35,7 +35,7 @@ from ..formats import Format, formats, get_format
 from ..formats.distortion import gaussian_distortion, relative_error
 from ..formats.palette import PaletteFormat
 from . import knapsack
-from .allocate import _check_candidates, build_units, check_budget, quantization_error
+from .allocate import _check_candidates, block_index, build_units, check_budget, quantization_error
 from .latency import layer_latency
 from .select import FilterFn, FormatSpec, collect_stats, input_importance
 
@@ -58,6 +58,9 @@ class MSQ:
     candidates: Union[str, Sequence[FormatSpec]] = "palette"
     target_bpw: Optional[float] = None
     target_latency_ms: Optional[float] = None  # Σ of the quantized layers' measured latencies at `batch`
+    # the same budget as a rate: batch / Σ latency ≥ this (the quantized layers' own rate; the model's is
+    # lower by the rest of its step: attention, norms, the head)
+    target_tokens_per_s: Optional[float] = None
     batch: int = 1  # tokens per forward call the latencies are measured at (1: decode)
     loss: str = "linearity"
     solver: str = "exact"
@@ -71,21 +74,27 @@ class MSQ:
     def __post_init__(self):
         if not isinstance(self.candidates, str):
             object.__setattr__(self, "candidates", tuple(self.candidates))
-        if self.target_bpw is None and self.target_latency_ms is None:
+        if self.target_bpw is None and self.target_latency_ms is None and self.target_tokens_per_s is None:
             raise ValueError("MSQ needs a budget: target_bpw=... (bits per weight over the quantized layers) "
-                             "and/or target_latency_ms=... (their summed measured latency)")
-        for name in ("target_bpw", "target_latency_ms"):
+                             "and/or target_latency_ms=... (their summed measured latency) or target_tokens_per_s=...")
+        for name in ("target_bpw", "target_latency_ms", "target_tokens_per_s"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
-                raise ValueError(f"{name} must be a positive number, got {v!r}")
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0
+                                  or v == float("inf")):
+                raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+        if not isinstance(self.batch, int) or self.batch < 1:
+            raise ValueError(f"batch must be a positive number of tokens, got {self.batch!r}")
+        if self.target_tokens_per_s is not None:
+            if self.target_latency_ms is not None:
+                raise ValueError("give target_latency_ms or target_tokens_per_s, not both (they are one budget: "
+                                 "latency = 1000 * batch / tokens_per_s ms)")
+            object.__setattr__(self, "target_latency_ms", 1e3 * self.batch / self.target_tokens_per_s)
         if self.loss not in LOSS_MODELS:
             raise ValueError(f"unknown loss model {self.loss!r}; choose one of {', '.join(LOSS_MODELS)}")
         if self.solver not in ("exact", "greedy"):
             raise ValueError(f"unknown solver {self.solver!r}; choose 'exact' or 'greedy'")
         if self.target_latency_ms is not None and self.target_bpw is not None and self.solver == "greedy":
             raise ValueError("MSQ with both a bit and a latency budget needs solver='exact'")
-        if not isinstance(self.batch, int) or self.batch < 1:
-            raise ValueError(f"batch must be a positive number of tokens, got {self.batch!r}")
         object.__setattr__(self, "noise", tuple(self.noise))
 
     def formats(self) -> list[Format]:
@@ -127,6 +136,11 @@ class MSQPlan:
         """Σ of the modules' measured latencies (nan without a latency budget)."""
         return 1e3 * sum(u.latency_s for u in self.units)
 
+    @property
+    def tokens_per_s(self) -> float:
+        """batch / Σ latency: the quantized layers' own rate (nan without a latency budget)."""
+        return self.spec.batch / (1e-3 * self.latency_ms)
+
     def sensitivities(self) -> dict[str, float]:
         """{layer fqn: a_l}: pass as MSQ(sensitivities=...) to plan other budgets without measuring again."""
         return dict(self.layer_sensitivities)
@@ -136,8 +150,7 @@ class MSQPlan:
         rows: dict[str, dict[str, str]] = {}
         kinds: list[str] = []
         for u in self.units:
-            m = re.search(r"\.(\d+)\.", f".{u.members[0]}.")
-            block = m.group(1) if m else "-"
+            block = block_index(u.members[0]) or "-"
             kind = "+".join(f.rpartition(".")[2] for f in u.members)
             if kind not in kinds:
                 kinds.append(kind)
@@ -147,7 +160,10 @@ class MSQPlan:
             lines.append(f"| {block} | " + " | ".join(rows[block].get(k, "") for k in kinds) + " |")
         budget = ", ".join(x for x in (f"target {self.spec.target_bpw:g} bpw" if self.spec.target_bpw else "",
                                        f"{self.latency_ms:.3f} ms at batch {self.spec.batch} (target "
-                                       f"{self.spec.target_latency_ms:g})" if self.spec.target_latency_ms else "") if x)
+                                       f"{self.spec.target_latency_ms:g})" if self.spec.target_latency_ms else "",
+                                       f"{self.tokens_per_s:.1f} tokens/s of these layers (target "
+                                       f"{self.spec.target_tokens_per_s:g})" if self.spec.target_tokens_per_s else "")
+                                if x)
         lines.append(f"{len(self.units)} modules, {self.bpw:.4f} bits per weight ({budget}), predicted loss "
                      f"{self.predicted_loss:.5g} ({self.spec.loss})")
         return "\n".join(lines)
@@ -209,6 +225,11 @@ def plan_and_collect(model: nn.Module, spec: MSQ, *, calibration: Optional[Itera
         budgets.append(spec.target_latency_ms * 1e-3)
         least = sum(min(min(latency[w]), sum(min(latency[p]) for p in parts)) for w, parts in alternatives) + \
             sum(min(latency[i]) for i in range(len(units)) if i not in {w for w, _ in alternatives})
+        if least > budgets[-1] and spec.target_tokens_per_s is not None:
+            raise ValueError(f"target_tokens_per_s={spec.target_tokens_per_s:g} is above the fastest possible mix "
+                             f"({spec.batch / least:.2f} tokens/s of the quantized layers at batch "
+                             f"{spec.batch}: each module in its fastest candidate); lower target_tokens_per_s to at "
+                             f"most {spec.batch / least:.2f} or add a faster candidate")
         if least > budgets[-1]:
             raise ValueError(f"target_latency_ms={spec.target_latency_ms:g} is below the fastest possible mix "
                              f"({least * 1e3:.4f} ms at batch {spec.batch}: each module in its fastest candidate); "
