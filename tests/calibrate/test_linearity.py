@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from torch_lowbit.calibrate import linearity
-from torch_lowbit.calibrate.linearity import (_Replay, _kl, _reference, linearity_sensitivities,
+from torch_lowbit.calibrate.linearity import (_Replay, _kl, _reference, fit_curve, linearity_sensitivities, loss_curves,
                                               relative_noise, self_generated_tokens, unit_name)
 
 from conftest import tiny_llama
@@ -56,6 +56,34 @@ def test_the_slope_predicts_other_noise_levels_and_sums_over_layers():
         assert 0.6 < measured / (a[f] * 0.03 ** 2) < 1.6, (f, measured, a[f])
     together = _perturbed_kl(model, tokens, {f: 0.03 for f in layers}, seed + 12)  # the theorem: additive
     assert 0.6 < together / (sum(a.values()) * 0.03 ** 2) < 1.6
+
+
+def test_fit_curve_recovers_a_quadratic_and_falls_back_to_the_line():
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    a, c = (torch.rand(2, generator=gen) * torch.tensor([5.0, 40.0])).tolist()
+    noise = (0.1, 0.2, 0.3)
+    kls = [a * t * t + c * t ** 4 for t in noise]
+    assert fit_curve(noise, kls) == pytest.approx((a, c), rel=1e-6)
+    slope, zero = fit_curve(noise, kls, "linear")
+    t2 = torch.tensor(noise, dtype=torch.float64) ** 2
+    assert zero == 0 and slope == pytest.approx(float((torch.tensor(kls, dtype=torch.float64) * t2).sum() /
+                                                      (t2 * t2).sum()))
+    assert slope > a  # the line through the origin charges the curvature to small errors too
+    bending_down = [a * t * t - 20 * t ** 4 for t in noise]
+    assert fit_curve(noise, bending_down)[1] == 0 and fit_curve(noise, bending_down) == fit_curve(
+        noise, bending_down, "linear")
+    assert fit_curve((0.2,), [0.3]) == pytest.approx((0.3 / 0.04, 0.0))  # one level: the line
+
+
+def test_loss_curves_measure_as_the_sensitivities_do():
+    model = _model(6)
+    tokens = self_generated_tokens(model, 2, 24, seed=3)
+    units = {f: [f] for f in ["model.layers.0.mlp.up_proj", "model.layers.1.self_attn.o_proj"]}
+    a = linearity_sensitivities(model, units, tokens=tokens, seed=4, progress=False)
+    line = loss_curves(model, units, tokens=tokens, seed=4, fit="linear", progress=False)
+    assert {k: v[0] for k, v in line.items()} == pytest.approx(a) and all(v[1] == 0 for v in line.values())
+    with pytest.raises(ValueError, match="unknown fit"):
+        loss_curves(model, units, tokens=tokens, fit="cubic", progress=False)
 
 
 def test_replay_from_a_block_matches_the_whole_forward():

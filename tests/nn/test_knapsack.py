@@ -120,8 +120,9 @@ def test_alternatives_pick_the_whole_or_every_part_optimally(seed):
     assert (choice[0] >= 0) != (choice[1] >= 0 and choice[2] >= 0) and choice[3] >= 0 and choice[4] >= 0
     assert (choice[0] == -1) == (choice[1] >= 0) == (choice[2] >= 0)
     assert knapsack.total(losses, choice) == pytest.approx(best, rel=1e-12, abs=1e-12)
-    with pytest.raises(ValueError, match="only the exact solver"):
-        knapsack.solve(losses, costs[:1], budgets[:1], "greedy", alts)
+    greedy = knapsack.solve(losses, costs[:1], [budgets[0] * 2], "greedy", alts)  # the parts, never the whole
+    assert greedy[0] == -1 and all(j >= 0 for j in greedy[1:])
+    assert greedy[1:] == knapsack.solve_greedy(losses[1:], [costs[0][1:]], [budgets[0] * 2])
     with pytest.raises(ValueError, match="distinct units"):
         knapsack.solve_exact(losses, costs, budgets, [(0, [1, 2]), (2, [3])])
 

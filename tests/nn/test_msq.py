@@ -36,32 +36,32 @@ def _model(seed=0):
 
 def test_plan_is_within_budget_fused_groups_share_and_losses_add_up():
     model = _model()
-    plan = plan_msq(model, MSQ(MIXED, 3.1, **FAST), progress=False)
+    plan = plan_msq(model, MSQ(MIXED, 3.1, unfuse=False, **FAST), progress=False)
     assert plan.bpw <= 3.1 + 1e-9 and plan_bpw(model, plan.formats) == pytest.approx(plan.bpw)
     assert len(plan.units) == 8  # q+k+v, o, gate+up, down per block
     sens = plan.sensitivities()
-    assert set(sens) == set(plan.formats) and all(a > 0 for a in sens.values())
+    assert set(sens) == set(plan.formats) and all(a > 0 and c >= 0 for a, c in sens.values())
     for u in plan.units:
         assert {plan.formats[f] for f in u.members} == {u.fmt}
         if u.fmt.name == "int4_g64":  # measured on each layer's weight
             d = [distortion.relative_error(u.fmt, model.get_submodule(f).weight) for f in u.members]
         else:  # rotated: the Gaussian distortion
             d = [distortion.gaussian_distortion(u.fmt)] * len(u.members)
-        assert u.loss == pytest.approx(sum(sens[f] * x for f, x in zip(u.members, d)))
+        assert u.loss == pytest.approx(sum(sens[f][0] * x + sens[f][1] * x * x for f, x in zip(u.members, d)))
     assert plan.predicted_loss == pytest.approx(sum(u.loss for u in plan.units))
     assert "| block |" in plan.table() and "predicted loss" in plan.table()
 
 
 def test_exact_plan_is_the_brute_force_optimum_and_never_worse_than_greedy():
     model = _model(1)
-    first = plan_msq(model, MSQ(ROTATED, 2.6, **FAST), progress=False)
+    first = plan_msq(model, MSQ(ROTATED, 2.6, unfuse=False, **FAST), progress=False)  # the fused modules
     sens = first.sensitivities()
     by_name = {u.name: u for u in first.units}
-    a = {u.name: sum(sens[f] for f in u.members) for u in first.units}
     cands = [tl.get_format(f) for f in ROTATED]
     for target in (2.2, 2.6, 2.9):
-        exact = plan_msq(model, MSQ(ROTATED, target, sensitivities=sens), progress=False)
-        greedy = plan_msq(model, MSQ(ROTATED, target, solver="greedy", sensitivities=sens), progress=False)
+        exact = plan_msq(model, MSQ(ROTATED, target, sensitivities=sens, unfuse=False), progress=False)
+        greedy = plan_msq(model, MSQ(ROTATED, target, solver="greedy", sensitivities=sens, unfuse=False),
+                          progress=False)
         assert exact.predicted_loss <= greedy.predicted_loss * (1 + 1e-12) and greedy.bpw <= target + 1e-9
         best = None
         names = list(by_name)
@@ -69,7 +69,8 @@ def test_exact_plan_is_the_brute_force_optimum_and_never_worse_than_greedy():
         for combo in itertools.product(cands, repeat=len(names)):
             bits = sum(f.bits_per_weight() * by_name[n].numel for f, n in zip(combo, names))
             if bits <= target * total * (1 + 1e-12):
-                loss = sum(a[n] * distortion.gaussian_distortion(f) for f, n in zip(combo, names))
+                loss = sum(msq_module._on_curve(sens[m], distortion.gaussian_distortion(f))
+                           for f, n in zip(combo, names) for m in by_name[n].members)
                 best = loss if best is None else min(best, loss)
         assert exact.predicted_loss == pytest.approx(best, rel=1e-9)
 
@@ -80,9 +81,24 @@ def test_given_sensitivities_are_not_measured_again(monkeypatch):
 
     def measure(*a, **k):
         raise AssertionError("sensitivities were given")
-    monkeypatch.setattr(msq_module, "linearity_sensitivities", measure)
+    monkeypatch.setattr(msq_module, "loss_curves", measure)
     again = plan_msq(model, MSQ(ROTATED, 2.5, sensitivities=plan.sensitivities()), progress=False)
     assert again.formats == plan.formats
+
+
+def test_the_linear_fit_and_given_numbers_are_the_line_alone():
+    model = _model(2)
+    quadratic = plan_msq(model, MSQ(ROTATED, 2.5, **FAST), progress=False).sensitivities()
+    line = plan_msq(model, MSQ(ROTATED, 2.5, fit="linear", **FAST), progress=False)
+    assert all(c == 0 for _, c in line.sensitivities().values())
+    assert any(c > 0 for _, c in quadratic.values())  # the KL bends up over t = 0.1 .. 0.3 somewhere
+    slopes = {f: a for f, (a, _) in line.sensitivities().items()}  # plain numbers: a alone
+    again = plan_msq(model, MSQ(ROTATED, 2.5, sensitivities=slopes), progress=False)
+    assert again.formats == line.formats and again.predicted_loss == pytest.approx(line.predicted_loss)
+    with pytest.raises(ValueError, match="unknown fit"):
+        MSQ(ROTATED, 2.5, fit="cubic")
+    with pytest.raises(ValueError, match=r"expected a >= 0 or \(a, c\) >= 0"):
+        plan_msq(model, MSQ(ROTATED, 2.5, sensitivities={f: (1.0, -1.0) for f in slopes}), progress=False)
 
 
 def test_quantize_with_msq_then_save_and_load(tmp_path):
@@ -161,7 +177,8 @@ def test_latency_budget_trades_loss_for_time(monkeypatch):
     assert {f.name for f in roomy.formats.values()} == {"nuq3"}
     assert (ROTATED[0], 128 + 2 * 64, 128, 1) in seen  # the fused q/k/v shape (4 heads, 2 KV heads of 32)
     assert (ROTATED[0], 64, 128, 1) in seen  # and k alone: the unfused alternative
-    sizes = [u.numel for u in plan_msq(model, MSQ(ROTATED, 2.6, sensitivities=sens), progress=False).units]
+    sizes = [u.numel for u in plan_msq(model, MSQ(ROTATED, 2.6, sensitivities=sens, unfuse=False),
+                                       progress=False).units]
     fastest = sum(5.0 + 1.0 * n / 1000 for n in sizes) * 1e-3  # every fused module in tcq2_1mad
     slowest = sum(5.0 + 3.0 * n / 1000 for n in sizes) * 1e-3
     budget = (fastest + slowest) / 2
@@ -180,7 +197,8 @@ def test_a_tokens_per_s_budget_is_the_same_latency_budget(monkeypatch):
     model = _model(8)
     sens = plan_msq(model, MSQ(ROTATED, 2.6, **FAST), progress=False).sensitivities()
     _fake_latency(monkeypatch, {"tcq2_1mad": 1.0, "vq2": 2.0, "nuq3": 3.0})
-    sizes = [u.numel for u in plan_msq(model, MSQ(ROTATED, 2.6, sensitivities=sens), progress=False).units]
+    sizes = [u.numel for u in plan_msq(model, MSQ(ROTATED, 2.6, sensitivities=sens, unfuse=False),
+                                       progress=False).units]
     budget = sum(5.0 + 2.0 * n / 1000 for n in sizes) * 1e-3  # ms: between the fastest and the slowest mix
     by_ms = plan_msq(model, MSQ(ROTATED, target_latency_ms=budget, sensitivities=sens), progress=False)
     by_rate = plan_msq(model, MSQ(ROTATED, target_tokens_per_s=1e3 / budget, sensitivities=sens), progress=False)
@@ -208,12 +226,16 @@ def test_fusion_is_given_up_where_separate_formats_win(monkeypatch):
         return n * k * 1e-9
     monkeypatch.setattr(msq_module, "layer_latency", latency)
     both = plan_msq(model, MSQ(ROTATED, 2.6, target_latency_ms=1.0, sensitivities=sens), progress=False)
-    fused_only = plan_msq(model, MSQ(ROTATED, 2.6, sensitivities=sens), progress=False)
+    fused_only = plan_msq(model, MSQ(ROTATED, 2.6, sensitivities=sens, unfuse=False), progress=False)
     unfused = plan_msq(model, MSQ(ROTATED, 2.6, sensitivities=sens), fuse=False, progress=False)
-    assert both.bpw <= 2.6 + 1e-9
+    bits_only = plan_msq(model, MSQ(ROTATED, 2.6, sensitivities=sens), progress=False)  # unfuse: the default
+    greedy = plan_msq(model, MSQ(ROTATED, 2.6, sensitivities=sens, solver="greedy"), progress=False)
+    assert both.bpw <= 2.6 + 1e-9 and bits_only.bpw <= 2.6 + 1e-9 and greedy.bpw <= 2.6 + 1e-9
     assert both.predicted_loss == pytest.approx(unfused.predicted_loss, rel=1e-9)
+    assert bits_only.predicted_loss == pytest.approx(unfused.predicted_loss, rel=1e-9)
     assert both.predicted_loss <= fused_only.predicted_loss * (1 + 1e-12)
-    assert len(both.units) >= len(fused_only.units)
+    assert len(both.units) >= len(fused_only.units) and all(len(u.members) == 1 for u in greedy.units)
+    assert bits_only.predicted_loss <= greedy.predicted_loss * (1 + 1e-12)
 
 
 def test_layer_latency_is_measured_once_and_cached(tmp_path, monkeypatch):

@@ -5,8 +5,10 @@ So a_l is measured once per layer, and any quantizer's predicted loss is a_l tim
 Measured here without a dataset: the model samples its own text (temperature 1 from the BOS token),
 its next-token distributions on that text are the reference, and for each unit (a layer, or the
 layers quantized as one fused module) and each noise level t, Gaussian noise of relative norm t is
-added to every row of every member's weight (`relative_noise`); a_l is the least-squares slope of the mean per-token KL divergence
-from the reference against t² (through the origin).
+added to every row of every member's weight (`relative_noise`); a_l is the least-squares slope of the
+mean per-token KL divergence from the reference against t² (through the origin). Far from the linear
+regime (2-bit formats: t² ≈ 0.07) the KL bends up: `loss_curves` fits a_l t² + c_l t⁴ to the same
+measurements, which MSQ uses by default (docs/formats/mixed.md: the 2.875 bpw plan's perplexity).
 
 A unit inside a decoder block costs one pass through that block and those after it (the blocks'
 inputs are recorded on the clean model and the replay checked against the full forward), not a
@@ -152,13 +154,38 @@ def linearity_sensitivities(model: nn.Module, units: Mapping[str, Sequence[str]]
     fqns of its nn.Linear layers}; tokens: int64 [batch, seq] to measure on (default: 8 sequences of
     128 tokens the model samples itself)."""
     kls = kl_under_noise(model, units, tokens=tokens, noise=noise, seed=seed, progress=progress)
-    return {name: fit_slope(noise, k) for name, k in kls.items()}
+    return {name: fit_curve(noise, k, "linear")[0] for name, k in kls.items()}
 
 
-def fit_slope(noise: Sequence[float], kls: Sequence[float]) -> float:
-    """a: the least-squares slope of KL against t² through the origin (never negative)."""
+def loss_curves(model: nn.Module, units: Mapping[str, Sequence[str]], *, tokens: Optional[Tensor] = None,
+                noise: Sequence[float] = DEFAULT_NOISE, seed: int = 0, fit: str = "quadratic",
+                progress: bool = True) -> dict[str, tuple[float, float]]:
+    """{unit: (a, c)}: each unit's KL increase as a curve in the relative error d = t²,
+    KL(d) ≈ a·d + c·d² (fit_curve), measured as linearity_sensitivities measures a."""
+    if fit not in FITS:
+        raise ValueError(f"unknown fit {fit!r}; choose one of {', '.join(FITS)}")
+    kls = kl_under_noise(model, units, tokens=tokens, noise=noise, seed=seed, progress=progress)
+    return {name: fit_curve(noise, k, fit) for name, k in kls.items()}
+
+
+FITS = ("quadratic", "linear")
+
+
+def fit_curve(noise: Sequence[float], kls: Sequence[float], fit: str = "quadratic") -> tuple[float, float]:
+    """(a, c) of KL ≈ a·t² + c·t⁴ over the noise levels t, least squares, neither negative. "linear":
+    c = 0, a the slope through the origin (HIGGS's straight line); "quadratic": the curvature too,
+    which charges a 2-bit format's error (t² ≈ 0.07) more than the line through small t does (the
+    line where either coefficient comes out negative, or with one noise level)."""
     t2 = torch.tensor([float(t) for t in noise], dtype=torch.float64) ** 2
-    return max(float((torch.tensor(kls, dtype=torch.float64) * t2).sum() / (t2 * t2).sum()), 0.0)
+    y = torch.tensor([float(k) for k in kls], dtype=torch.float64)
+    slope = max(float((y * t2).sum() / (t2 * t2).sum()), 0.0)
+    if fit == "linear" or len(t2) < 2:
+        return slope, 0.0
+    basis = torch.stack([t2, t2 * t2], 1)
+    a, c = torch.linalg.lstsq(basis, y.unsqueeze(1)).solution.squeeze(1).tolist()
+    if a < 0 or c < 0:  # the data bend down, or start below zero (noise in the KLs): the line
+        return slope, 0.0
+    return float(a), float(c)
 
 
 @torch.no_grad()

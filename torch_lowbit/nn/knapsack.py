@@ -159,10 +159,17 @@ def solve(losses: Table, costs: Sequence[Table], budgets: Sequence[float], solve
           alternatives: Sequence[tuple[int, Sequence[int]]] = ()) -> list[int]:
     if solver == "exact":
         return solve_exact(losses, costs, budgets, alternatives)
-    if alternatives:
-        raise ValueError("knapsack: only the exact solver chooses between alternatives (fused or not)")
     if solver == "greedy":
-        return solve_greedy(losses, costs, budgets)
+        if not alternatives:
+            return solve_greedy(losses, costs, budgets)
+        # the greedy does not weigh a whole against its parts: it takes the parts (each at least as free)
+        wholes = {w for w, _ in alternatives}
+        keep = [i for i in range(len(losses)) if i not in wholes]
+        picked = solve_greedy([losses[i] for i in keep], [[c[i] for i in keep] for c in costs], budgets)
+        choice = [-1] * len(losses)
+        for i, j in zip(keep, picked):
+            choice[i] = j
+        return choice
     raise ValueError(f"unknown solver {solver!r}; choose 'exact' or 'greedy'")
 
 

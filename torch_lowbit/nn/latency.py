@@ -12,6 +12,8 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from typing import Sequence
+
 import torch
 
 from ..core.cache import read_json, write_json

@@ -9,15 +9,17 @@ of the whole model within a bit budget and/or a measured latency budget, solved 
     tl.MSQ(target_tokens_per_s=120)                                    # the same budget as a rate
 
 Loss model (loss=), per layer l and format Q, summed over the plan's layers:
-    "linearity" (default, data-free): the linearity theorem (calibrate/linearity.py): a_l · d_l(Q),
-        a_l the layer's KL-divergence sensitivity on text the model samples itself, d_l(Q) the relative
-        error ‖W − Q(W)‖² / ‖W‖²: for rotated Q-Palette formats their distortion on a standard Gaussian
+    "linearity" (default, data-free): the linearity theorem (calibrate/linearity.py): a_l · d_l(Q)
+        + c_l · d_l(Q)², the layer's KL-divergence curve on text the model samples itself (fit=
+        "quadratic"; "linear": c_l = 0, HIGGS's a_l alone), d_l(Q) the relative error ‖W − Q(W)‖² /
+        ‖W‖²: for rotated Q-Palette formats their distortion on a standard Gaussian
         (formats/distortion.py: cached, no layer is quantized), for the others measured on the layer.
     "fisher" (calibration batches): Σ_nk F[n,k] (W − Q(W))²[n,k] with F the empirical Fisher
         diagonal (nn/allocate.py's score); every layer is quantized once per candidate.
-Latency (target_latency_ms=): each candidate module's forward measured on this device at `batch`
-tokens (nn/latency.py, cached per device); a fused group is then also offered unfused (its layers
-in their own formats, at their own latencies) and the program picks. Solver (solver=): "exact" (an
+Fusion (unfuse=True): a q/k/v or gate/up group quantize_ would fuse is offered as one module in one
+format and as its layers alone, each in a format of its own (quantize_ still fuses those that land on
+one format); the program picks. Latency (target_latency_ms=): each candidate module's forward
+measured on this device at `batch` tokens (nn/latency.py, cached per device), fused and alone. Solver (solver=): "exact" (an
 integer program solved to optimality, nn/knapsack.py; needs scipy) or "greedy" (gain per bit, bit
 budget only). Candidates (candidates=): "palette" (every registered rotated Q-Palette format: NUQ,
 VQ, TCQ and its 1MAD variants, 1 to 5 bits), or a list of format names / configs."""
@@ -30,7 +32,7 @@ from typing import Iterable, Mapping, Optional, Sequence, Union
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..calibrate.linearity import DEFAULT_NOISE, linearity_sensitivities, self_generated_tokens, unit_name
+from ..calibrate.linearity import DEFAULT_NOISE, FITS, loss_curves, self_generated_tokens, unit_name
 from ..formats import Format, formats, get_format
 from ..formats.distortion import gaussian_distortion, relative_error
 from ..formats.palette import PaletteFormat
@@ -68,8 +70,13 @@ class MSQ:
     sequences: int = 4  # self-generated text for the sensitivities: sequences x length tokens
     length: int = 128
     seed: int = 0
-    sensitivities: Optional[Mapping[str, float]] = None  # {layer fqn: a}, e.g. an earlier plan's .sensitivities()
+    fit: str = "quadratic"  # the KL curve per layer: a·d + c·d² ("linear": a·d, HIGGS's line)
+    # {layer fqn: (a, c)} (or a alone: c = 0), e.g. an earlier plan's .sensitivities()
+    sensitivities: Optional[Mapping[str, Union[float, tuple]]] = None
     device: str = "cpu"  # whose latency table
+    # offer each q/k/v and gate/up group's layers alone too (formats of their own) beside the fused module;
+    # False keeps every group in one format (one launch)
+    unfuse: bool = True
 
     def __post_init__(self):
         if not isinstance(self.candidates, str):
@@ -89,6 +96,8 @@ class MSQ:
                 raise ValueError("give target_latency_ms or target_tokens_per_s, not both (they are one budget: "
                                  "latency = 1000 * batch / tokens_per_s ms)")
             object.__setattr__(self, "target_latency_ms", 1e3 * self.batch / self.target_tokens_per_s)
+        if self.fit not in FITS:
+            raise ValueError(f"unknown fit {self.fit!r}; choose one of {', '.join(FITS)}")
         if self.loss not in LOSS_MODELS:
             raise ValueError(f"unknown loss model {self.loss!r}; choose one of {', '.join(LOSS_MODELS)}")
         if self.solver not in ("exact", "greedy"):
@@ -121,7 +130,7 @@ class MSQPlan:
     formats: dict[str, Format]
     units: list[UnitChoice]
     spec: MSQ
-    layer_sensitivities: dict[str, float]  # a_l per layer (linearity), else empty
+    layer_sensitivities: dict[str, tuple[float, float]]  # (a_l, c_l) per layer (linearity), else empty
 
     @property
     def bpw(self) -> float:
@@ -141,8 +150,8 @@ class MSQPlan:
         """batch / Σ latency: the quantized layers' own rate (nan without a latency budget)."""
         return self.spec.batch / (1e-3 * self.latency_ms)
 
-    def sensitivities(self) -> dict[str, float]:
-        """{layer fqn: a_l}: pass as MSQ(sensitivities=...) to plan other budgets without measuring again."""
+    def sensitivities(self) -> dict[str, tuple[float, float]]:
+        """{layer fqn: (a_l, c_l)}: pass as MSQ(sensitivities=...) to plan other budgets without measuring again."""
         return dict(self.layer_sensitivities)
 
     def table(self) -> str:
@@ -173,8 +182,8 @@ def plan_msq(model: nn.Module, spec: MSQ, *, calibration: Optional[Iterable[Tens
              filter_fn: Optional[FilterFn] = None, include_lm_head: bool = False, fuse: bool = True,
              skip_incompatible: bool = False, progress: bool = True) -> MSQPlan:
     """The MSQ plan of `model` (module doc). fuse: q/k/v and gate/up groups are one module in one
-    format; with a latency budget the program also weighs each group unfused (its layers in their
-    own formats, their own latencies) against fused."""
+    format, and (MSQ.unfuse) the program also weighs each group unfused (its layers in their own
+    formats, their own latencies) against fused."""
     plan, _ = plan_and_collect(model, spec, calibration=calibration, rounding="rtn", filter_fn=filter_fn,
                                include_lm_head=include_lm_head, fuse=fuse, skip_incompatible=skip_incompatible,
                                progress=progress)
@@ -196,11 +205,11 @@ def plan_and_collect(model: nn.Module, spec: MSQ, *, calibration: Optional[Itera
                                  skip_incompatible=skip_incompatible, caller="MSQ")
     if spec.target_bpw is not None:
         check_budget(units, cands, spec.target_bpw, above_is_error=False)
-    # the modules the program chooses among: every unit, and with a latency budget each fused unit's
-    # layers alone as its alternative
+    # the modules the program chooses among: every unit, and (unfuse) each fused unit's layers alone
+    # as its alternative
     modules = [(tuple(u.members), [f for f, _, _ in u.options]) for u in units]
     alternatives = []
-    if spec.target_latency_ms is not None:
+    if spec.unfuse:
         for i, u in enumerate(units):
             if len(u.members) > 1:
                 parts = []
@@ -252,13 +261,13 @@ def _layer_losses(model, spec: MSQ, targets, units, modules, calibration, roundi
             wanted.setdefault(fqn, {}).update({f.name: f for f in fmts})
     stats: dict[str, Tensor] = {}
     if spec.loss == "linearity":
-        sens = {f: float(a) for f, a in (spec.sensitivities or {}).items() if f in wanted}
+        sens = {f: _curve(f, v) for f, v in (spec.sensitivities or {}).items() if f in wanted}
         missing = {f: [f] for f in wanted if f not in sens}
         if missing:
             tokens = self_generated_tokens(model, spec.sequences, spec.length, spec.seed)
-            sens.update(linearity_sensitivities(model, missing, tokens=tokens, noise=spec.noise, seed=spec.seed,
+            sens.update(loss_curves(model, missing, tokens=tokens, noise=spec.noise, seed=spec.seed, fit=spec.fit,
                                                 progress=progress))
-        return {fqn: {name: sens[fqn] * _distortion(f, targets[fqn].weight) for name, f in fmts.items()}
+        return {fqn: {name: _on_curve(sens[fqn], _distortion(f, targets[fqn].weight)) for name, f in fmts.items()}
                 for fqn, fmts in wanted.items()}, sens, stats
     from ..calibrate import collect_fisher
     calibration = list(calibration)
@@ -270,6 +279,19 @@ def _layer_losses(model, spec: MSQ, targets, units, modules, calibration, roundi
         w, per_weight = targets[fqn].weight.detach(), fisher.pop(fqn)
         out[fqn] = {name: quantization_error(f, w, importance.get(fqn), per_weight) for name, f in fmts.items()}
     return out, {}, stats
+
+
+def _curve(fqn: str, v) -> tuple[float, float]:
+    """A given sensitivity as (a, c): a number is a alone."""
+    a, c = (v, 0.0) if isinstance(v, (int, float)) else tuple(v)
+    if not (a >= 0 and c >= 0):
+        raise ValueError(f"MSQ(sensitivities=...): {fqn}: expected a >= 0 or (a, c) >= 0, got {v!r}")
+    return float(a), float(c)
+
+
+def _on_curve(curve: tuple[float, float], d: float) -> float:
+    """The predicted KL increase of relative error d: a·d + c·d²."""
+    return curve[0] * d + curve[1] * d * d
 
 
 def _latency(fmt: Format, targets, members, spec: MSQ) -> float:
