@@ -206,7 +206,9 @@ def test_a_tokens_per_s_budget_is_the_same_latency_budget(monkeypatch):
     assert by_rate.tokens_per_s >= 1e3 / budget * (1 - 1e-9)
     assert "tokens/s of these layers (target" in by_rate.table()
     batched = MSQ(ROTATED, target_tokens_per_s=1000.0, batch=16)
-    assert batched.target_latency_ms == pytest.approx(16.0)  # 16 tokens per call at 1000 tokens/s
+    assert batched.latency_budget_ms == pytest.approx(16.0)  # 16 tokens per call at 1000 tokens/s
+    import dataclasses
+    assert dataclasses.replace(batched, target_bpw=3.0).latency_budget_ms == pytest.approx(16.0)
     with pytest.raises(ValueError, match=r"lower target_tokens_per_s to at most \d"):
         plan_msq(model, MSQ(ROTATED, target_tokens_per_s=1e9, sensitivities=sens), progress=False)
     with pytest.raises(ValueError, match="not both"):

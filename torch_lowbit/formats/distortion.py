@@ -27,10 +27,9 @@ _lock = threading.Lock()
 def squared_error(fmt: Format, weight: Tensor, importance: Optional[Tensor] = None) -> Tensor:
     """(W − Q(W))² per weight (fp32) of fmt's data-free quantize→dequantize of weight [N, K], rounding
     weighted by importance [K] where given."""
-    with torch.no_grad():
-        w = weight.detach().float()
-        imp = None if importance is None else importance.detach().float().to(w.device)
-        return (fmt.dequantize(fmt.quantize(w, imp)).to(w.device) - w).pow(2)
+    w = weight.detach().float()
+    imp = None if importance is None else importance.detach().float().to(w.device)
+    return (fmt.dequantize(fmt.quantize(w, imp)).to(w.device) - w).pow(2)
 
 
 def relative_error(fmt: Format, weight: Tensor, importance: Optional[Tensor] = None) -> float:

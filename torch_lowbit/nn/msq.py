@@ -91,20 +91,25 @@ class MSQ:
                 raise ValueError(f"{name} must be a positive finite number, got {v!r}")
         if not isinstance(self.batch, int) or self.batch < 1:
             raise ValueError(f"batch must be a positive number of tokens, got {self.batch!r}")
-        if self.target_tokens_per_s is not None:
-            if self.target_latency_ms is not None:
-                raise ValueError("give target_latency_ms or target_tokens_per_s, not both (they are one budget: "
-                                 "latency = 1000 * batch / tokens_per_s ms)")
-            object.__setattr__(self, "target_latency_ms", 1e3 * self.batch / self.target_tokens_per_s)
+        if self.target_tokens_per_s is not None and self.target_latency_ms is not None:
+            raise ValueError("give target_latency_ms or target_tokens_per_s, not both (they are one budget: "
+                             "latency = 1000 * batch / tokens_per_s ms)")
         if self.fit not in FITS:
             raise ValueError(f"unknown fit {self.fit!r}; choose one of {', '.join(FITS)}")
         if self.loss not in LOSS_MODELS:
             raise ValueError(f"unknown loss model {self.loss!r}; choose one of {', '.join(LOSS_MODELS)}")
         if self.solver not in ("exact", "greedy"):
             raise ValueError(f"unknown solver {self.solver!r}; choose 'exact' or 'greedy'")
-        if self.target_latency_ms is not None and self.target_bpw is not None and self.solver == "greedy":
+        if self.latency_budget_ms is not None and self.target_bpw is not None and self.solver == "greedy":
             raise ValueError("MSQ with both a bit and a latency budget needs solver='exact'")
         object.__setattr__(self, "noise", tuple(self.noise))
+
+    @property
+    def latency_budget_ms(self) -> Optional[float]:
+        """The latency budget, given as ms or as a rate (1000 · batch / tokens per second); None without one."""
+        if self.target_tokens_per_s is not None:
+            return 1e3 * self.batch / self.target_tokens_per_s
+        return self.target_latency_ms
 
     def formats(self) -> list[Format]:
         names = candidate_set(self.candidates) if isinstance(self.candidates, str) else self.candidates
@@ -169,7 +174,7 @@ class MSQPlan:
             lines.append(f"| {block} | " + " | ".join(rows[block].get(k, "") for k in kinds) + " |")
         budget = ", ".join(x for x in (f"target {self.spec.target_bpw:g} bpw" if self.spec.target_bpw else "",
                                        f"{self.latency_ms:.3f} ms at batch {self.spec.batch} (target "
-                                       f"{self.spec.target_latency_ms:g})" if self.spec.target_latency_ms else "",
+                                       f"{self.spec.latency_budget_ms:g})" if self.spec.latency_budget_ms else "",
                                        f"{self.tokens_per_s:.1f} tokens/s of these layers (target "
                                        f"{self.spec.target_tokens_per_s:g})" if self.spec.target_tokens_per_s else "")
                                 if x)
@@ -227,11 +232,11 @@ def plan_and_collect(model: nn.Module, spec: MSQ, *, calibration: Optional[Itera
         costs.append([[fmt.bits_per_weight() * n for fmt in fmts] for (_, fmts), n in zip(modules, sizes)])
         budgets.append(spec.target_bpw * sum(u.numel for u in units))
     latency = None
-    if spec.target_latency_ms is not None:
+    if spec.latency_budget_ms is not None:
         latency = [[_latency(fmt, targets, members, spec) for fmt in fmts] for members, fmts in
                    tqdm(modules, desc="MSQ: latencies", disable=None if progress else True, leave=False)]
         costs.append(latency)
-        budgets.append(spec.target_latency_ms * 1e-3)
+        budgets.append(spec.latency_budget_ms * 1e-3)
         least = sum(min(min(latency[w]), sum(min(latency[p]) for p in parts)) for w, parts in alternatives) + \
             sum(min(latency[i]) for i in range(len(units)) if i not in {w for w, _ in alternatives})
         if least > budgets[-1] and spec.target_tokens_per_s is not None:
@@ -240,7 +245,7 @@ def plan_and_collect(model: nn.Module, spec: MSQ, *, calibration: Optional[Itera
                              f"{spec.batch}: each module in its fastest candidate); lower target_tokens_per_s to at "
                              f"most {spec.batch / least:.2f} or add a faster candidate")
         if least > budgets[-1]:
-            raise ValueError(f"target_latency_ms={spec.target_latency_ms:g} is below the fastest possible mix "
+            raise ValueError(f"target_latency_ms={spec.latency_budget_ms:g} is below the fastest possible mix "
                              f"({least * 1e3:.4f} ms at batch {spec.batch}: each module in its fastest candidate); "
                              f"raise target_latency_ms to at least {least * 1e3:.4f} or add a faster candidate")
     choice = knapsack.solve(losses, costs, budgets, spec.solver, alternatives)
