@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <atomic>
+#include <memory>
 #include <tuple>
 #include <vector>
 
@@ -77,6 +79,11 @@ class NativeDecoder {
                 ", intermediate ", intermediate);
   }
 
+  // A stalled pool worker may still be reading a decode region's buffers.
+  ~NativeDecoder() { quiesce_pool(); }
+  NativeDecoder(const NativeDecoder&) = delete;
+  NativeDecoder& operator=(const NativeDecoder&) = delete;
+
   int64_t add_quant_linear(const at::Tensor& qweight, const at::Tensor& scales, const c10::optional<at::Tensor>& mins,
                            const at::Tensor& lut, int64_t code_bits, int64_t group, int64_t out_features,
                            const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& sub_groups,
@@ -87,6 +94,7 @@ class NativeDecoder {
                          sub_mins);
     TORCH_CHECK(!l.q.w.pairs, kOp, ": pair codebooks (vq) reorder their activations: not supported");
     l.N = l.q.w.N, l.K = l.q.w.K;
+    forget_decode_state();
     linears_.push_back(std::move(l));
     return static_cast<int64_t>(linears_.size()) - 1;
   }
@@ -101,6 +109,7 @@ class NativeDecoder {
       TORCH_CHECK(bias->dim() == 1 && bias->size(0) == l.N, kOp, ": bias must be [N]");
       l.dense_bias = bias->to(at::kFloat).contiguous();
     }
+    forget_decode_state();
     linears_.push_back(std::move(l));
     return static_cast<int64_t>(linears_.size()) - 1;
   }
@@ -112,6 +121,7 @@ class NativeDecoder {
     Block b{norm_weight(in_norm), static_cast<float>(in_eps), norm_weight(post_norm), static_cast<float>(post_eps),
             group(qkv, hidden_, (heads_ + 2 * kv_heads_) * D, "q/k/v"), group(o, heads_ * D, hidden_, "o"),
             group(gate_up, hidden_, 2 * intermediate_, "gate/up"), group(down, intermediate_, hidden_, "down")};
+    forget_decode_state();
     blocks_.push_back(std::move(b));
   }
 
@@ -122,6 +132,7 @@ class NativeDecoder {
     for (const at::Tensor* w : {&q_norm, &k_norm})
       TORCH_CHECK(w->dim() == 1 && w->size(0) == head_dim_ && w->is_floating_point(), kOp,
                   ": q/k norm weights must be [", head_dim_, "]");
+    forget_decode_state();
     Block& b = blocks_.back();
     b.q_norm = q_norm.to(at::kFloat).contiguous(), b.k_norm = k_norm.to(at::kFloat).contiguous();
     b.q_eps = static_cast<float>(q_eps), b.k_eps = static_cast<float>(k_eps);
@@ -129,6 +140,7 @@ class NativeDecoder {
 
   void set_head(const at::Tensor& final_norm, double eps, std::vector<int64_t> head) {
     TORCH_CHECK(head.size() == 1, kOp, ": the LM head is one projection");
+    forget_decode_state();
     final_norm_ = norm_weight(final_norm);
     final_eps_ = static_cast<float>(eps);
     vocab_ = linears_.at(head[0]).N;
@@ -196,6 +208,7 @@ class NativeDecoder {
                         t->size(3) == head_dim_,
                     kOp, ": cache tensors must be contiguous fp32 [B, ", kv_heads_, ", L, ", head_dim_,
                     "] of one shape, got ", t->sizes());
+    forget_decode_state();
     keys_ = std::move(keys), values_ = std::move(values);
   }
 
@@ -214,17 +227,22 @@ class NativeDecoder {
     const int64_t D = head_dim_, qN = heads_ * D, kvN = kv_heads_ * D;
     const int64_t qkvN = qN + 2 * kvN;
     auto f32 = embeds.options();
-    at::Tensor h = embeds.reshape({M, hidden_}).clone();  // the residual stream
-    at::Tensor xn = at::empty({M, hidden_}, f32), qkv = at::empty({M, qkvN}, f32), attn = at::empty({M, qN}, f32);
-    at::Tensor delta = at::empty({M, hidden_}, f32), gu = at::empty({M, 2 * intermediate_}, f32);
-    at::Tensor act = at::empty({M, intermediate_}, f32);
+    // decode steps keep their buffers and run on reclaimable jobs; prompts allocate per call
+    DecodeState* st = T == 1 ? &decode_state(M) : nullptr;
+    auto buffer = [&](at::Tensor DecodeState::*kept, int64_t n) { return st ? st->*kept : at::empty({M, n}, f32); };
+    at::Tensor h = buffer(&DecodeState::h, hidden_);  // the residual stream
+    h.copy_(embeds.reshape({M, hidden_}));
+    at::Tensor xn = buffer(&DecodeState::xn, hidden_), qkv = buffer(&DecodeState::qkv, qkvN);
+    at::Tensor attn = buffer(&DecodeState::attn, qN), delta = buffer(&DecodeState::delta, hidden_);
+    at::Tensor gu = buffer(&DecodeState::gu, 2 * intermediate_), act = buffer(&DecodeState::act, intermediate_);
+    auto job = [&](size_t i) { return st ? st->projections[i].get() : nullptr; };
     float* hp = h.data_ptr<float>();
     Laps lap{profiling_ && T == 1, phase_s_, Clock::now()};  // decode steps only
     for (size_t li = 0; li < blocks_.size(); ++li) {
       const Block& blk = blocks_[li];
       rms_norm(hp, M, hidden_, blk.in_norm.data_ptr<float>(), blk.in_eps, xn.data_ptr<float>());
       lap(kOther);
-      run(blk.qkv, xn, qkv.data_ptr<float>());
+      project(blk.qkv, job(4 * li), xn, qkv.data_ptr<float>());
       lap(kProjections);
       float* kc = keys_[li].data_ptr<float>();
       float* vc = values_[li].data_ptr<float>();
@@ -247,30 +265,35 @@ class NativeDecoder {
       }
       float* ap = attn.data_ptr<float>();
       lap(kOther);
-      if (T >= kSdpaTokens)
+      if (st) {
+        st->attention.layer.store(static_cast<int64_t>(li), std::memory_order_relaxed);
+        st->attention.pos0.store(pos0, std::memory_order_relaxed);
+        parallel_for_reclaimable(0, M * kv_heads_, 1, st->attention);
+      } else if (T >= kSdpaTokens) {
         prefill_attention(qkv, keys_[li], values_[li], B, T, pos0, attn);
-      else
+      } else {
         decode_attention(qp, qkvN, kc, vc, M, T, L, pos0, ap);
+      }
       lap(kAttention);
-      run(blk.o, attn, delta.data_ptr<float>());
+      project(blk.o, job(4 * li + 1), attn, delta.data_ptr<float>());
       lap(kProjections);
       add_into(hp, delta.data_ptr<float>(), M * hidden_);
       rms_norm(hp, M, hidden_, blk.post_norm.data_ptr<float>(), blk.post_eps, xn.data_ptr<float>());
       lap(kOther);
-      run(blk.gate_up, xn, gu.data_ptr<float>());
+      project(blk.gate_up, job(4 * li + 2), xn, gu.data_ptr<float>());
       lap(kProjections);
       silu_mul(gu.data_ptr<float>(), M, act.data_ptr<float>());
       lap(kOther);
-      run(blk.down, act, delta.data_ptr<float>());
+      project(blk.down, job(4 * li + 3), act, delta.data_ptr<float>());
       lap(kProjections);
       add_into(hp, delta.data_ptr<float>(), M * hidden_);
     }
     at::Tensor last = h.view({B, T, hidden_}).select(1, T - 1).contiguous();
-    at::Tensor normed = at::empty({B, hidden_}, f32);
+    at::Tensor normed = st ? st->normed : at::empty({B, hidden_}, f32);
     rms_norm(last.data_ptr<float>(), B, hidden_, final_norm_.data_ptr<float>(), final_eps_, normed.data_ptr<float>());
     at::Tensor logits = at::empty({B, vocab_}, f32);
     lap(kOther);
-    run(head_, normed, logits.data_ptr<float>());
+    project(head_, job(4 * blocks_.size()), normed, logits.data_ptr<float>());
     lap(kProjections);
     return logits;
   }
@@ -318,63 +341,100 @@ class NativeDecoder {
     return g;
   }
 
-  // out [M, g.N] = x [M, g.K] through every projection of g: one parallel region over all their tiles.
-  void run(const Group& g, const at::Tensor& x, float* out) {
+  // One lut_i8 projection of a group: tiles [first_tile, first_tile + p->tiles) of the group's region,
+  // written to columns [col, col + N) of the group's [M, g.N] output.
+  struct Segment {
+    const LutI8Prepared* p;
+    size_t acts;  // which of the group's activation roundings it reads
+    LutI8Fn kernel;
+    int64_t col, first_tile;
+  };
+  // A group's lut_i8 segments (tiles numbered one after another) and the distinct activation roundings
+  // they read (per group size, group mins, sub-groups, half sums: usually one), each with a linear
+  // that asks for it.
+  struct GroupPlan {
+    std::vector<Segment> segments;
+    std::vector<const LutI8Prepared*> act_owner;
+    int64_t tiles = 0;
+  };
+
+  GroupPlan plan(const Group& g) const {
+    GroupPlan plan;
+    std::vector<std::tuple<int64_t, bool, bool, bool>> keys;
+    int64_t col = 0;
+    for (int64_t id : g.ids) {
+      const NativeLinear& l = linears_[id];
+      if (l.quantized) {
+        const LutI8Weights& w = l.q.w;
+        const auto key = std::make_tuple(w.group, w.mins != nullptr && !w.sub_scales, w.sub_groups != nullptr,
+                                         w.sub_scales != nullptr && w.sub_block == 16);
+        const size_t a = std::find(keys.begin(), keys.end(), key) - keys.begin();
+        if (a == keys.size()) {
+          keys.push_back(key);
+          plan.act_owner.push_back(&l.q);
+        }
+        plan.segments.push_back({&l.q, a, lut_i8_kernel(w), col, plan.tiles});
+        plan.tiles += l.q.tiles;
+      }
+      col += l.N;
+    }
+    return plan;
+  }
+
+  // The dense (fp32 nn.Linear) projections of g, into their columns of out [M, g.N].
+  void run_dense(const Group& g, const at::Tensor& x, float* out) const {
     const int64_t M = x.size(0);
-    struct Job {
-      const LutI8Prepared* p;
-      size_t acts;  // index into `acts`
-      LutI8Fn kernel;
-      float* out;
-      int64_t first_tile;
-    };
-    std::vector<ActBuffers> acts;  // per distinct (group size, group mins, sub-groups, half sums): usually one
-    std::vector<std::tuple<int64_t, bool, bool, bool>> act_keys;
-    std::vector<Job> jobs;
-    int64_t tiles = 0, col = 0;
+    int64_t col = 0;
     for (int64_t id : g.ids) {
       const NativeLinear& l = linears_[id];
       if (!l.quantized) {
         at::Tensor y = at::linear(x, l.dense, l.dense_bias.defined() ? c10::optional<at::Tensor>(l.dense_bias)
                                                                       : c10::optional<at::Tensor>());
         at::from_blob(out, {M, g.N}).narrow(1, col, l.N).copy_(y);
-      } else {
-        const LutI8Weights& w = l.q.w;
-        const auto key = std::make_tuple(w.group, w.mins != nullptr && !w.sub_scales, w.sub_groups != nullptr,
-                                         w.sub_scales != nullptr && w.sub_block == 16);
-        size_t a = std::find(act_keys.begin(), act_keys.end(), key) - act_keys.begin();
-        if (a == act_keys.size()) {
-          act_keys.push_back(key);
-          acts.push_back(lut_i8_activations(kOp, l.q, x));
-        }
-        jobs.push_back({&l.q, a, lut_i8_kernel(l.q.w), out + col, tiles});
-        tiles += l.q.tiles;
       }
       col += l.N;
     }
-    if (jobs.empty() || M == 0) return;
-    parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-      for (const Job& j : jobs) {
-        const int64_t lo = std::max(t0, j.first_tile), hi = std::min(t1, j.first_tile + j.p->tiles);
-        if (lo < hi) j.kernel(j.p->w, acts[j.acts].acts, lo - j.first_tile, hi - j.first_tile, j.out, g.N);
-      }
-    });
   }
 
-  // One task per (row, KV head): the G query heads that read it, causal (position p sees keys 0..p).
-  void decode_attention(const float* qp, int64_t qkvN, const float* kc, const float* vc, int64_t M, int64_t T,
-                        int64_t L, int64_t pos0, float* ap) const {
+  // Tiles [t0, t1) of a group's segments into out [M, ldo].
+  static void run_tiles(const GroupPlan& plan, const ActBuffers* acts, int64_t t0, int64_t t1, float* out,
+                        int64_t ldo) {
+    for (const Segment& sg : plan.segments) {
+      const int64_t lo = std::max(t0, sg.first_tile), hi = std::min(t1, sg.first_tile + sg.p->tiles);
+      if (lo < hi) sg.kernel(sg.p->w, acts[sg.acts].acts, lo - sg.first_tile, hi - sg.first_tile, out + sg.col, ldo);
+    }
+  }
+
+  // out [M, g.N] = x [M, g.K] through every projection of g: one parallel region over all their tiles.
+  void run(const Group& g, const at::Tensor& x, float* out) const {
+    run_dense(g, x, out);
+    const GroupPlan p = plan(g);
+    if (p.segments.empty() || x.size(0) == 0) return;
+    std::vector<ActBuffers> acts;
+    for (const LutI8Prepared* owner : p.act_owner) acts.push_back(lut_i8_activations(kOp, *owner, x));
+    parallel_for(0, p.tiles, 1, [&](int64_t t0, int64_t t1) { run_tiles(p, acts.data(), t0, t1, out, g.N); });
+  }
+
+  // Tasks [r0, r1) of (row, KV head): the G query heads that read it, causal (position p sees keys 0..p);
+  // row m's outputs at ap + m * qN.
+  void attend_rows(const float* qp, int64_t qkvN, const float* kc, const float* vc, int64_t T, int64_t L,
+                   int64_t pos0, int64_t r0, int64_t r1, float* ap) const {
     const int64_t D = head_dim_, G = heads_ / kv_heads_, qN = heads_ * D;
     const AttendGroupFn attend = attend_group_kernel();
-    parallel_for(0, M * kv_heads_, 1, [&](int64_t r0, int64_t r1) {
-      std::vector<float> p(static_cast<size_t>(G * (pos0 + T)));
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t m = r / kv_heads_, hk = r % kv_heads_, b = m / T, pos = pos0 + m % T;
-        const int64_t base = (b * kv_heads_ + hk) * L * D;
-        attend(qp + m * qkvN + hk * G * D, G, kc + base, vc + base, D, pos + 1, D, scale_, p.data(),
-               ap + m * qN + hk * G * D);
-      }
-    });
+    std::vector<float> p(static_cast<size_t>(G * (pos0 + T)));
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t m = r / kv_heads_, hk = r % kv_heads_, b = m / T, pos = pos0 + m % T;
+      const int64_t base = (b * kv_heads_ + hk) * L * D;
+      attend(qp + m * qkvN + hk * G * D, G, kc + base, vc + base, D, pos + 1, D, scale_, p.data(),
+             ap + m * qN + hk * G * D);
+    }
+  }
+
+  // One task per (row, KV head).
+  void decode_attention(const float* qp, int64_t qkvN, const float* kc, const float* vc, int64_t M, int64_t T,
+                        int64_t L, int64_t pos0, float* ap) const {
+    parallel_for(0, M * kv_heads_, 1,
+                 [&](int64_t r0, int64_t r1) { attend_rows(qp, qkvN, kc, vc, T, L, pos0, r0, r1, ap); });
   }
 
   // A long prompt: torch's blocked SDPA (a matrix product per block of queries) over the cache's first
@@ -400,6 +460,133 @@ class NativeDecoder {
     parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
       for (int64_t m = m0; m < m1; ++m) gate(gu + m * 2 * I, gu + m * 2 * I + I, I, act + m * I);
     });
+  }
+
+  // ---- Decode steps (one token per row) on reclaimable jobs (parallel.h) ----
+  // A worker preempted beside a busy program would hold its chunk of a region for a whole scheduler
+  // slice; on reclaimable jobs the calling thread takes such chunks back and goes on. The stalled
+  // worker may then still read a region's inputs after the region: so every buffer a decode region
+  // reads is kept in DecodeState, built for one batch size, and replaced only after quiesce_pool().
+
+  static float* worker_buffer(const std::vector<float*>& own, int slot) {
+    TORCH_CHECK(slot >= 0 && slot < static_cast<int64_t>(own.size()), kOp, ": pool worker ", slot,
+                " has no buffer (the thread count changed during a step)");
+    return own[slot];
+  }
+
+  // A group's region: its plan, the activation roundings it reads (storage kept from step to step) and
+  // the [M, N] output; workers compute into their own [M, N] buffers and publish their tiles' columns.
+  struct ProjectionJob final : ReclaimableJob {
+    GroupPlan plan;
+    std::vector<ActBuffers> acts;
+    float* out = nullptr;  // read by the caller and by publishing workers only, so it may change per call
+    int64_t M = 0, N = 0;
+    const std::vector<float*>* own = nullptr;
+    void compute(int64_t b, int64_t e, int slot) const override {
+      run_tiles(plan, acts.data(), b, e, slot < 0 ? out : worker_buffer(*own, slot), N);
+    }
+    void publish(int64_t b, int64_t e, int slot) const override {
+      const float* from = worker_buffer(*own, slot);
+      for (const Segment& sg : plan.segments) {
+        const int64_t lo = std::max(b, sg.first_tile), hi = std::min(e, sg.first_tile + sg.p->tiles);
+        if (lo >= hi) continue;
+        const int64_t c0 = sg.col + (lo - sg.first_tile) * kI8TileRows;
+        const int64_t c1 = sg.col + std::min((hi - sg.first_tile) * kI8TileRows, sg.p->w.N);
+        for (int64_t m = 0; m < M; ++m) std::copy(from + m * N + c0, from + m * N + c1, out + m * N + c0);
+      }
+    }
+  };
+
+  // Decode attention: task r = (row, KV head) of the layer and position the caller set last.
+  struct AttentionJob final : ReclaimableJob {
+    const NativeDecoder* d = nullptr;
+    const float* qp = nullptr;
+    float* ap = nullptr;
+    int64_t qkvN = 0, L = 0;
+    std::atomic<int64_t> layer{0}, pos0{0};  // a stalled worker may read them as they change: each in range
+    const std::vector<float*>* own = nullptr;
+    void compute(int64_t b, int64_t e, int slot) const override {
+      const int64_t li = layer.load(std::memory_order_relaxed), p0 = pos0.load(std::memory_order_relaxed);
+      d->attend_rows(qp, qkvN, d->keys_[li].data_ptr<float>(), d->values_[li].data_ptr<float>(), 1, L, p0, b, e,
+                     slot < 0 ? ap : worker_buffer(*own, slot));
+    }
+    void publish(int64_t b, int64_t e, int slot) const override {
+      const int64_t GD = d->heads_ / d->kv_heads_ * d->head_dim_, qN = d->heads_ * d->head_dim_;
+      const float* from = worker_buffer(*own, slot);
+      for (int64_t r = b; r < e; ++r) {
+        const int64_t at = r / d->kv_heads_ * qN + r % d->kv_heads_ * GD;
+        std::copy(from + at, from + at + GD, ap + at);
+      }
+    }
+  };
+
+  struct DecodeState {
+    int64_t M = 0, slots = 0;
+    at::Tensor h, xn, qkv, attn, delta, gu, act, normed;  // a step's [M, ...] buffers
+    std::vector<at::Tensor> own_storage;                  // the workers' output buffers
+    std::vector<float*> own;
+    std::vector<std::unique_ptr<ProjectionJob>> projections;  // per block: q/k/v, o, gate/up, down; then the head
+    AttentionJob attention;
+  };
+
+  // Waits for stalled workers, then drops the decode state (before anything it points into changes).
+  void forget_decode_state() {
+    quiesce_pool();
+    decode_.reset();
+  }
+
+  std::unique_ptr<ProjectionJob> projection_job(const Group& g, const at::Tensor& x, float* out,
+                                                const std::vector<float*>& own) const {
+    auto job = std::make_unique<ProjectionJob>();
+    job->plan = plan(g);
+    for (const LutI8Prepared* owner : job->plan.act_owner) job->acts.push_back(lut_i8_activations(kOp, *owner, x));
+    job->out = out, job->M = x.size(0), job->N = g.N, job->own = &own;
+    return job;
+  }
+
+  // The decode state for M rows and the pool's current workers, built when either changed.
+  DecodeState& decode_state(int64_t M) {
+    const int64_t slots = pool_worker_slots();
+    if (decode_ && decode_->M == M && decode_->slots >= slots) return *decode_;
+    forget_decode_state();
+    auto st = std::make_unique<DecodeState>();
+    const auto f32 = at::TensorOptions().dtype(at::kFloat);
+    const int64_t qN = heads_ * head_dim_, qkvN = qN + 2 * kv_heads_ * head_dim_;
+    st->M = M, st->slots = slots;
+    st->h = at::zeros({M, hidden_}, f32), st->xn = at::zeros({M, hidden_}, f32);
+    st->qkv = at::zeros({M, qkvN}, f32), st->attn = at::zeros({M, qN}, f32);
+    st->delta = at::zeros({M, hidden_}, f32), st->gu = at::zeros({M, 2 * intermediate_}, f32);
+    st->act = at::zeros({M, intermediate_}, f32), st->normed = at::zeros({M, hidden_}, f32);
+    const int64_t widest = std::max({qkvN, hidden_, 2 * intermediate_, vocab_});
+    for (int64_t i = 0; i < slots; ++i) {
+      st->own_storage.push_back(at::empty({M, widest}, f32));
+      st->own.push_back(st->own_storage.back().data_ptr<float>());
+    }
+    for (const Block& blk : blocks_) {
+      st->projections.push_back(projection_job(blk.qkv, st->xn, st->qkv.data_ptr<float>(), st->own));
+      st->projections.push_back(projection_job(blk.o, st->attn, st->delta.data_ptr<float>(), st->own));
+      st->projections.push_back(projection_job(blk.gate_up, st->xn, st->gu.data_ptr<float>(), st->own));
+      st->projections.push_back(projection_job(blk.down, st->act, st->delta.data_ptr<float>(), st->own));
+    }
+    st->projections.push_back(projection_job(head_, st->normed, nullptr, st->own));
+    AttentionJob& a = st->attention;
+    a.d = this, a.qp = st->qkv.data_ptr<float>(), a.ap = st->attn.data_ptr<float>(), a.qkvN = qkvN;
+    a.L = keys_[0].size(2), a.own = &st->own;
+    decode_ = std::move(st);
+    return *decode_;
+  }
+
+  // out [M, g.N] = x [M, g.K] through g: as run(), on a decode job when there is one.
+  void project(const Group& g, ProjectionJob* job, const at::Tensor& x, float* out) {
+    if (job == nullptr) return run(g, x, out);
+    run_dense(g, x, out);
+    job->out = out;
+    for (size_t a = 0; a < job->acts.size(); ++a) {
+      const ActBuffers again = lut_i8_activations(kOp, *job->plan.act_owner[a], x, 0, 1.0, 0, job->acts[a].storage);
+      TORCH_CHECK(again.acts.q == job->acts[a].acts.q && again.acts.M == job->acts[a].acts.M, kOp,
+                  ": decode activations moved");
+    }
+    if (!job->plan.segments.empty() && x.size(0) > 0) parallel_for_reclaimable(0, job->plan.tiles, 1, *job);
   }
 
   using Clock = std::chrono::steady_clock;
@@ -430,6 +617,7 @@ class NativeDecoder {
   Group head_;
   at::Tensor cos_, sin_;
   std::vector<at::Tensor> keys_, values_;
+  std::unique_ptr<DecodeState> decode_;
 };
 
 void register_native_decoder(pybind11::module& m) {

@@ -81,7 +81,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("threading", [] { return std::string(torch_lowbit::uses_own_thread_pool() ? "pool" : "openmp"); },
         "How the CPU kernels are threaded now: pool or openmp");
   m.def("pool_threads", &torch_lowbit::pool_threads, "The pool's thread count (0: torch.get_num_threads())");
-  m.def("pool_stats", &torch_lowbit::pool_stats, "[pool jobs, jobs with a stalled worker, jobs run inline after a stall]");
+  m.def("pool_stats", &torch_lowbit::pool_stats, "[pool jobs, jobs with a stalled worker, jobs run inline after a stall, "
+        "chunks the caller took back from a stalled worker, late worker results thrown away]");
+  m.def("set_reclaim_test_delay_us", &torch_lowbit::set_reclaim_test_delay_us, "Test hook: pool workers sleep this "
+        "long after claiming each chunk of a reclaimable job (0: off)");
   m.def("set_threading", &torch_lowbit::set_threading, "Choose the CPU kernels' scheduler (pool or openmp) and the "
         "pool's thread count (0: follow torch); torch_lowbit.set_num_threads is the public call");
   torch_lowbit::register_native_decoder(m);

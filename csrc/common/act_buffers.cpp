@@ -4,7 +4,7 @@ namespace torch_lowbit {
 
 ActBuffers quantize_activations(const char* op, const at::Tensor& x2, int64_t group, int64_t act_bits,
                                 double act_clip, int64_t act_block, bool with_mins, bool per_token_sums,
-                                bool half_sums) {
+                                bool half_sums, const at::Tensor& into) {
   TORCH_CHECK(act_bits == 0 || act_bits == 8 || act_bits == 4 || act_bits == 3 || act_bits == 2, op,
               ": act_bits must be 0 (per-32 int8 blocks) or 8, 4, 3, 2 (per token), got ", act_bits);
   TORCH_CHECK(act_bits == 0 || (act_clip > 0 && act_clip <= 1), op, ": act_clip must be in (0, 1], got ", act_clip);
@@ -22,7 +22,10 @@ ActBuffers quantize_activations(const char* op, const at::Tensor& x2, int64_t gr
   const int64_t M = x2.size(0), K = x2.size(1), kb = K / 32, groups = K / group;
   // one allocation: codes, block scales, block sums, group d-sums, group q-sums, half sums
   const int64_t halves = half_sums ? 2 * kb : 0;
-  ActBuffers out{at::empty({M * K + M * kb * 8 + M * groups * 8 + M * halves * 4}, x2.options().dtype(at::kChar)), {}};
+  const int64_t bytes = M * K + M * kb * 8 + M * groups * 8 + M * halves * 4;
+  TORCH_CHECK(!into.defined() || (into.scalar_type() == at::kChar && into.is_contiguous() && into.numel() >= bytes), op,
+              ": the activation storage holds ", into.defined() ? into.numel() : 0, " bytes, this call needs ", bytes);
+  ActBuffers out{into.defined() ? into : at::empty({bytes}, x2.options().dtype(at::kChar)), {}};
   int8_t* xq = out.storage.data_ptr<int8_t>();
   float* xd = reinterpret_cast<float*>(xq + M * K);
   int32_t* xs = reinterpret_cast<int32_t*>(xd + M * kb);

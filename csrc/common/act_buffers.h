@@ -25,8 +25,10 @@ constexpr int64_t kActBlock = 32;
 // x2: contiguous fp32 [M, K]. per_token_sums: let per-token activations use int32 group sums (false
 // for kernels whose block factor varies, group codebooks). half_sums: also Q8Acts::half_sum (K-quants'
 // sub-blocks of 16). Checks act_bits / act_clip / act_block / the group bound, naming the op.
+// into: int8 storage to write into instead of a new allocation (at least as large as this call needs),
+// so that a caller can keep the buffers' addresses from call to call.
 ActBuffers quantize_activations(const char* op, const at::Tensor& x2, int64_t group, int64_t act_bits,
                                 double act_clip, int64_t act_block, bool with_mins, bool per_token_sums,
-                                bool half_sums = false);
+                                bool half_sums = false, const at::Tensor& into = at::Tensor());
 
 }  // namespace torch_lowbit

@@ -29,11 +29,11 @@ LutI8Fn lut_i8_kernel(const LutI8Weights& w);
 // x2 contiguous fp32 [M, K] as the int8 activations the kernels read for this weight (per-32 blocks, or
 // the act_* rounding of lut_i8_linear's arguments).
 inline ActBuffers lut_i8_activations(const char* op, const LutI8Prepared& p, const at::Tensor& x2, int64_t act_bits = 0,
-                                     double act_clip = 1.0, int64_t act_block = 0) {
+                                     double act_clip = 1.0, int64_t act_block = 0, const at::Tensor& into = at::Tensor()) {
   const LutI8Weights& w = p.w;
   const bool group_mins = w.mins != nullptr && w.sub_scales == nullptr;  // K-quants' mins read block sums
   return quantize_activations(op, x2, w.group, act_bits, act_clip, act_block, group_mins, w.sub_groups == nullptr,
-                              /*half_sums=*/w.sub_scales != nullptr && w.sub_block == 16);
+                              /*half_sums=*/w.sub_scales != nullptr && w.sub_block == 16, into);
 }
 
 }  // namespace torch_lowbit

@@ -6,6 +6,12 @@
 // chunk is done; a worker that wakes after the job finds no chunk and goes back to waiting. Before
 // the fields of the next job are written the word is closed (next = kClosed), so a worker holding
 // a stale copy of the word can never claim against fields that are being rewritten.
+//
+// Reclaimable jobs (parallel.h) add one state word per chunk, generation << 2 | state: a worker that
+// has computed a chunk into its own buffer moves the word from an older generation to (gen, publishing),
+// copies, and marks it (gen, done); the caller, tired of waiting, moves it from an older generation to
+// (gen, taken) and computes the chunk itself. Whoever moves the word first owns the chunk's output;
+// a late worker sees the word at its generation or past it and throws its result away.
 #include "common/parallel.h"
 
 #include <ATen/Parallel.h>
@@ -21,6 +27,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -45,6 +52,20 @@ constexpr auto kWorkerSpin = std::chrono::microseconds(100);
 
 using Clock = std::chrono::steady_clock;
 
+enum ChunkState : uint64_t { kPublishing = 1, kDone = 2, kTaken = 3 };
+inline uint64_t chunk_word(uint32_t gen, ChunkState st) { return uint64_t{gen} << 2 | st; }
+// Whether a chunk word was written in an earlier job than gen (generations wrap at 2^32).
+inline bool before(uint64_t word, uint32_t gen) { return static_cast<int32_t>(static_cast<uint32_t>(word >> 2) - gen) < 0; }
+
+// Workers inside a reclaimable job's compute()/publish() (or about to claim one): quiesce_pool waits for 0.
+std::atomic<int> workers_in_reclaimable{0};
+std::atomic<int64_t> reclaim_test_delay_us{0};
+std::atomic<int64_t> reclaimed_chunks{0}, discarded_results{0};
+
+// How long the caller waits for workers before it calls a worker stalled: two of its own chunks' time
+// plus 50 µs of slack.
+constexpr auto kStallSlack = std::chrono::microseconds(50);
+
 // How a job went for the calling thread: the time it spent on its own chunks (and how many), and the
 // time it then waited for chunks workers had claimed.
 struct JobTimes {
@@ -54,8 +75,9 @@ struct JobTimes {
 
 class Pool {
  public:
-  explicit Pool(int workers) {
-    for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { worker(); });
+  explicit Pool(int workers) : states_(new std::atomic<uint64_t>[(workers + 1) * kChunksPerThread]) {
+    for (int64_t i = 0; i < (workers + 1) * kChunksPerThread; ++i) states_[i].store(0);
+    for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] { worker(i); });
   }
 
   int workers() const { return static_cast<int>(threads_.size()); }
@@ -69,16 +91,24 @@ class Pool {
     for (auto& t : threads_) t.join();
   }
 
-  // Runs the job on the calling thread plus the workers; returns when every chunk is done.
-  JobTimes run(int64_t begin, int64_t end, int64_t chunk, uint32_t chunks, const RangeFn& f) {
+  // Runs the job (f, or rj when not null) on the calling thread plus the workers; returns when every
+  // chunk is done (reclaimable: done by its owner, the caller taking back chunks of stalled workers).
+  JobTimes run(int64_t begin, int64_t end, int64_t chunk, uint32_t chunks, const RangeFn* f,
+               const ReclaimableJob* rj = nullptr) {
     const uint64_t gen = (claim_.load() >> 32) + 1;
     claim_.store(gen << 32 | kClosed);  // workers holding the previous word cannot claim any more
-    f_.store(&f, std::memory_order_relaxed);
+    f_.store(f, std::memory_order_relaxed);
+    rj_.store(rj, std::memory_order_relaxed);
     begin_.store(begin, std::memory_order_relaxed);
     end_.store(end, std::memory_order_relaxed);
     chunk_.store(chunk, std::memory_order_relaxed);
     chunks_.store(chunks, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
+    // every chunk word one generation back: `before` then never compares across a wrap of the counter
+    // (a worker late from the last job finds its chunks at that generation, taken or done, and backs off)
+    if (rj != nullptr)
+      for (uint32_t i = 0; i < chunks; ++i)
+        states_[i].store(chunk_word(static_cast<uint32_t>(gen - 1), kDone), std::memory_order_relaxed);
     claim_.store(gen << 32);  // seq_cst: ordered before the sleepers_ read (no lost wake-up)
     if (sleepers_.load() > 0) {
       { std::lock_guard<std::mutex> lk(sleep_mutex_); }
@@ -86,10 +116,16 @@ class Pool {
     }
     JobTimes times;
     const auto start = Clock::now();
-    times.own_chunks = work(static_cast<uint32_t>(gen));
+    times.own_chunks = work(static_cast<uint32_t>(gen), -1);
     const auto own_done = Clock::now();
     times.own = own_done - start;
+    const auto patience = 2 * (times.own / std::max<uint32_t>(times.own_chunks, 1)) + kStallSlack;
     for (int spins = 0; done_.load(std::memory_order_acquire) < chunks; ++spins) {
+      if (rj != nullptr && Clock::now() - own_done > patience) {
+        reclaim(static_cast<uint32_t>(gen), chunks);  // then wait only for chunks being published
+        cpu_relax();
+        continue;
+      }
       if (spins < 4096) cpu_relax();
       else std::this_thread::yield();  // a worker that claimed a chunk is not running: let it
     }
@@ -99,32 +135,98 @@ class Pool {
   }
 
  private:
-  // Claims and runs chunks of generation `gen` until none is left; how many it ran.
-  uint32_t work(uint32_t gen) {
+  // Claims and runs chunks of generation `gen` until none is left; how many it ran. slot: the worker's
+  // index, -1 for the caller.
+  uint32_t work(uint32_t gen, int slot) {
     for (uint32_t ran = 0;;) {
-      uint64_t word = claim_.load(std::memory_order_acquire);
-      const uint32_t next = static_cast<uint32_t>(word);
-      if ((word >> 32) != gen || next == kClosed) return ran;
-      const uint32_t chunks = chunks_.load(std::memory_order_relaxed);
-      if (next >= chunks) return ran;
-      const RangeFn* f = f_.load(std::memory_order_relaxed);
-      const int64_t begin = begin_.load(std::memory_order_relaxed), end = end_.load(std::memory_order_relaxed);
-      const int64_t chunk = chunk_.load(std::memory_order_relaxed);
-      // success means the word was still (gen, next): the fields read above are this job's
-      if (!claim_.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel)) continue;
-      const int64_t b = begin + next * chunk;
-      try {
-        (*f)(b, std::min(end, b + chunk));
-      } catch (...) {  // kept for the caller: the job's other chunks still run and are waited for
-        std::lock_guard<std::mutex> lk(error_mutex_);
-        if (!error_) error_ = std::current_exception();
-      }
-      done_.fetch_add(1, std::memory_order_release);
-      ++ran;
+      // a worker counts itself in before it can claim a reclaimable chunk: quiesce_pool then also
+      // waits for one that claimed and was preempted before it started
+      const bool counted = slot >= 0;
+      if (counted) workers_in_reclaimable.fetch_add(1);
+      const int outcome = claim_and_run(gen, slot);
+      if (counted) workers_in_reclaimable.fetch_sub(1);
+      if (outcome < 0) return ran;
+      ran += outcome;
     }
   }
 
-  void worker() {
+  // One claim attempt: -1 when no chunk of `gen` is left, 0 when the CAS lost, 1 when a chunk ran.
+  int claim_and_run(uint32_t gen, int slot) {
+    uint64_t word = claim_.load(std::memory_order_acquire);
+    const uint32_t next = static_cast<uint32_t>(word);
+    if ((word >> 32) != gen || next == kClosed) return -1;
+    const uint32_t chunks = chunks_.load(std::memory_order_relaxed);
+    if (next >= chunks) return -1;
+    const RangeFn* f = f_.load(std::memory_order_relaxed);
+    const ReclaimableJob* rj = rj_.load(std::memory_order_relaxed);
+    const int64_t begin = begin_.load(std::memory_order_relaxed), end = end_.load(std::memory_order_relaxed);
+    const int64_t chunk = chunk_.load(std::memory_order_relaxed);
+    // success means the word was still (gen, next): the fields read above are this job's
+    if (!claim_.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel)) return 0;
+    const int64_t b = begin + next * chunk, e = std::min(end, b + chunk);
+    if (rj == nullptr) {
+      guarded([&] { (*f)(b, e); });
+      done_.fetch_add(1, std::memory_order_release);
+      return 1;
+    }
+    if (slot < 0) {  // the caller's own chunk: nobody else may take it
+      guarded([&] { rj->compute(b, e, -1); });
+      states_[next].store(chunk_word(gen, kDone), std::memory_order_relaxed);
+      done_.fetch_add(1, std::memory_order_release);
+      return 1;
+    }
+    if (const int64_t us = reclaim_test_delay_us.load(std::memory_order_relaxed))
+      std::this_thread::sleep_for(std::chrono::microseconds(us));
+    std::exception_ptr failed;
+    try {
+      rj->compute(b, e, slot);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    for (uint64_t st = states_[next].load(std::memory_order_acquire); before(st, gen);) {
+      if (!states_[next].compare_exchange_weak(st, chunk_word(gen, kPublishing), std::memory_order_acq_rel)) continue;
+      if (failed) keep_error(failed);
+      else guarded([&] { rj->publish(b, e, slot); });
+      states_[next].store(chunk_word(gen, kDone), std::memory_order_release);
+      done_.fetch_add(1, std::memory_order_release);
+      return 1;
+    }
+    discarded_results.fetch_add(1, std::memory_order_relaxed);  // the caller took it: its result stands
+    return 1;
+  }
+
+  // The caller takes every chunk of `gen` that no worker has finished or started publishing, and
+  // computes it into the output itself.
+  void reclaim(uint32_t gen, uint32_t chunks) {
+    const ReclaimableJob* rj = rj_.load(std::memory_order_relaxed);
+    const int64_t begin = begin_.load(std::memory_order_relaxed), end = end_.load(std::memory_order_relaxed);
+    const int64_t chunk = chunk_.load(std::memory_order_relaxed);
+    for (uint32_t i = 0; i < chunks; ++i) {
+      uint64_t st = states_[i].load(std::memory_order_acquire);
+      if (!before(st, gen) || !states_[i].compare_exchange_strong(st, chunk_word(gen, kTaken), std::memory_order_acq_rel))
+        continue;
+      const int64_t b = begin + i * chunk;
+      guarded([&] { rj->compute(b, std::min(end, b + chunk), -1); });
+      reclaimed_chunks.fetch_add(1, std::memory_order_relaxed);
+      done_.fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  template <typename F>
+  void guarded(F&& run) {
+    try {
+      run();
+    } catch (...) {  // kept for the caller: the job's other chunks still run and are waited for
+      keep_error(std::current_exception());
+    }
+  }
+
+  void keep_error(std::exception_ptr e) {
+    std::lock_guard<std::mutex> lk(error_mutex_);
+    if (!error_) error_ = e;
+  }
+
+  void worker(int slot) {
     uint32_t seen = static_cast<uint32_t>(claim_.load() >> 32);
     for (;;) {
       const auto spin_until = std::chrono::steady_clock::now() + kWorkerSpin;
@@ -140,7 +242,7 @@ class Pool {
       }
       if (stop_.load()) return;
       seen = static_cast<uint32_t>(claim_.load() >> 32);
-      work(seen);
+      work(seen, slot);
     }
   }
 
@@ -148,6 +250,8 @@ class Pool {
   std::atomic<uint64_t> claim_{uint64_t{0} << 32 | kClosed};
   std::atomic<uint32_t> done_{0};
   std::atomic<const RangeFn*> f_{nullptr};
+  std::atomic<const ReclaimableJob*> rj_{nullptr};
+  std::unique_ptr<std::atomic<uint64_t>[]> states_;  // per chunk, reclaimable jobs
   std::atomic<int64_t> begin_{0}, end_{0}, chunk_{1};
   std::atomic<uint32_t> chunks_{0};
   std::atomic<bool> stop_{false};
@@ -248,7 +352,6 @@ namespace {
 // calls run on the calling thread alone for 20x the time lost (1 to 200 ms): a stall then costs at
 // most ~5% against running on one thread, and on a quiet machine a rare one costs little. Decided by
 // the caller holding the pool; read by any caller.
-constexpr auto kStallSlack = std::chrono::microseconds(50);
 constexpr int kBackOffPerLost = 20;
 // A stall with none other in the 50 ms before it is a hiccup (a quiet VM's worker descheduled once:
 // 3-6 per 1B decode of 48 tokens on Zen 4), not a busy core, whose stalls come every scheduler slice:
@@ -276,18 +379,31 @@ void note_job(const JobTimes& t) {
 }  // namespace
 
 std::vector<int64_t> pool_stats() {
-  return {pool_jobs.load(), stalled_jobs.load(), inline_jobs.load()};
+  return {pool_jobs.load(), stalled_jobs.load(), inline_jobs.load(), reclaimed_chunks.load(), discarded_results.load()};
 }
+
+namespace {
+
+// The threads a parallel_for would use now: 1 inside an ATen parallel region.
+int64_t call_threads() {
+  const int64_t fixed = pool_threads();
+  return at::in_parallel_region() ? 1 : fixed > 0 ? fixed : at::get_num_threads();
+}
+
+// [begin, end) in chunks of at least `grain`, kChunksPerThread a thread.
+std::pair<int64_t, int64_t> chunking(int64_t range, int64_t grain, int64_t threads) {
+  grain = std::max<int64_t>(grain, 1);
+  const int64_t chunk = std::max(grain, (range + threads * kChunksPerThread - 1) / (threads * kChunksPerThread));
+  return {chunk, (range + chunk - 1) / chunk};
+}
+
+}  // namespace
 
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const RangeFn& f) {
   if (begin >= end) return;
   if (!uses_own_thread_pool()) return at::parallel_for(begin, end, grain, f);
-  const int64_t fixed = pool_threads();
-  const int64_t range = end - begin,
-                threads = at::in_parallel_region() ? 1 : fixed > 0 ? fixed : at::get_num_threads();
-  grain = std::max<int64_t>(grain, 1);
-  const int64_t chunk = std::max(grain, (range + threads * kChunksPerThread - 1) / (threads * kChunksPerThread));
-  const int64_t chunks = (range + chunk - 1) / chunk;
+  const int64_t threads = call_threads();
+  const auto [chunk, chunks] = chunking(end - begin, grain, threads);
   if (threads <= 1 || chunks <= 1) return f(begin, end);
   if (backing_off()) {
     inline_jobs.fetch_add(1, std::memory_order_relaxed);
@@ -295,7 +411,34 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const RangeFn& f) {
   }
   std::unique_lock<std::mutex> lk(pool_mutex, std::try_to_lock);
   if (!lk.owns_lock()) return f(begin, end);  // another thread's call holds the pool
-  note_job(pool_with(static_cast<int>(threads - 1))->run(begin, end, chunk, static_cast<uint32_t>(chunks), f));
+  note_job(pool_with(static_cast<int>(threads - 1))->run(begin, end, chunk, static_cast<uint32_t>(chunks), &f));
+}
+
+void parallel_for_reclaimable(int64_t begin, int64_t end, int64_t grain, const ReclaimableJob& job) {
+  if (begin >= end) return;
+  const int64_t threads = call_threads();
+  const auto [chunk, chunks] = chunking(end - begin, grain, threads);
+  if (!uses_own_thread_pool())
+    return at::parallel_for(begin, end, grain, [&](int64_t b, int64_t e) { job.compute(b, e, -1); });
+  if (threads <= 1 || chunks <= 1) return job.compute(begin, end, -1);
+  std::unique_lock<std::mutex> lk(pool_mutex, std::try_to_lock);
+  if (!lk.owns_lock()) return job.compute(begin, end, -1);
+  pool_with(static_cast<int>(threads - 1))->run(begin, end, chunk, static_cast<uint32_t>(chunks), nullptr, &job);
+  pool_jobs.fetch_add(1, std::memory_order_relaxed);
+}
+
+int64_t pool_worker_slots() { return std::max<int64_t>(call_threads() - 1, 0); }
+
+void quiesce_pool() {
+  for (int spins = 0; workers_in_reclaimable.load() > 0; ++spins) {
+    if (spins < 1024) cpu_relax();
+    else std::this_thread::yield();
+  }
+}
+
+void set_reclaim_test_delay_us(int64_t us) {
+  TORCH_CHECK(us >= 0 && us <= 1000000, "torch_lowbit: the reclaim test delay must be 0 to 1e6 µs, got ", us);
+  reclaim_test_delay_us.store(us);
 }
 
 }  // namespace torch_lowbit

@@ -35,6 +35,36 @@ using RangeFn = std::function<void(int64_t, int64_t)>;
 // call is using the pool.
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const RangeFn& f);
 
+// A job whose chunks the calling thread may take back from a worker that stalls (a worker preempted
+// beside a busy program waits a whole scheduler slice, milliseconds). A worker computes a chunk into
+// its own buffer (slot >= 0) and publishes it only if the caller has not taken the chunk; the caller
+// computes its own and the taken chunks straight into the output (slot -1) and never waits for a
+// worker longer than two of its own chunks take. So a worker may still be computing a taken chunk
+// after parallel_for_reclaimable returns: everything compute() reads must stay allocated until
+// quiesce_pool() (inputs rewritten meanwhile only feed a result that is thrown away), and compute()
+// must read the job's per-call fields once, at its start.
+struct ReclaimableJob {
+  virtual ~ReclaimableJob() = default;
+  // chunk [b, e): into the output (slot < 0) or into worker `slot`'s own buffer
+  virtual void compute(int64_t b, int64_t e, int slot) const = 0;
+  // worker `slot`'s result of [b, e), computed for this call, into the output
+  virtual void publish(int64_t b, int64_t e, int slot) const = 0;
+};
+
+// parallel_for for a ReclaimableJob. On the pool it ignores the stall back-off (nobody waits for a
+// stalled worker); with the pool off, at::parallel_for over job.compute(b, e, -1).
+void parallel_for_reclaimable(int64_t begin, int64_t end, int64_t grain, const ReclaimableJob& job);
+
+// The buffers a ReclaimableJob needs: one per pool worker that may run it (slots 0 .. n - 1).
+int64_t pool_worker_slots();
+
+// Returns once no pool worker is inside a ReclaimableJob's compute(): before what one reads is freed.
+void quiesce_pool();
+
+// Test hook: pool workers sleep this long after claiming each chunk of a reclaimable job (0: off), so
+// that tests see chunks taken back and late results thrown away.
+void set_reclaim_test_delay_us(int64_t us);
+
 // Whether parallel_for uses the pool (else at::parallel_for): from the environment on first use
 // (TORCH_LOWBIT_THREADS, TORCH_LOWBIT_POOL_THREADS, OMP_WAIT_POLICY), then as set_threading sets it.
 bool uses_own_thread_pool();
@@ -47,7 +77,9 @@ int64_t pool_threads();
 void set_threading(const std::string& scheduler, int64_t threads);
 
 // Since the process started: jobs the pool ran, those where the caller waited on a stalled worker,
-// and jobs run on the calling thread alone while backing off after a stall (parallel.cpp).
+// jobs run on the calling thread alone while backing off after a stall (parallel.cpp), chunks of
+// reclaimable jobs the caller took back from a stalled worker, and the taken chunks whose late
+// worker result was thrown away.
 std::vector<int64_t> pool_stats();
 
 }  // namespace torch_lowbit

@@ -76,6 +76,54 @@ def test_steps_match_the_models_forward(fmt, fuse, config):
         assert _relative(decoder(ids[:, pos:pos + 1], pos), want[:, pos]) < tolerance, f"seed {seed}, position {pos}"
 
 
+def _decode_steps(decoder, model, ids, prefill):
+    decoder.bind(_Cache(model, ids.shape[0], ids.shape[1] + 2))
+    out = [decoder(ids[:, :prefill], 0)]
+    return out + [decoder(ids[:, p:p + 1], p) for p in range(prefill, ids.shape[1])]
+
+
+def test_decode_steps_are_the_same_bytes_when_stalled_workers_lose_their_chunks():
+    """Decode steps run on reclaimable pool jobs (csrc/common/parallel.h): the calling thread takes back
+    a chunk whose worker stalls, and the worker's late result is thrown away. Workers made to sleep 3 ms
+    after every claim (beyond the caller's patience) must change no byte of any step's logits, with an
+    oversubscribed pool (6 threads), then on OpenMP. Wide enough layers (a ragged 4001-token head, 5
+    query heads on 1 KV head) that the workers claim chunks before the caller has taken them all."""
+    import time
+    from torch_lowbit.ops import cpu_extension, threads
+    ext = cpu_extension()
+    seed = torch.seed() % 10_000
+    model = _model("q4_0", seed, True, vocab_size=4001, hidden_size=480, intermediate_size=1504,
+                   num_attention_heads=5, num_key_value_heads=1)
+    tl.quantize_embeddings_(model, "q8_0")
+    decoder, why = native_decoder(model, 48)
+    assert why is None, why
+    ids = torch.randint(0, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(seed))
+    before, chosen = (ext.threading(), ext.pool_threads()), dict(threads._chosen)
+    try:
+        tl.set_num_threads(1)
+        want = _decode_steps(decoder, model, ids, 8)
+        tl.set_num_threads(6)
+        ext.set_reclaim_test_delay_us(3000)
+        stats = ext.pool_stats()
+        got = _decode_steps(decoder, model, ids, 8)
+        ext.set_reclaim_test_delay_us(0)
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), f"seed {seed}"
+        for _ in range(200):  # the late workers wake up, find their chunks taken and throw them away
+            reclaimed, discarded = (b - a for a, b in zip(stats[3:], ext.pool_stats()[3:]))
+            if discarded > 0:
+                break
+            time.sleep(0.01)
+        assert reclaimed > 0 and discarded > 0, (reclaimed, discarded)
+        assert all(torch.equal(g, w) for g, w in zip(_decode_steps(decoder, model, ids, 8), want)), f"seed {seed}"
+        tl.set_num_threads(scheduler="openmp")
+        assert all(torch.equal(g, w) for g, w in zip(_decode_steps(decoder, model, ids, 8), want)), f"seed {seed}"
+    finally:
+        ext.set_reclaim_test_delay_us(0)
+        ext.set_threading(before[0], before[1] if before[0] == "pool" else 0)
+        threads._chosen.update(chosen)
+    del decoder  # waits for workers still sleeping in a taken chunk
+
+
 def test_the_head_may_stay_float_while_the_embedding_is_q8_0():
     model = _model("q4_0", 11)
     tl.quantize_embeddings_(model, "q8_0")
