@@ -172,12 +172,22 @@ TLB_KERNEL inline void map_half(const TableBytes& tab, const uint8_t* sub, int b
 template <Dot D, int B, bool Pairs, bool LateAbs>
 TLB_KERNEL inline void prepare_half(const LutI8Weights& w, const TableBytes& tab, int64_t t, int64_t b, int h,
                                     const uint8_t* sub, __m256i (&codes)[8], PreparedHalf<D, LateAbs>& out) {
+  // the first half of a code block prefetches the block kPrefetchBytes ahead (as the AVX-512 kernel)
+  auto prefetch = [](const uint8_t* p) TLB_KERNEL {
+    for (int c = 0; c < B; ++c) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64 * c), _MM_HINT_T0);
+  };
   if constexpr (Pairs) {
-    if ((b & 1) == 0) decode_quads<B>(lut_i8_block(w, t, b) + 32 * h, codes);
+    if ((b & 1) == 0) {
+      const uint8_t* p = lut_i8_block(w, t, b);
+      if (h == 0) prefetch(p);
+      decode_quads<B>(p + 32 * h, codes);
+    }
     for (int qd = 0; qd < 8; ++qd) out.u[qd] = codes[qd];
     map_half<D, B>(tab, sub, lut_i8_table_base(w, b), out);
   } else {
-    decode_quads<B>(w.qweight + (t * (w.K / 32) + b) * (64 * B) + 32 * h, out.u);
+    const uint8_t* p = w.qweight + (t * (w.K / 32) + b) * (64 * B);
+    if (h == 0) prefetch(p);
+    decode_quads<B>(p + 32 * h, out.u);
     map_half<D, B>(tab, sub, 0, out);
   }
 }

@@ -49,7 +49,7 @@ TLB_KERNEL void sub_scaled_tile(const LutI8Weights& w, const Q8Acts& a, int64_t 
     for (int64_t bb = 0; bb < blocks_per_group; ++bb) {
       const int64_t b = g * blocks_per_group + bb;
       const uint8_t* p = lut_i8_block(w, t, b);
-      for (int c = 0; c < B; ++c) _mm_prefetch(reinterpret_cast<const char*>(p + 4096 + 64 * c), _MM_HINT_T0);
+      for (int c = 0; c < B; ++c) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64 * c), _MM_HINT_T0);
       alignas(32) __m256i quad[2][8];
       __m256i scale[2][kSubs], scale16[2][kSubs], low[2][kSubs];
       for (int hf = 0; hf < 2; ++hf) {

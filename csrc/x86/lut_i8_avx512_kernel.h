@@ -35,11 +35,6 @@ enum class Lookup {
   RowCodebook,  // gcb: each row's block picks one of 16 codebooks: vpermb (gcb2) / vpermi2b (gcb3)
 };
 
-// Weight bytes prefetched ahead of the block being decoded, per tile stream: the hardware
-// prefetchers stop at 4 KiB pages, which a tile's 4-16 KiB of codes cross every few blocks. One
-// thread streaming int2_g64 from DRAM: 606 µs without, 438-459 µs with 2-4 KiB ahead (4096²).
-constexpr int64_t kPrefetchBytes = 4096;
-
 // The 8 quads of one (tile, block), as lut_i8.h lays them out: field f of a width-W plane's
 // chunk c is quad f * W + c.
 template <int W>
