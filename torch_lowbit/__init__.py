@@ -17,7 +17,7 @@
 """
 from . import layouts as _layouts  # noqa: F401  (registers layouts)
 from . import ops as _ops  # noqa: F401  (the op table, the C++ extension where built, fake/CUDA impls)
-from .formats import (IQ4_NL, NUQ, VQ, Format, PaletteFormat, Int4, IntAsym, IntSym, Q4_0, Q8_0, ScalarCodebookFormat,
+from .formats import (IQ4_NL, NUQ, VQ, Format, GeneralVQ, PaletteFormat, Int4, IntAsym, IntSym, Q4_0, Q8_0, ScalarCodebookFormat,
                       format_from_json, formats, get_format, register_format)
 from .generation import CompiledGenerator, GenerationTimes
 from .generate_route import generate
@@ -30,7 +30,7 @@ from .quarot import QuaRot
 
 from .version import __version__
 
-__all__ = ["Format", "ScalarCodebookFormat", "PaletteFormat", "Int4", "IntAsym", "IntSym", "Q4_0", "Q8_0", "IQ4_NL", "NUQ", "VQ", "formats", "get_format", "register_format", "format_from_json",
+__all__ = ["Format", "ScalarCodebookFormat", "PaletteFormat", "Int4", "IntAsym", "IntSym", "Q4_0", "Q8_0", "IQ4_NL", "NUQ", "VQ", "GeneralVQ", "formats", "get_format", "register_format", "format_from_json",
            "QuantLinear", "QuantEmbedding", "ProjectionSlot", "quantize_", "quantize_embeddings_", "allocate_formats", "MixedBits", "MSQ", "plan_msq", "use_backend", "current_backend", "set_num_threads", "get_num_threads", "threading_info",
            "save_quantized", "load_quantized", "CheckpointError", "from_gguf", "to_gguf", "GGUFError", "CompiledGenerator", "GenerationTimes", "generate", "rotate_", "smooth_down_proj_", "quantize_activations_", "ActQuantLinear", "QuantizedKVCache", "QuantizedKVLayer", "QuaRot", "__version__"]
 

@@ -6,7 +6,9 @@ exactly these bytes):
   (code j to stream j % 16, word w of stream l at column 16 w + l; csrc/common/palette.h);
 - 16-row tiles of 32-code blocks split into bit planes (`pack_codes`, `tile_rows_codes`;
   csrc/common/lut_i8.h);
-- nibbles in ggml's Q4_0 half-split order (`pack_nibbles`; csrc/common/lut4.h).
+- nibbles in ggml's Q4_0 half-split order (`pack_nibbles`; csrc/common/lut4.h);
+- little-endian bit fields in bytes (`pack_bitfields`: code j at bit j * bits of its row, LSB first;
+  8- and 16-bit codes are plain bytes / little-endian uint16; the gvq layouts).
 """
 from __future__ import annotations
 
@@ -87,6 +89,38 @@ def unpack_streams(words: Tensor, bits: int, count: int) -> Tensor:
     lanes = words.reshape(n, -1, STREAMS).permute(0, 2, 1).reshape(n * STREAMS, -1)
     codes = unpack_stream(lanes, bits, per_stream).reshape(n, STREAMS, per_stream).permute(0, 2, 1)
     return codes.reshape(n, per_stream * STREAMS)[:, :count]
+
+
+def bitfield_bytes(count: int, bits: int) -> int:
+    return -(-count * bits // 8)
+
+
+def pack_bitfields(codes: Tensor, bits: int) -> Tensor:
+    """Codes [N, C] (values < 2^bits, bits 1..16) -> uint8 [N, bitfield_bytes(C, bits)]: code j of a row
+    at bits j * bits .. j * bits + bits - 1 of its bytes, least significant bit first."""
+    n, c = codes.shape
+    if bits in (8, 16):  # whole bytes
+        b = codes.to(torch.int64)
+        return (b[..., None] >> torch.arange(0, bits, 8, device=codes.device) & 255).reshape(n, -1).to(torch.uint8)
+    if n > 1 and n * c * bits > _BIT_CHUNK:
+        return _in_row_chunks(pack_bitfields, codes, c * bits, bits)
+    nbytes = bitfield_bytes(c, bits)
+    stream = ((codes.to(torch.int64)[..., None] >> torch.arange(bits, device=codes.device)) & 1).reshape(n, c * bits)
+    stream = torch.cat([stream, stream.new_zeros(n, nbytes * 8 - c * bits)], 1).reshape(n, nbytes, 8)
+    return (stream << torch.arange(8, device=codes.device)).sum(-1).to(torch.uint8)
+
+
+def unpack_bitfields(packed: Tensor, bits: int, count: int) -> Tensor:
+    """Inverse of pack_bitfields: int64 codes [N, count]."""
+    n = packed.shape[0]
+    b = packed.to(torch.int64)
+    if bits in (8, 16):
+        per = bits // 8
+        return (b[:, :count * per].reshape(n, count, per) << torch.arange(0, bits, 8, device=b.device)).sum(-1)
+    if n > 1 and packed.numel() * 8 > _BIT_CHUNK:
+        return _in_row_chunks(unpack_bitfields, packed, packed.shape[1] * 8, bits, count)
+    stream = ((b[..., None] >> torch.arange(8, device=b.device)) & 1).reshape(n, -1)[:, :count * bits]
+    return (stream.reshape(n, count, bits) << torch.arange(bits, device=b.device)).sum(-1)
 
 
 TILE = 16

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..formats import Format, PaletteFormat, get_format
+from ..formats import Format, GeneralVQ, PaletteFormat, get_format
 from ..layouts import Layout, default_layout, get_layout
 from ..ops import resolve_backend
 
@@ -75,7 +75,7 @@ class QuantLinear(nn.Module):
             fmt = fmt.for_layer(weight.shape[1])
         fmt.check_weight(weight)
         layout = _resolve_layout(layout, fmt, weight.device.type, weight.shape[1])
-        if hessian is not None and isinstance(fmt, PaletteFormat):
+        if hessian is not None and isinstance(fmt, (PaletteFormat, GeneralVQ)):
             from ..calibrate.ldlq import ldlq_quantize
             q = ldlq_quantize(fmt, weight, hessian)
         elif hessian is not None:

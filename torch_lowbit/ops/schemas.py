@@ -51,6 +51,12 @@ SCHEMAS: dict[str, str] = {
                   "Tensor codebooks, Tensor? bias) -> Tensor",
     "gcb_dequantize": "gcb_dequantize(Tensor codes, int code_bits, Tensor sub_groups, Tensor super_scales, "
                       "Tensor codebooks) -> Tensor",
+    # general VQ (layouts/gvq.py): codes as little-endian bit fields per row (core.packing.pack_bitfields),
+    # codebooks fp16 [regions, stages, 2^code_bits, vec], one region per tile_rows x tile_cols (0: all)
+    "gvq_linear": "gvq_linear(Tensor x, Tensor codes, int code_bits, Tensor codebooks, int tile_rows, "
+                  "int tile_cols, Tensor row_scales, Tensor? bias) -> Tensor",
+    "gvq_dequantize": "gvq_dequantize(Tensor codes, int code_bits, Tensor codebooks, int tile_rows, "
+                      "int tile_cols, Tensor row_scales, int in_features) -> Tensor",
     # the off-CPU layout of the K-quants (layouts/kquant_stream.py): w = (d sub_scale) code - dmin sub_min,
     # or (d sub_scale) (code - code_offset); int8 sub_scales, uint8 sub_mins, fp16 d / dmin per 256
     "kquant_linear": "kquant_linear(Tensor x, Tensor codes, int code_bits, Tensor sub_scales, Tensor? sub_mins, "
