@@ -36,6 +36,11 @@ class Format(ABC):
     def bits_per_weight(self) -> float:
         """Storage cost per weight, counting codes and every group parameter."""
 
+    def storage_bits(self, out_features: int, in_features: int) -> float:
+        """Bits an [out_features, in_features] layer takes: bits_per_weight() times its weights, unless
+        a format stores per-layer tables whose cost depends on the shape (gvq's codebooks)."""
+        return self.bits_per_weight() * out_features * in_features
+
     @abstractmethod
     def quantize(self, weight: Tensor, importance: Optional[Tensor] = None) -> dict[str, Tensor]:
         """Quantize a float [out, in] weight into named tensors (unpacked codes, group parameters).

@@ -159,9 +159,9 @@ def build_units(model: nn.Module, cands: Sequence[Format], *, filter_fn: Optiona
                 held.append(f)
             else:
                 skipped.setdefault(f.name, []).append(members[0])
-        held.sort(key=lambda f: f.bits_per_weight())
+        held.sort(key=lambda f: f.storage_bits(n, k))
         if held:
-            units.append(_Unit(members, n * k, [(f, f.bits_per_weight() * n * k, 0.0) for f in held]))
+            units.append(_Unit(members, n * k, [(f, f.storage_bits(n, k), 0.0) for f in held]))
         else:
             orphans += [f"{fqn} (in_features={k})" for fqn in members]
     for name, where in skipped.items():
@@ -227,18 +227,19 @@ def _check_candidates(candidates: Sequence[FormatSpec]) -> list[Format]:
 
 
 def plan_bpw(model: nn.Module, plan: Mapping[str, FormatSpec]) -> float:
-    """Bits per weight of a plan over its layers (each format's bits/weight × the layer's weights)."""
-    sizes = {fqn: model.get_submodule(fqn).weight.numel() for fqn in plan}
-    return sum(get_format(f).bits_per_weight() * sizes[q] for q, f in plan.items()) / max(1, sum(sizes.values()))
+    """Bits per weight of a plan over its layers (each format's storage of the layer's shape)."""
+    shapes = {fqn: tuple(model.get_submodule(fqn).weight.shape) for fqn in plan}
+    bits = sum(get_format(f).storage_bits(*shapes[q]) for q, f in plan.items())
+    return bits / max(1, sum(n * k for n, k in shapes.values()))
 
 
 def quantized_bpw(model: nn.Module) -> float:
-    """Bits per weight over a (quantized) model's QuantLinear modules: each format's bits/weight
-    times the module's weights (nan without any)."""
+    """Bits per weight over a (quantized) model's QuantLinear modules: each format's storage of the
+    module's shape (nan without any)."""
     from .linear import QuantLinear
-    sizes = [(m.fmt.bits_per_weight(), m.in_features * m.out_features) for m in model.modules()
-             if isinstance(m, QuantLinear)]
-    return sum(b * n for b, n in sizes) / sum(n for _, n in sizes) if sizes else float("nan")
+    sizes = [(m.fmt.storage_bits(m.out_features, m.in_features), m.in_features * m.out_features)
+             for m in model.modules() if isinstance(m, QuantLinear)]
+    return sum(b for b, _ in sizes) / sum(n for _, n in sizes) if sizes else float("nan")
 
 
 def mix_summary(model: nn.Module) -> str:

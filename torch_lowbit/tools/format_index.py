@@ -68,6 +68,10 @@ def explain(name: str) -> str:
     lines = [f"{fmt.name}: {cls.__name__}, {fmt.bits_per_weight():.4g} bits/weight, group {fmt.group_size}",
              f"  math (quantize, reference dequantize): {_relative(Path(inspect.getsourcefile(cls)))} "
              f"class {cls.__name__}"]
+    shapes = ((4096, 4096), (576, 576))
+    if any(fmt.storage_bits(n, k) != fmt.bits_per_weight() * n * k for n, k in shapes):
+        lines.insert(1, "  stored with its per-layer tables: " + ", ".join(
+            f"{fmt.storage_bits(n, k) / (n * k):.4g} bits/weight at {n}x{k}" for n, k in shapes))
     defaults = {device: default_layout(fmt, device).name for device in ("cpu", "cuda")}
     held = [get_layout(n) for n in layouts() if get_layout(n).supports(fmt)]
     lines.append("  layouts:")
