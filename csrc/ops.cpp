@@ -32,6 +32,11 @@ at::Tensor tcq_linear_cpu(const at::Tensor& x, const at::Tensor& codes, const at
                           int64_t shift_bits, const at::Tensor& row_scales, const c10::optional<at::Tensor>& bias);
 at::Tensor tcq_dequantize_cpu(const at::Tensor& codes, const at::Tensor& table, int64_t table_bits, int64_t shift_bits,
                               const at::Tensor& row_scales);
+at::Tensor gvq_linear_cpu(const at::Tensor& x, const at::Tensor& codes, int64_t code_bits, const at::Tensor& planes,
+                          int64_t tile_rows, int64_t tile_cols, const at::Tensor& row_scales,
+                          const c10::optional<at::Tensor>& bias);
+at::Tensor gvq_dequantize_cpu(const at::Tensor& codes, int64_t code_bits, const at::Tensor& planes, int64_t tile_rows,
+                              int64_t tile_cols, const at::Tensor& row_scales, int64_t in_features);
 at::Tensor kv_attention_cpu(const at::Tensor& q, const at::Tensor& k_codes, const at::Tensor& k_scale,
                             const at::Tensor& k_min, const at::Tensor& v_codes, const at::Tensor& v_scale,
                             const at::Tensor& v_min, const c10::optional<at::Tensor>& mask, double scale,
@@ -59,6 +64,8 @@ TORCH_LIBRARY_IMPL(torch_lowbit, CPU, m) {
   m.impl("codebook_dequantize", &torch_lowbit::codebook_dequantize_cpu);
   m.impl("tcq_linear", &torch_lowbit::tcq_linear_cpu);
   m.impl("tcq_dequantize", &torch_lowbit::tcq_dequantize_cpu);
+  m.impl("gvq_linear", &torch_lowbit::gvq_linear_cpu);
+  m.impl("gvq_dequantize", &torch_lowbit::gvq_dequantize_cpu);
   m.impl("gqa_attention", &torch_lowbit::gqa_attention_cpu);
   m.impl("kv_attention", &torch_lowbit::kv_attention_cpu);
 }

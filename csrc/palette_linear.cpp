@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "common/decode_matmul.h"
 #include "common/dispatch.h"
 #include "common/linear_io.h"
 #include "common/palette.h"
@@ -15,8 +16,6 @@
 
 namespace torch_lowbit {
 namespace {
-
-constexpr int64_t kDecodeChunkRows = 256;  // rows decoded per at::mm in the many-token path
 
 struct CodebookKernels {
   CodebookGemvFn gemv;
@@ -100,27 +99,6 @@ TcqWeights tcq_weights(const char* op, const at::Tensor& codes, const at::Tensor
   check_row_scales(op, row_scales, N);
   return {reinterpret_cast<const uint32_t*>(codes.data_ptr<int32_t>()), static_cast<int>(shift_bits),
           static_cast<int>(table_bits), table.data_ptr<float>(), row_scales.data_ptr<c10::Half>(), nullptr, N, K};
-}
-
-struct DecodeChunk;  // thread_scratch tag
-
-// Many tokens: decode `unit`-aligned row chunks to fp32 (threaded) and multiply with at::mm.
-template <typename Decode>
-at::Tensor decode_matmul(const at::Tensor& x2, int64_t N, int64_t K, int64_t unit, Decode decode) {
-  at::Tensor out = at::empty({x2.size(0), N}, x2.options());
-  // The chunk buffer (4 MiB: 256 rows at K = 4096) lives on between calls (scratch.h)
-  const int64_t chunk = std::min(N, kDecodeChunkRows);
-  float* storage = reinterpret_cast<float*>(thread_scratch<DecodeChunk>(chunk * K * sizeof(float)));
-  at::Tensor buf = at::from_blob(storage, {chunk, K}, x2.options());
-  for (int64_t r0 = 0; r0 < N; r0 += kDecodeChunkRows) {
-    const int64_t rows = std::min(kDecodeChunkRows, N - r0);
-    float* dst = buf.data_ptr<float>();
-    parallel_for(0, rows / unit, 1, [&](int64_t u0, int64_t u1) {
-      decode(r0 / unit + u0, r0 / unit + u1, dst + u0 * unit * K);
-    });
-    out.narrow(1, r0, rows).copy_(at::mm(x2, buf.narrow(0, 0, rows).t()));
-  }
-  return out;
 }
 
 }  // namespace

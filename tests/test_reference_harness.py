@@ -70,7 +70,10 @@ CASES = [(fmt, backend, path, layout, shape_idx, bias, dtype)
          or fmt in ("gcb2", "gcb3", "q8_0")
          # the K-quants' kernels: GEMV (M = 1) and tl.dot (M = 33) here, every kind x dtype in
          # tests/kernels/triton/test_triton_kquant.py
-         if backend != "triton" or layout != "kquant_stream" or shape_idx in (0, 3)]
+         if backend != "triton" or layout != "kquant_stream" or shape_idx in (0, 3)
+         # gvq: the avxvnni path runs the avx2 kernel; one dtype per bias setting (tests/kernels/cpu/
+         # test_gvq_kernels.py covers every code width, scope and token count per path)
+         if layout != "gvq_rowmajor" or (path != "avxvnni" and bias == (dtype == torch.bfloat16))]
 
 
 @pytest.mark.parametrize("fmt,backend,path,layout,shape_idx,bias,dtype", CASES,

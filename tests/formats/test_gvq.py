@@ -85,13 +85,14 @@ def test_layout_reorders_entries_by_use_without_changing_the_weight():
     m = tl.QuantLinear.from_quantized(f, q, 64, 256)
     assert m.layout.name == "gvq_rowmajor"
     assert torch.equal(m.dequantize(), f.dequantize(q))  # bit for bit
-    codes = m.layout.unpack(f, m.packed, 64, 256)["codes"]
+    unpacked = m.layout.unpack(f, m.packed, 64, 256)
+    codes = unpacked["codes"]
     for r in range(2):
         counts = torch.bincount(codes[..., r].reshape(-1).long(), minlength=256)
         assert bool((counts[:-1] >= counts[1:]).all())  # entry 0 the most used
     region = torch.zeros(64, 32, dtype=torch.long)
-    c2, b2 = reorder_by_frequency_in(codes, m.packed["codebooks"], region)
-    assert torch.equal(c2, codes) and torch.equal(b2, m.packed["codebooks"])  # sorted already: a fixed point
+    c2, b2 = reorder_by_frequency_in(codes, unpacked["codebooks"], region)
+    assert torch.equal(c2, codes) and torch.equal(b2, unpacked["codebooks"])  # sorted already: a fixed point
 
 
 def test_rotation_and_importance():

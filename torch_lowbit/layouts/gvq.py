@@ -1,10 +1,14 @@
 """gvq_rowmajor: the layout of the general VQ formats (gvq*, aqlm_*, gptvq2).
 
-Codes: each row's codes in order (vector j, stage r) as little-endian bit fields of code_bits bits
-(core.packing.pack_bitfields: 8-bit codes are plain bytes, 16-bit ones little-endian uint16).
-Codebooks fp16 [regions, stages, 2^y, vec], their entries **reordered by access frequency** at
-packing (entry 0 the most used in its region and stage; the codes renumbered to match), so a kernel's
-codebook cache holds the hottest entries as the first n of each table; the dequantized weight is the
+Codes: a row's codes in order (vector j, stage r) are its fields, LSB-first bit fields of code_bits
+bits (core.packing.pack_bitfields: 8-bit codes are plain bytes, 16-bit ones little-endian uint16).
+The fields are cut into chunks of chunk_fields(2^y) (a multiple of 8: whole bytes) and stored
+chunk-major, every row's bytes of chunk 0, then of chunk 1, ...: the CPU kernel streams one chunk of
+all rows against that chunk's L1-resident tables (csrc/common/gvq.h). The buffer is [N, row bytes],
+exactly the row-major size. Codebooks are stored as planes [regions, stages, vec, 2^y] (coordinate d
+of every entry contiguous, what the kernels convert 16 entries at a time), their entries **reordered
+by use** at packing (entry 0 the most used in its region and stage, the codes renumbered to match), so
+a kernel can keep the hottest entries of each table as its first ones; the dequantized weight is the
 same bit for bit. row_scales fp16 [N] and the rotation's signs as the format stores them.
 
 The forward rotates the activations (rotated formats) and calls gvq_linear.
@@ -17,6 +21,43 @@ import torch
 from torch import Tensor
 
 from ..core.packing import bitfield_bytes, pack_bitfields, unpack_bitfields
+
+LUT_BYTES = 16384  # fp32 tables of one chunk per token (csrc/common/gvq.h gvq_chunk_fields)
+
+
+def chunk_fields(entries: int) -> int:
+    """Fields per chunk for codebooks of `entries` entries: 8 .. 64, a multiple of 8."""
+    return min(64, max(8, (LUT_BYTES // 4 // entries) // 8 * 8))
+
+
+def chunk_major(codes: Tensor, bits: int, entries: int) -> Tensor:
+    """Codes [N, F] -> uint8 [N, bitfield_bytes(F, bits)] holding chunk-major bit fields (module doc)."""
+    n, f = codes.shape
+    cf = chunk_fields(entries)
+    full = f // cf
+    parts = []
+    if full:
+        blocks = codes[:, :full * cf].reshape(n, full, cf).permute(1, 0, 2).reshape(full * n, cf)
+        parts.append(pack_bitfields(blocks, bits).reshape(-1))
+    if f % cf:
+        parts.append(pack_bitfields(codes[:, full * cf:], bits).reshape(-1))
+    return torch.cat(parts).reshape(n, bitfield_bytes(f, bits))
+
+
+def from_chunk_major(packed: Tensor, bits: int, entries: int, fields: int) -> Tensor:
+    """Inverse of chunk_major: int64 codes [N, fields]."""
+    n = packed.shape[0]
+    cf = chunk_fields(entries)
+    full = fields // cf
+    flat = packed.reshape(-1)
+    whole = full * n * (cf * bits // 8)
+    parts = []
+    if full:
+        blocks = unpack_bitfields(flat[:whole].reshape(full * n, cf * bits // 8), bits, cf)
+        parts.append(blocks.reshape(full, n, cf).permute(1, 0, 2).reshape(n, full * cf))
+    if fields % cf:
+        parts.append(unpack_bitfields(flat[whole:].reshape(n, -1), bits, fields % cf))
+    return torch.cat(parts, 1)
 from ..formats.gvq import GeneralVQ, decode_vectors, region_index
 from ..ops import Backend
 from ..ops.gvq import gvq_linear, register_reference_impls
@@ -26,8 +67,7 @@ from .base import Layout, register_layout
 class GvqRowMajor(Layout):
     name = "gvq_rowmajor"
     version = 1
-    backends = ("cpu",)  # the ops' dense reference (CPU and CUDA); no fused kernel yet
-    isa_paths = False
+    backends = ("cpu",)  # C++ table kernels per ISA path; on CUDA the ops' dense reference (no Triton kernel yet)
 
     def supports(self, fmt) -> bool:
         return isinstance(fmt, GeneralVQ)
@@ -43,8 +83,8 @@ class GvqRowMajor(Layout):
         region = region_index(*fmt.scope, n, nv * fmt.vec, torch.arange(n, device=codes.device),
                               torch.arange(nv, device=codes.device) * fmt.vec)
         codes, books = reorder_by_frequency_in(codes, books, region)
-        out = {"codes": pack_bitfields(codes.reshape(n, nv * z), fmt.entries_log2),
-               "codebooks": books.contiguous(), "row_scales": q["row_scales"].contiguous()}
+        out = {"codes": chunk_major(codes.reshape(n, nv * z), fmt.entries_log2, fmt.entries),
+               "codebooks": books.transpose(2, 3).contiguous(), "row_scales": q["row_scales"].contiguous()}
         if fmt.rotate:
             out["signs"] = q["signs"].contiguous()
         return out
@@ -52,9 +92,9 @@ class GvqRowMajor(Layout):
     def unpack(self, fmt: GeneralVQ, buffers: dict[str, Tensor], out_features: int, in_features: int) -> dict[str, Tensor]:
         self._check(fmt)
         nv = in_features // fmt.vec
-        codes = unpack_bitfields(buffers["codes"], fmt.entries_log2, nv * fmt.residuals)
+        codes = from_chunk_major(buffers["codes"], fmt.entries_log2, fmt.entries, nv * fmt.residuals)
         q = {"codes": codes.reshape(out_features, nv, fmt.residuals).to(torch.int32),
-             "codebooks": buffers["codebooks"], "row_scales": buffers["row_scales"]}
+             "codebooks": buffers["codebooks"].transpose(2, 3).contiguous(), "row_scales": buffers["row_scales"]}
         if fmt.rotate:
             q["signs"] = buffers["signs"]
         return q
@@ -64,6 +104,8 @@ class GvqRowMajor(Layout):
         shapes = fmt.tensor_shapes(out_features, in_features)
         count = in_features // fmt.vec * fmt.residuals
         shapes["codes"] = ((out_features, bitfield_bytes(count, fmt.entries_log2)), torch.uint8)
+        regions, stages, entries, vec = shapes["codebooks"][0]
+        shapes["codebooks"] = ((regions, stages, vec, entries), torch.float16)
         return shapes
 
     def kernel_ops(self, fmt) -> tuple:
@@ -96,12 +138,12 @@ def reorder_by_frequency_in(codes: Tensor, codebooks: Tensor, region: Tensor) ->
     return new_codes, new_books
 
 
-def _decode(codes, code_bits, codebooks, tile_rows, tile_cols, row_scales, in_features):
+def _decode(codes, code_bits, planes, tile_rows, tile_cols, row_scales, in_features):
     """The reference decode of gvq_rowmajor buffers: fp32 W' [N, K]."""
-    n, (_, stages, _, vec) = row_scales.shape[0], codebooks.shape
+    n, (_, stages, vec, entries) = row_scales.shape[0], planes.shape
     nv = in_features // vec
-    unpacked = unpack_bitfields(codes, code_bits, nv * stages).reshape(n, nv, stages)
-    return decode_vectors(unpacked, codebooks, tile_rows, tile_cols) * row_scales.float()[:, None]
+    unpacked = from_chunk_major(codes, code_bits, entries, nv * stages).reshape(n, nv, stages)
+    return decode_vectors(unpacked, planes.transpose(2, 3), tile_rows, tile_cols) * row_scales.float()[:, None]
 
 
 register_reference_impls(_decode)

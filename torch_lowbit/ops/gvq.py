@@ -1,9 +1,10 @@
 """The gvq ops (layout gvq_rowmajor, the general VQ formats): gvq_linear / gvq_dequantize over codes
-stored as little-endian bit fields per row (vector j's stage-r code at field j * stages + r:
-core.packing.pack_bitfields), fp16 codebooks [regions, stages, 2^code_bits, vec] (one region per
-tile_rows x tile_cols block of the weight; 0 = all rows / all features) and fp16 row scales. CPU and
-CUDA: the layout's reference decoder and a dense matmul (no fused kernel yet). Typed wrappers, checks,
-fakes and those impls."""
+stored as LSB-first bit fields (vector j's stage-r code is field j * stages + r of its row), in chunks
+of chunk_fields(2^code_bits) fields stored chunk-major, fp16 codebook planes [regions, stages, vec,
+2^code_bits] (one region per tile_rows x tile_cols block of the weight; 0 = all rows / all features)
+and fp16 row scales. CPU: csrc/gvq_linear.cpp (the table GEMV, csrc/common/gvq.h), or the layout's
+reference decoder and a dense matmul where the extension is absent; CUDA: that reference (no Triton
+kernel yet). Typed wrappers, checks, fakes and those impls."""
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -12,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ..core.packing import bitfield_bytes
-from ._common import Backend, check, dense_linear, linear_out, route
+from ._common import Backend, check, dense_linear, linear_out, register_reference_cpu_impl, route
 
 
 def gvq_linear(x: Tensor, codes: Tensor, code_bits: int, codebooks: Tensor, tile_rows: int, tile_cols: int,
@@ -32,9 +33,9 @@ def check_gvq(codes, code_bits, codebooks, tile_rows, tile_cols, row_scales, in_
     """(N, K) of gvq_rowmajor weights, every argument checked."""
     check(4 <= code_bits <= 16, f"gvq: code_bits must be 4..16, got {code_bits}")
     check(codebooks.dtype == torch.float16 and codebooks.dim() == 4 and codebooks.shape[1] in (1, 2)
-          and codebooks.shape[2] == 2 ** code_bits and codebooks.shape[3] in (2, 4, 8),
-          f"gvq: codebooks must be fp16 [regions, 1 or 2 stages, {2 ** code_bits}, 2/4/8]")
-    vec, stages = codebooks.shape[3], codebooks.shape[1]
+          and codebooks.shape[2] in (2, 4, 8) and codebooks.shape[3] == 2 ** code_bits,
+          f"gvq: codebooks must be fp16 planes [regions, 1 or 2 stages, vec 2/4/8, {2 ** code_bits}]")
+    vec, stages = codebooks.shape[2], codebooks.shape[1]
     check(in_features % vec == 0, f"gvq: in_features {in_features} is not a multiple of the vector size {vec}")
     check(tile_rows >= 0 and tile_cols >= 0 and tile_cols % vec == 0,
           f"gvq: tile_rows / tile_cols must be >= 0 and tile_cols a multiple of {vec}")
@@ -64,9 +65,9 @@ def _gvq_dequantize_fake(codes, code_bits, codebooks, tile_rows, tile_cols, row_
 
 
 def register_reference_impls(decode: Callable) -> None:
-    """The CPU and CUDA impls: decode(codes, code_bits, codebooks, tile_rows, tile_cols, row_scales,
-    in_features) -> fp32 W' [N, K] (the format's reference decoder, from layouts/gvq.py) and a dense
-    fp32 matmul."""
+    """The CUDA impls, and the CPU ones where the extension is absent: decode(codes, code_bits,
+    codebooks, tile_rows, tile_cols, row_scales, in_features) -> fp32 W' [N, K] (the format's reference
+    decoder, from layouts/gvq.py) and a dense fp32 matmul."""
     def dequantize(codes, code_bits, codebooks, tile_rows, tile_cols, row_scales, in_features):
         check_gvq(codes, code_bits, codebooks, tile_rows, tile_cols, row_scales, in_features)
         return decode(codes, code_bits, codebooks, tile_rows, tile_cols, row_scales, in_features)
@@ -76,6 +77,7 @@ def register_reference_impls(decode: Callable) -> None:
         linear_out("gvq_linear", x, w.shape[0], w.shape[1], bias)
         return dense_linear(x, w, bias)
 
-    for device in ("CPU", "CUDA"):
-        torch.library.impl("torch_lowbit::gvq_dequantize", device)(dequantize)
-        torch.library.impl("torch_lowbit::gvq_linear", device)(linear)
+    torch.library.impl("torch_lowbit::gvq_dequantize", "CUDA")(dequantize)
+    torch.library.impl("torch_lowbit::gvq_linear", "CUDA")(linear)
+    register_reference_cpu_impl("gvq_dequantize", dequantize)
+    register_reference_cpu_impl("gvq_linear", linear)

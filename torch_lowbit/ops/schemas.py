@@ -51,8 +51,8 @@ SCHEMAS: dict[str, str] = {
                   "Tensor codebooks, Tensor? bias) -> Tensor",
     "gcb_dequantize": "gcb_dequantize(Tensor codes, int code_bits, Tensor sub_groups, Tensor super_scales, "
                       "Tensor codebooks) -> Tensor",
-    # general VQ (layouts/gvq.py): codes as little-endian bit fields per row (core.packing.pack_bitfields),
-    # codebooks fp16 [regions, stages, 2^code_bits, vec], one region per tile_rows x tile_cols (0: all)
+    # general VQ (layouts/gvq.py): codes as LSB-first bit fields in chunks of fields (chunk-major),
+    # codebooks fp16 planes [regions, stages, vec, 2^code_bits], one region per tile_rows x tile_cols (0: all)
     "gvq_linear": "gvq_linear(Tensor x, Tensor codes, int code_bits, Tensor codebooks, int tile_rows, "
                   "int tile_cols, Tensor row_scales, Tensor? bias) -> Tensor",
     "gvq_dequantize": "gvq_dequantize(Tensor codes, int code_bits, Tensor codebooks, int tile_rows, "
@@ -80,7 +80,7 @@ SCHEMAS: dict[str, str] = {
 # The ops the C++ extension binds a CPU kernel to (csrc/ops.cpp, hadamard.cpp, tcq_viterbi.cpp): where
 # it is absent, each gets the pure-torch reference of its family module instead.
 CPU_KERNEL_OPS = ("lut4_linear", "lut4_dequantize", "lut_i8_linear", "q4x_linear", "codebook_linear",
-                  "codebook_dequantize", "tcq_linear", "tcq_dequantize", "gqa_attention", "kv_attention",
+                  "codebook_dequantize", "tcq_linear", "tcq_dequantize", "gvq_linear", "gvq_dequantize", "gqa_attention", "kv_attention",
                   "hadamard_transform", "tcq_viterbi")
 
 _LIBRARY = torch.library.Library(NAMESPACE, "DEF")  # the definitions live as long as this object

@@ -1,0 +1,84 @@
+// AVX-512 path of the general VQ table GEMV (gvq.h): tables built 16 entries per register (fp16
+// planes converted by vcvtph2ps), then per row 16 fields' entries fetched by one vpgatherdd from the
+// chunk's L1-resident tables. Codes of 8 and 16 bits (whole bytes); other widths take the scalar path.
+#if defined(TORCH_LOWBIT_X86)
+#include <immintrin.h>
+
+#include "common/gvq.h"
+#include "common/scratch.h"
+
+#define TLB_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
+
+namespace torch_lowbit {
+namespace {
+
+struct GvqAvx512Tables;  // thread_scratch tag
+
+// gvq_build_tables_scalar's arithmetic (separate multiplies and adds, coordinate order), 16 entries at once.
+TLB_AVX512 void build_tables(const GvqWeights& w, const float* x, int64_t c, int64_t rt, float* lut) {
+  const int64_t f0 = c * w.chunk_fields, width = w.chunk_width(c), E = w.entries;
+  for (int64_t i = 0; i < width; ++i) {
+    const int64_t f = f0 + i;
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(w.plane(w.region(rt, f), f));
+    const float* xj = x + (f / w.stages) * w.vec;
+    float* t = lut + i * E;
+    for (int64_t e = 0; e < E; e += 16) {
+      __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + e))),
+                               _mm512_set1_ps(xj[0]));
+      for (int d = 1; d < w.vec; ++d) {
+        const __m512 c16 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + d * E + e)));
+        v = _mm512_add_ps(v, _mm512_mul_ps(c16, _mm512_set1_ps(xj[d])));
+      }
+      _mm512_storeu_ps(t + e, v);
+    }
+  }
+}
+
+// 16 fields' codes from i on (fewer at the row's end: masked, nothing read past it) as int32 lanes.
+template <int Bits>
+TLB_AVX512 inline __m512i load_codes(const uint8_t* row, int64_t i, __mmask16 live) {
+  if constexpr (Bits == 8) return _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(live, row + i));
+  else return _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, reinterpret_cast<const uint16_t*>(row) + i));
+}
+
+template <int Bits>
+TLB_AVX512 void gemv(const GvqWeights& w, const float* x, int64_t M, int64_t c0, int64_t c1, float* acc) {
+  const int64_t E = w.entries, per_token = w.chunk_fields * E;
+  float* lut = reinterpret_cast<float*>(thread_scratch<GvqAvx512Tables>(M * per_token * sizeof(float)));
+  // lane l of a 16-field group reads table l of the group: index = code + l E
+  const __m512i lane_base = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                               _mm512_set1_epi32(static_cast<int>(E)));
+  for (int64_t c = c0; c < c1; ++c) {
+    const int64_t width = w.chunk_width(c), rb = w.chunk_row_bytes(c);
+    const uint8_t* block = w.chunk_codes(c);
+    for (int64_t rt = 0; rt < w.row_tiles(); ++rt) {
+      const int64_t r0 = w.tile_rows ? rt * w.tile_rows : 0, r1 = w.tile_rows ? std::min(w.N, r0 + w.tile_rows) : w.N;
+      for (int64_t m = 0; m < M; ++m) build_tables(w, x + m * w.K, c, rt, lut + m * per_token);
+      for (int64_t n = r0; n < r1; ++n) {
+        const uint8_t* row = block + n * rb;
+        if (n + 1 < r1) _mm_prefetch(reinterpret_cast<const char*>(row + 8 * rb), _MM_HINT_T0);
+        __m512 sum[kGvqFusedMaxTokens];
+        for (int64_t m = 0; m < M; ++m) sum[m] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < width; i += 16) {
+          const __mmask16 live = width - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (width - i)) - 1);
+          const __m512i idx = _mm512_add_epi32(load_codes<Bits>(row, i, live), lane_base);
+          for (int64_t m = 0; m < M; ++m)
+            sum[m] = _mm512_add_ps(sum[m], _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, idx,
+                                                                    lut + m * per_token + i * E, 4));
+        }
+        for (int64_t m = 0; m < M; ++m) acc[m * w.N + n] += _mm512_reduce_add_ps(sum[m]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void gvq_gemv_avx512(const GvqWeights& w, const float* x, int64_t M, int64_t c0, int64_t c1, float* acc) {
+  if (w.bits == 8) return gemv<8>(w, x, M, c0, c1, acc);
+  if (w.bits == 16) return gemv<16>(w, x, M, c0, c1, acc);
+  gvq_gemv_scalar(w, x, M, c0, c1, acc);
+}
+
+}  // namespace torch_lowbit
+#endif
