@@ -7,6 +7,9 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
+#include <string>
+#include <vector>
 
 #include "common/decode_matmul.h"
 #include "common/dispatch.h"
@@ -15,7 +18,39 @@
 #include "common/parallel.h"
 
 namespace torch_lowbit {
+
 namespace {
+std::atomic<int> g_variant{0};
+}  // namespace
+
+GvqVariant gvq_kernel_variant() { return static_cast<GvqVariant>(g_variant.load(std::memory_order_relaxed)); }
+
+void set_gvq_kernel_variant(const std::string& name) {
+  const int v = name == "tables" ? 0 : name == "direct" ? 1 : name == "decode" ? 2 : -1;
+  TORCH_CHECK(v >= 0, "gvq kernel variant must be tables, direct or decode, got ", name);
+  g_variant.store(v, std::memory_order_relaxed);
+}
+
+namespace {
+
+GvqDirectFn gvq_direct(CpuPath p) {
+#if defined(TORCH_LOWBIT_X86)
+  if (p == CpuPath::Avx512) return gvq_direct_avx512;
+#endif
+  (void)p;
+  return gvq_direct_scalar;
+}
+
+// The direct kernel's inputs: fp32 entries [regions, stages, E, vec] and where each field's start.
+at::Tensor direct_entries(const at::Tensor& planes) { return planes.transpose(2, 3).to(at::kFloat).contiguous(); }
+
+std::vector<int32_t> field_bases(const GvqWeights& w) {
+  std::vector<int32_t> base(w.row_tiles() * w.fields);
+  for (int64_t rt = 0; rt < w.row_tiles(); ++rt)
+    for (int64_t f = 0; f < w.fields; ++f)
+      base[rt * w.fields + f] = static_cast<int32_t>((w.region(rt, f) * w.stages + f % w.stages) * w.entries * w.vec);
+  return base;
+}
 
 GvqGemvFn gvq_gemv(CpuPath p) {
 #if defined(TORCH_LOWBIT_X86)
@@ -69,9 +104,22 @@ at::Tensor gvq_linear_cpu(const at::Tensor& x, const at::Tensor& codes, int64_t 
   check_linear_io(op, x, K, w.N, 0, bias, {});
   const at::Tensor x2 = activations_fp32(x, K);
   const int64_t M = x2.size(0);
-  if (M > kGvqFusedMaxTokens) {
+  const GvqVariant variant = gvq_kernel_variant();
+  if (M > kGvqFusedMaxTokens || variant == GvqVariant::Decode) {
     at::Tensor out = decode_matmul(x2, w.N, K, 1, [&](int64_t n0, int64_t n1, float* dst) { gvq_decode_scalar(w, n0, n1, dst); });
     return finish_linear(out, x, bias);
+  }
+  if (variant == GvqVariant::Direct) {
+    TORCH_CHECK(w.regions() * w.stages * w.entries * w.vec < (int64_t{1} << 31), op, ": codebooks too large for the direct kernel");
+    const at::Tensor entries = direct_entries(pc);
+    const std::vector<int32_t> base = field_bases(w);
+    at::Tensor out = at::zeros({M, w.N}, x2.options());
+    const GvqDirectFn direct = gvq_direct(active_cpu_path());
+    if (M > 0)
+      parallel_for(0, w.N, 16, [&](int64_t n0, int64_t n1) {
+        direct(w, entries.data_ptr<float>(), base.data(), x2.data_ptr<float>(), M, n0, n1, out.data_ptr<float>());
+      });
+    return finish_linear(out.mul_(sc.to(at::kFloat)), x, bias);
   }
   // codebook-centric split: each range of chunks builds its own tables and sums into its own partials
   const int64_t threads = std::max<int64_t>(1, pool_threads() ? pool_threads() : at::get_num_threads());

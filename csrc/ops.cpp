@@ -45,6 +45,7 @@ at::Tensor kv_attention_cpu(const at::Tensor& q, const at::Tensor& k_codes, cons
 at::Tensor gqa_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const c10::optional<at::Tensor>& mask, double scale);
 void register_hadamard_base(const at::Tensor& base);  // csrc/hadamard.cpp
+void set_gvq_kernel_variant(const std::string& name);  // csrc/gvq_linear.cpp
 int64_t read_probe(const at::Tensor& buf);
 int64_t clock_probe(int64_t adds);
 }  // namespace torch_lowbit
@@ -78,6 +79,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torch_lowbit CPU kernels (ops are registered under torch.ops.torch_lowbit)";
   m.def("available_cpu_paths", &torch_lowbit::available_cpu_paths, "CPU kernel paths this CPU can run, best first");
   m.def("set_cpu_path", &torch_lowbit::set_cpu_path, "Force a CPU kernel path: auto, scalar, avx2, avxvnni, avx512");
+  m.def("set_gvq_kernel", &torch_lowbit::set_gvq_kernel_variant,
+        "Benchmark hook: the gvq_linear kernel for up to 8 tokens: tables (default), direct or decode");
   m.def("read_probe", &torch_lowbit::read_probe, "Streams a buffer with all threads (bandwidth probe)");
   m.def("clock_probe", &torch_lowbit::clock_probe, "Runs N dependent one-cycle steps (clock probe)");
   m.def("register_hadamard_base", &torch_lowbit::register_hadamard_base,

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 namespace torch_lowbit {
 
@@ -47,6 +48,7 @@ struct GvqWeights {
   int64_t chunk_row_bytes(int64_t c) const { return (chunk_width(c) * bits + 7) / 8; }
   const uint8_t* chunk_codes(int64_t c) const { return codes + c * N * (chunk_fields * bits / 8); }
   int64_t row_tiles() const { return tile_rows ? (N + tile_rows - 1) / tile_rows : 1; }
+  int64_t regions() const { return row_tiles() * col_tiles; }
   int64_t region(int64_t row_tile, int64_t field) const {
     const int64_t j = field / stages;
     return row_tile * col_tiles + (tile_cols ? j * vec / tile_cols : 0);
@@ -74,11 +76,25 @@ using GvqDecodeFn = void (*)(const GvqWeights&, int64_t n0, int64_t n1, float* d
 // ((P0[e] x0 + P1[e] x1) + ...) in separate fp32 multiplies and adds, so every path builds the same bits.
 void gvq_build_tables_scalar(const GvqWeights& w, const float* x, int64_t c, int64_t rt, float* lut);
 
+// The ablation's kernels (gvq_kernel_variant): "direct" reads every code's entry from the whole
+// codebook (fp32 entries [regions, stages, E, vec], L1/L2-resident) and multiplies it with x, rows
+// [n0, n1) into acc (the shared-memory "SC" kernel of VQ-LLM); "decode" dequantizes rows to fp32 in
+// memory and multiplies with at::mm (element-wise dequantization, the "GC" kernel); "tables" (the
+// default) is the table GEMV above.
+enum class GvqVariant { Tables = 0, Direct = 1, Decode = 2 };
+GvqVariant gvq_kernel_variant();
+void set_gvq_kernel_variant(const std::string& name);
+using GvqDirectFn = void (*)(const GvqWeights&, const float* entries, const int32_t* field_base, const float* x,
+                             int64_t M, int64_t n0, int64_t n1, float* acc);
+// field_base[rt * fields + f] = ((region(rt, f) * stages + f % stages) * E) * vec: where field f's entries start
+void gvq_direct_scalar(const GvqWeights&, const float*, const int32_t*, const float*, int64_t, int64_t, int64_t, float*);
+
 void gvq_gemv_scalar(const GvqWeights&, const float*, int64_t, int64_t, int64_t, float*);
 void gvq_decode_scalar(const GvqWeights&, int64_t, int64_t, float*);
 #if defined(TORCH_LOWBIT_X86)
 void gvq_gemv_avx2(const GvqWeights&, const float*, int64_t, int64_t, int64_t, float*);
 void gvq_gemv_avx512(const GvqWeights&, const float*, int64_t, int64_t, int64_t, float*);
+void gvq_direct_avx512(const GvqWeights&, const float*, const int32_t*, const float*, int64_t, int64_t, int64_t, float*);
 #endif
 
 }  // namespace torch_lowbit

@@ -43,6 +43,28 @@ void gvq_gemv_scalar(const GvqWeights& w, const float* x, int64_t M, int64_t c0,
   }
 }
 
+void gvq_direct_scalar(const GvqWeights& w, const float* entries, const int32_t* field_base, const float* x,
+                       int64_t M, int64_t n0, int64_t n1, float* acc) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const int32_t* base = field_base + (w.tile_rows ? n / w.tile_rows : 0) * w.fields;
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xm = x + m * w.K;
+      float s = 0.f;
+      for (int64_t c = 0; c < w.chunks; ++c) {
+        const int64_t rb = w.chunk_row_bytes(c), f0 = c * w.chunk_fields;
+        const uint8_t* row = w.chunk_codes(c) + n * rb;
+        for (int64_t i = 0; i < w.chunk_width(c); ++i) {
+          const int64_t f = f0 + i;
+          const float* e = entries + base[f] + gvq_field(row, i, w.bits, rb) * w.vec;
+          const float* xj = xm + (f / w.stages) * w.vec;
+          for (int d = 0; d < w.vec; ++d) s += e[d] * xj[d];
+        }
+      }
+      acc[m * w.N + n] += s;
+    }
+  }
+}
+
 void gvq_decode_scalar(const GvqWeights& w, int64_t n0, int64_t n1, float* dst) {
   const int64_t E = w.entries;
   for (int64_t n = n0; n < n1; ++n) {

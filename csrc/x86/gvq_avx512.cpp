@@ -72,7 +72,62 @@ TLB_AVX512 void gemv(const GvqWeights& w, const float* x, int64_t M, int64_t c0,
   }
 }
 
+// The direct kernel (gvq.h, the ablation's "SC"): 16 / vec fields per gather of their entries'
+// coordinates, multiplied with x (loaded, or gathered where two stages share a vector).
+template <int Bits>
+TLB_AVX512 void direct(const GvqWeights& w, const float* entries, const int32_t* field_base, const float* x,
+                       int64_t M, int64_t n0, int64_t n1, float* acc) {
+  const int vec = w.vec, group = 16 / vec;  // fields per register
+  alignas(64) int32_t lane_field[16], lane_coord[16];
+  for (int l = 0; l < 16; ++l) lane_field[l] = l / vec, lane_coord[l] = l % vec;
+  const __m512i field_of = _mm512_load_si512(lane_field), coord_of = _mm512_load_si512(lane_coord);
+  const __m512i vec_v = _mm512_set1_epi32(vec);
+  for (int64_t n = n0; n < n1; ++n) {
+    const int32_t* base = field_base + (w.tile_rows ? n / w.tile_rows : 0) * w.fields;
+    __m512 sum[kGvqFusedMaxTokens];
+    for (int64_t m = 0; m < M; ++m) sum[m] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < w.chunks; ++c) {
+      const int64_t rb = w.chunk_row_bytes(c), f0 = c * w.chunk_fields, width = w.chunk_width(c);
+      const uint8_t* row = w.chunk_codes(c) + n * rb;
+      for (int64_t i = 0; i < width; i += group) {
+        const int64_t live_fields = std::min<int64_t>(group, width - i);
+        const __mmask16 fields_live = __mmask16((1u << live_fields) - 1);
+        const __mmask16 lanes = live_fields == group ? __mmask16(0xFFFF) : __mmask16((1u << (live_fields * vec)) - 1);
+        __m512i codes;
+        if constexpr (Bits == 8) codes = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(fields_live, row + i));
+        else codes = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(fields_live, reinterpret_cast<const uint16_t*>(row) + i));
+        const __m512i bases = _mm512_maskz_loadu_epi32(fields_live, base + f0 + i);
+        const __m512i at = _mm512_add_epi32(_mm512_permutexvar_epi32(field_of, _mm512_add_epi32(bases, _mm512_mullo_epi32(codes, vec_v))),
+                                            coord_of);
+        const __m512 e = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lanes, at, entries, 4);
+        const int64_t f = f0 + i;
+        for (int64_t m = 0; m < M; ++m) {
+          const float* xm = x + m * w.K;
+          __m512 xv;
+          if (w.stages == 1) {
+            xv = _mm512_maskz_loadu_ps(lanes, xm + f * vec);
+          } else {  // field f + g reads x at ((f + g) / stages) vec + d
+            const __m512i xi = _mm512_add_epi32(
+                _mm512_mullo_epi32(_mm512_srli_epi32(_mm512_add_epi32(field_of, _mm512_set1_epi32(static_cast<int>(f))), 1), vec_v),
+                coord_of);
+            xv = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lanes, xi, xm, 4);
+          }
+          sum[m] = _mm512_fmadd_ps(e, xv, sum[m]);
+        }
+      }
+    }
+    for (int64_t m = 0; m < M; ++m) acc[m * w.N + n] += _mm512_reduce_add_ps(sum[m]);
+  }
+}
+
 }  // namespace
+
+void gvq_direct_avx512(const GvqWeights& w, const float* entries, const int32_t* field_base, const float* x,
+                       int64_t M, int64_t n0, int64_t n1, float* acc) {
+  if (w.bits == 8) return direct<8>(w, entries, field_base, x, M, n0, n1, acc);
+  if (w.bits == 16) return direct<16>(w, entries, field_base, x, M, n0, n1, acc);
+  gvq_direct_scalar(w, entries, field_base, x, M, n0, n1, acc);
+}
 
 void gvq_gemv_avx512(const GvqWeights& w, const float* x, int64_t M, int64_t c0, int64_t c1, float* acc) {
   if (w.bits == 8) return gemv<8>(w, x, M, c0, c1, acc);

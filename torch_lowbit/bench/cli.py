@@ -49,6 +49,17 @@ def cmd_bench(args) -> None:
             print(markdown_table(["threads", "model", "path", "linear weights MB", "prefill tok/s", "vs fp32"],
                          bench_prefill(tuple(formats), threads=tuple(args.threads), prompt_tokens=n,
                                        repeats=repeats, paths=paths)))
+    elif args.what == "gvq":
+        from .gvq import GVQ_BENCH_FORMATS, GVQ_HEADERS, bench_gvq
+        from .machine import machine_line
+        n, k = (int(v) for v in (args.shapes or ["4096x4096"])[0].split("x"))
+        ms = tuple(args.m) if args.m != [1, 8, 64, 512] else (1,)
+        rounds = args.repeats or 3
+        print(machine_line())
+        print(f"gvq kernels vs q4_0, weights streamed from DRAM, median of {rounds} interleaved rounds:")
+        print(markdown_table(GVQ_HEADERS, bench_gvq((n, k), tuple(args.formats or GVQ_BENCH_FORMATS), ms=ms,
+                                                    threads=tuple(args.threads), paths=args.path,
+                                                    rotate_mib=args.rotate_mib, rounds=rounds)))
     elif args.what == "kv":
         from .kv import KV_HEADERS, bench_kv
         from .machine import machine_line
@@ -164,7 +175,7 @@ def add_bench_parser(sub, cpu_paths: Callable[[], list[str]]) -> None:
     """Adds the `bench` sub-command to the top-level parser's sub-parsers; cpu_paths() lists the CPU
     kernel paths this machine can run (for --path's help)."""
     sp = sub.add_parser("bench", help="benchmarks")
-    sp.add_argument("what", choices=["cpu", "e2e", "roofline", "gpu", "distortion", "weights", "kv", "latency"],
+    sp.add_argument("what", choices=["cpu", "e2e", "roofline", "gpu", "distortion", "weights", "kv", "latency", "gvq"],
                     help="cpu: kernels vs PyTorch, DRAM-streamed; e2e: prefill and decode tok/s, eager and "
                     "compiled, next to llama.cpp on the same GGUF (with the [peers] extra), with the weight bytes a "
                     "decoded token reads and the GB/s they make (--models, --gguf); SmolLM2's --formats: fp32, bf16, "
@@ -173,6 +184,9 @@ def add_bench_parser(sub, cpu_paths: Callable[[], list[str]]) -> None:
                     "HBM-streamed (needs CUDA); distortion: palette formats on a Gaussian; weights: formats on a "
                     "real model's linear weights (--model); latency: each format's forward at SmolLM2's module shapes, "
                     "M 1 and 16 (--formats, default the palette; --m), cached for MSQ(target_latency_ms=...); "
+                    "gvq: the general VQ formats' CPU kernels next to q4_0 and the codebook-cache ablation (table "
+                    "kernel with entries ordered by use / at random, direct, decode; --formats, default gvq4x8 "
+                    "aqlm_2x8 gptvq2; first --shapes, default 4096x4096; --m default 1; --repeats rounds, default 3); "
                     "kv: decode attention over a 4/8-bit KV cache vs fp32 "
                     "(--prompt-tokens cached tokens, --threads)")
     sp.add_argument("--quick", action="store_true", help="first shape only, M in {1, 8}; e2e: eager only")
@@ -235,6 +249,11 @@ def add_bench_parser(sub, cpu_paths: Callable[[], list[str]]) -> None:
     sp.set_defaults(fn=cmd_bench)
 
 
+def _known_formats() -> set:
+    from ..formats import formats
+    return set(formats())
+
+
 def bench_format_names(p: argparse.ArgumentParser, args, cpu_paths: Callable[[], list[str]]) -> list[str]:
     """The format names a bench command will quantize to (for the caller to check before any work); a
     --path this CPU cannot run is an error on the parser."""
@@ -268,9 +287,15 @@ def bench_format_names(p: argparse.ArgumentParser, args, cpu_paths: Callable[[],
     else:
         from .cpu import split_act_suffix
         names = [split_act_suffix(f)[0] for f in args.formats or []]
+    if args.what == "gvq":
+        from ..formats import GeneralVQ, get_format
+        bad = [f for f in names if f in _known_formats() and not isinstance(get_format(f), GeneralVQ)]
+        if bad:
+            p.error(f"bench gvq times the gvq formats (gvq*, aqlm_*, gptvq2); {', '.join(bad)} is not one "
+                    "(q4_0 is timed beside them anyway)")
     if args.path:
-        if args.what != "cpu":
-            p.error("--path goes with bench cpu")
+        if args.what not in ("cpu", "gvq"):
+            p.error("--path goes with bench cpu and bench gvq")
         unknown = [name for name in args.path if name not in cpu_paths()]
         if unknown:
             from ..ops import cpu_model

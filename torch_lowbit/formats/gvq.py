@@ -421,5 +421,9 @@ _PRESET_NAMES = {(p["vec"], p["entries_log2"], p["residuals"], p["codebook_scope
 
 for _params in PRESETS.values():
     register_format(GeneralVQ(**_params))
+# with the random-sign Hadamard rotation: on SmolLM2 it cuts block-LDLQ's output error 1.1-10x
+# (docs/formats/gvq.md)
+register_format(GeneralVQ(vec=8, entries_log2=8, residuals=2, rotate=True))
+register_format(GeneralVQ(vec=4, entries_log2=8, rotate=True))
 for _vec, _bits, _res in ((4, 8, 1), (2, 8, 1), (4, 8, 2), (8, 12, 2)):
     register_format(GeneralVQ(vec=_vec, entries_log2=_bits, residuals=_res))

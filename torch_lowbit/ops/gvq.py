@@ -7,7 +7,8 @@ reference decoder and a dense matmul where the extension is absent; CUDA: that r
 kernel yet). Typed wrappers, checks, fakes and those impls."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+import contextlib
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -27,6 +28,26 @@ def gvq_dequantize(codes: Tensor, code_bits: int, codebooks: Tensor, tile_rows: 
     """W' fp32 [N, in_features]."""
     return route("gvq_dequantize", None, backend, codes, code_bits, codebooks, tile_rows, tile_cols, row_scales,
                  in_features)
+
+
+GVQ_KERNELS = ("tables", "direct", "decode")
+
+
+@contextlib.contextmanager
+def gvq_kernel(name: str) -> Iterator[None]:
+    """Benchmark hook: gvq_linear's CPU kernel for up to 8 tokens inside the block: "tables" (the
+    default: per chunk of fields, L1 tables of every entry's dot product with x), "direct" (every code's
+    entry read from the whole codebook and multiplied with x: VQ-LLM's shared-memory baseline) or
+    "decode" (rows dequantized to fp32, then at::mm: the element-wise baseline)."""
+    from .extension import cpu_extension
+    if name not in GVQ_KERNELS:
+        raise ValueError(f"gvq kernel must be one of {', '.join(GVQ_KERNELS)}, got {name!r}")
+    ext = cpu_extension()
+    ext.set_gvq_kernel(name)
+    try:
+        yield
+    finally:
+        ext.set_gvq_kernel("tables")
 
 
 def check_gvq(codes, code_bits, codebooks, tile_rows, tile_cols, row_scales, in_features) -> tuple[int, int]:

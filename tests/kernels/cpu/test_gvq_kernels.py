@@ -61,6 +61,26 @@ def test_gvq_kernel_matches_its_definition(vec, bits, stages, scope, path):
             assert_matches_product(y, x, w, bias, msg=f"{path} m={m}:")
 
 
+@pytest.mark.parametrize("kernel", ["direct", "decode"])
+@pytest.mark.parametrize("vec,bits,stages,scope", [(4, 8, 1, (0, 0)), (8, 8, 2, (0, 0)), (2, 16, 1, (8, 16)),
+                                                   (4, 5, 2, (0, 0))])
+@pytest.mark.parametrize("path", PATHS)
+def test_ablation_kernels_match_the_definition(kernel, vec, bits, stages, scope, path):
+    from torch_lowbit.ops.gvq import gvq_kernel
+    if path not in cpu_extension().available_cpu_paths():
+        pytest.skip(f"CPU path {path} not available")
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    n, k = 21, vec * 45
+    packed, planes, scales, w = _random_weights(gen, n, k, vec, bits, stages, *scope)
+    x = torch.randn(3, k, generator=gen)
+    with tl.use_backend("cpu", path=path), gvq_kernel(kernel):
+        y = torch.ops.torch_lowbit.gvq_linear(x, packed, bits, planes, *scope, scales, None)
+    assert_matches_product(y, x, w, msg=f"{kernel} {path}:")
+    with pytest.raises(ValueError, match="gvq kernel"):
+        with gvq_kernel("shared"):
+            pass
+
+
 def test_threads_split_the_chunks_and_sum_the_same():
     gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
     n, k = 64, 4 * 1024
