@@ -36,6 +36,7 @@ namespace {
 GvqDirectFn gvq_direct(CpuPath p) {
 #if defined(TORCH_LOWBIT_X86)
   if (p == CpuPath::Avx512) return gvq_direct_avx512;
+  if (p != CpuPath::Scalar) return gvq_direct_avx2;
 #endif
   (void)p;
   return gvq_direct_scalar;

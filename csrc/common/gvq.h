@@ -93,6 +93,7 @@ void gvq_gemv_scalar(const GvqWeights&, const float*, int64_t, int64_t, int64_t,
 void gvq_decode_scalar(const GvqWeights&, int64_t, int64_t, float*);
 #if defined(TORCH_LOWBIT_X86)
 void gvq_gemv_avx2(const GvqWeights&, const float*, int64_t, int64_t, int64_t, float*);
+void gvq_direct_avx2(const GvqWeights&, const float*, const int32_t*, const float*, int64_t, int64_t, int64_t, float*);
 void gvq_gemv_avx512(const GvqWeights&, const float*, int64_t, int64_t, int64_t, float*);
 void gvq_direct_avx512(const GvqWeights&, const float*, const int32_t*, const float*, int64_t, int64_t, int64_t, float*);
 #endif

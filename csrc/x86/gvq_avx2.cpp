@@ -78,7 +78,64 @@ TLB_AVX2 void gemv(const GvqWeights& w, const float* x, int64_t M, int64_t c0, i
   }
 }
 
+// The direct kernel (gvq.h, the ablation's "SC"): 8 / vec fields per gather of their entries'
+// coordinates, multiplied with x (loaded, or gathered where two stages share a vector).
+template <int Bits>
+TLB_AVX2 void direct(const GvqWeights& w, const float* entries, const int32_t* field_base, const float* x,
+                     int64_t M, int64_t n0, int64_t n1, float* acc) {
+  const int vec = w.vec, group = 8 / vec;  // fields per register
+  alignas(32) int32_t lane_field[8], lane_coord[8];
+  for (int l = 0; l < 8; ++l) lane_field[l] = l / vec, lane_coord[l] = l % vec;
+  const __m256i field_of = _mm256_load_si256(reinterpret_cast<const __m256i*>(lane_field));
+  const __m256i coord_of = _mm256_load_si256(reinterpret_cast<const __m256i*>(lane_coord));
+  alignas(32) int32_t at[8];
+  alignas(32) float xs[8];
+  for (int64_t n = n0; n < n1; ++n) {
+    const int32_t* base = field_base + (w.tile_rows ? n / w.tile_rows : 0) * w.fields;
+    __m256 sum[kGvqFusedMaxTokens];
+    float tail[kGvqFusedMaxTokens] = {};
+    for (int64_t m = 0; m < M; ++m) sum[m] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < w.chunks; ++c) {
+      const int64_t rb = w.chunk_row_bytes(c), f0 = c * w.chunk_fields, width = w.chunk_width(c);
+      const uint8_t* row = w.chunk_codes(c) + n * rb;
+      const int64_t whole = width / group * group;
+      for (int64_t i = 0; i < whole; i += group) {
+        for (int g = 0; g < group; ++g)  // where each field's entry starts
+          at[g] = base[f0 + i + g] + static_cast<int32_t>(gvq_field(row, i + g, Bits, rb)) * vec;
+        const __m256i starts = _mm256_i32gather_epi32(at, field_of, 4);
+        const __m256 e = _mm256_i32gather_ps(entries, _mm256_add_epi32(starts, coord_of), 4);
+        const int64_t f = f0 + i;
+        for (int64_t m = 0; m < M; ++m) {
+          const float* xm = x + m * w.K;
+          __m256 xv;
+          if (w.stages == 1) {
+            xv = _mm256_loadu_ps(xm + f * vec);
+          } else {
+            for (int l = 0; l < 8; ++l) xs[l] = xm[((f + lane_field[l]) / 2) * vec + lane_coord[l]];
+            xv = _mm256_load_ps(xs);
+          }
+          sum[m] = _mm256_fmadd_ps(e, xv, sum[m]);
+        }
+      }
+      for (int64_t i = whole; i < width; ++i) {  // a ragged last chunk
+        const int64_t f = f0 + i;
+        const float* ent = entries + base[f] + gvq_field(row, i, Bits, rb) * vec;
+        for (int64_t m = 0; m < M; ++m)
+          for (int d = 0; d < vec; ++d) tail[m] += ent[d] * x[m * w.K + (f / w.stages) * vec + d];
+      }
+    }
+    for (int64_t m = 0; m < M; ++m) acc[m * w.N + n] += hsum(sum[m]) + tail[m];
+  }
+}
+
 }  // namespace
+
+void gvq_direct_avx2(const GvqWeights& w, const float* entries, const int32_t* field_base, const float* x,
+                     int64_t M, int64_t n0, int64_t n1, float* acc) {
+  if (w.bits == 8) return direct<8>(w, entries, field_base, x, M, n0, n1, acc);
+  if (w.bits == 16) return direct<16>(w, entries, field_base, x, M, n0, n1, acc);
+  gvq_direct_scalar(w, entries, field_base, x, M, n0, n1, acc);
+}
 
 void gvq_gemv_avx2(const GvqWeights& w, const float* x, int64_t M, int64_t c0, int64_t c1, float* acc) {
   if (w.bits == 8) return gemv<8>(w, x, M, c0, c1, acc);

@@ -68,7 +68,7 @@ def ldlq_quantize(fmt: Format, weight: Tensor, hessian: Tensor, *, damp: float =
         raise ValueError(f"LDLQ: hessian must be [{k}, {k}], got {tuple(hessian.shape)}")
     h = rotated_hessian(fmt, hessian).to(weight.device)
     if isinstance(fmt, GeneralVQ):
-        w0, width, encode, finish = fmt.ldlq_coder(weight, torch.diag(h))
+        w0, width, encode, finish = fmt.ldlq_coder(weight, h)
     else:
         w0, width, encode, finish = _palette_coder(fmt, weight)
     w = w0.clone()

@@ -113,6 +113,7 @@ class GeneralVQ(Format):
     kmeans_iters: int = 12
     beam: int = 4  # stage-1 candidates the residual code search keeps (1: greedy)
     refine_iters: int = 2  # rounds of (beam-search codes, codebook refit) after k-means
+    tune_steps: int = 100  # with a Hessian (LDLQ): Adam steps on the codebooks and row scales (AQLM's tuning)
 
     def __post_init__(self):
         if self.vec not in VECTOR_SIZES:
@@ -127,8 +128,8 @@ class GeneralVQ(Format):
                                                 or (self.codebook_scope.startswith("tile") and rows <= 0)):
             raise ValueError(f"gvq: codebook_scope {self.codebook_scope!r} needs positive sizes and a feature "
                              f"count that is a multiple of vec={self.vec}")
-        if self.kmeans_iters < 0 or self.beam < 1 or self.refine_iters < 0:
-            raise ValueError("gvq: kmeans_iters and refine_iters must be >= 0 and beam >= 1")
+        if self.kmeans_iters < 0 or self.beam < 1 or self.refine_iters < 0 or self.tune_steps < 0:
+            raise ValueError("gvq: kmeans_iters, refine_iters and tune_steps must be >= 0 and beam >= 1")
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -318,12 +319,13 @@ class GeneralVQ(Format):
         return q
 
     # -- block LDLQ (rounding="gptq"): torch_lowbit/calibrate/ldlq.py ------------------------------
-    def ldlq_coder(self, weight: Tensor, hessian_diag: Tensor):
+    def ldlq_coder(self, weight: Tensor, hessian: Tensor):
         """(rotated fp32 W', width, encode(c0, cols [N, width]) -> (codes, values), finish(W', codes))
-        for block LDLQ: codebooks and row RMS fixed first (k-means weighted by the Hessian's
-        diagonal, which is in the rotated basis already), then each vector coded from its updated values."""
+        for block LDLQ against the rotated Hessian: codebooks and row RMS fixed first (k-means weighted
+        by the Hessian's diagonal), then each vector coded from its updated values; at the end the
+        codebooks and row scales are tuned on the Hessian (tune_steps)."""
         w = self.rotate_weight(weight)
-        fixed = dataclasses.replace(self, rotate=False).fixed_parameters(w, hessian_diag.clamp_min(0))
+        fixed = dataclasses.replace(self, rotate=False).fixed_parameters(w, torch.diag(hessian).clamp_min(0))
         rows = torch.arange(w.shape[0], device=w.device)
 
         def encode(c0: int, cols: Tensor) -> tuple[Tensor, Tensor]:
@@ -332,9 +334,36 @@ class GeneralVQ(Format):
             return codes, values * fixed["rms"]
 
         def finish(w0: Tensor, codes: list[Tensor]) -> dict[str, Tensor]:
-            return self.finish(w0, torch.cat(codes, 1), fixed["codebooks"])
+            q = self.finish(w0, torch.cat(codes, 1), fixed["codebooks"])
+            return self.tune(q, w0, hessian) if self.tune_steps else q
 
         return w, self.vec, encode, finish
+
+    def tune(self, q: dict[str, Tensor], w: Tensor, hessian: Tensor, lr: float = 2e-3) -> dict[str, Tensor]:
+        """q with its codebooks and row scales tuned by Adam (codes fixed) to lower the output error
+        tr((W' - Q) H (W' - Q)^T) of rotated weight w under the rotated Hessian: AQLM's codebook
+        tuning. Kept only where it lowers the error of the fp16-rounded result."""
+        h = hessian.float()
+        norm = torch.einsum("ij,jk,ik->", w, h, w).clamp_min(1e-30)
+
+        def error(books: Tensor, scales: Tensor) -> Tensor:
+            d = decode_vectors(q["codes"], books, *self.scope) * scales[:, None] - w
+            return torch.einsum("ij,jk,ik->", d, h, d) / norm
+
+        books = q["codebooks"].float().clone().requires_grad_(True)
+        scales = q["row_scales"].float().clone().requires_grad_(True)
+        opt = torch.optim.Adam([books, scales], lr=lr)
+        with torch.enable_grad():
+            for _ in range(self.tune_steps):
+                loss = error(books, scales)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        tuned = dict(q, codebooks=books.detach().half(), row_scales=scales.detach().half())
+        with torch.no_grad():
+            before = error(q["codebooks"].float(), q["row_scales"].float())
+            after = error(tuned["codebooks"].float(), tuned["row_scales"].float())
+        return tuned if bool(torch.isfinite(after)) and after < before else q
 
 
 # -- k-means and the code search (shared by every region and by the KV cache's codebooks) ------------
