@@ -42,6 +42,9 @@ at::Tensor kv_attention_cpu(const at::Tensor& q, const at::Tensor& k_codes, cons
                             const at::Tensor& v_min, const c10::optional<at::Tensor>& mask, double scale,
                             int64_t bits, const c10::optional<at::Tensor>& k_recent,
                             const c10::optional<at::Tensor>& v_recent, const c10::optional<at::Tensor>& recent_end);
+at::Tensor kv_vq_attention_cpu(const at::Tensor& q, const at::Tensor& k_codes, const at::Tensor& k_planes,
+                               const at::Tensor& v_codes, const at::Tensor& v_planes,
+                               const c10::optional<at::Tensor>& mask, double scale);
 at::Tensor gqa_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const c10::optional<at::Tensor>& mask, double scale);
 void register_hadamard_base(const at::Tensor& base);  // csrc/hadamard.cpp
@@ -69,6 +72,7 @@ TORCH_LIBRARY_IMPL(torch_lowbit, CPU, m) {
   m.impl("gvq_dequantize", &torch_lowbit::gvq_dequantize_cpu);
   m.impl("gqa_attention", &torch_lowbit::gqa_attention_cpu);
   m.impl("kv_attention", &torch_lowbit::kv_attention_cpu);
+  m.impl("kv_vq_attention", &torch_lowbit::kv_vq_attention_cpu);
 }
 
 namespace torch_lowbit {

@@ -45,10 +45,13 @@ def _attend(device: str, query_rows: int = 1):
 
 
 def bench_kv(tokens: int = 4096, threads=(1, 2), bits=(4, 8), group: int = 64, rotate_mib: int = 256,
-             shapes=tuple(KV_BENCH_SHAPES), device: str = "cpu", query_rows: int = 1) -> list[list]:
+             shapes=tuple(KV_BENCH_SHAPES), device: str = "cpu", query_rows: int = 1,
+             vq=("cq2", "cq4")) -> list[list]:
     """Rows per shape x threads x cache; on CUDA `threads` is ignored (one row set, threads "-"), the
     kv_attention op runs the Triton kernel, the baseline is SDPA on an fp16 cache, and each time cell
-    reads "eager (graph device-time)" with the ratios taken from the graph times where captured."""
+    reads "eager (graph device-time)" with the ratios taken from the graph times where captured. `vq`:
+    CQ caches (formats/kv_vq.py, codebooks learned on the first layer's random keys and values: speed
+    only) read by kv_vq_attention, on the CPU."""
     from ..kv_cache import QuantizedKVLayer
     if not 1 <= query_rows <= tokens:
         raise ValueError(f"bench_kv: query_rows must be 1..tokens ({tokens}), got {query_rows}")
@@ -85,6 +88,12 @@ def bench_kv(tokens: int = 4096, threads=(1, 2), bits=(4, 8), group: int = 64, r
                 layer = QuantizedKVLayer(tokens, bits=b, group=min(group, d), residual_length=0)
                 layer.update(k, v)
                 layers[b].append(layer)
+        vq_caches = {}
+        if device == "cpu":
+            from ..formats.kv_vq import learn_kv_codebooks, quantize_kv_vq
+            for name in vq:
+                kp, vp = (learn_kv_codebooks(x, name, iters=4) for x in caches[0])
+                vq_caches[name] = (kp, vp, [(quantize_kv_vq(k, kp), quantize_kv_vq(v, vp)) for k, v in caches])
         for t in threads:
             if t != "-":
                 torch.set_num_threads(t)
@@ -101,6 +110,13 @@ def bench_kv(tokens: int = 4096, threads=(1, 2), bits=(4, 8), group: int = 64, r
                     copies)
                 rows.append([shape, tokens, t, f"int{b} cache, dequantize + {base_label.split(', ')[1]}",
                              f"{nbytes / 2**20:.2f}", ref_cell, f"{base / ref:.2f}x", f"{nbytes / base_bytes:.2f}x"])
+            for name, (kp, vp, codes) in vq_caches.items():
+                from ..ops.attention import kv_vq_attention
+                nbytes = 2 * codes[0][0].numel() + 2 * kp.numel() * 2  # codes, and both layers' codebooks
+                cell, us = timed(lambda i: kv_vq_attention(q, codes[i][0], kp, codes[i][1], vp, mask, d ** -0.5),
+                                 copies)
+                rows.append([shape, tokens, t, f"{name} cache, kv_vq_attention", f"{nbytes / 2**20:.2f}", cell,
+                             f"{base / us:.2f}x", f"{nbytes / base_bytes:.2f}x"])
     torch.set_num_threads(previous_threads)
     return rows
 

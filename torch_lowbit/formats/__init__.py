@@ -9,7 +9,7 @@ from .palette import NUQ, TCQ, VQ, PaletteFormat, HalfTCQ
 from .gcb import GroupCodebook
 from .gvq import GeneralVQ
 from .kquants import KQuantFormat
-from . import kv  # noqa: F401  (the KV cache entries; registers kv_attention's CPU reference without the extension)
+from . import kv, kv_vq  # noqa: F401  (the KV cache entries; register the attention ops' CPU references without the extension)
 
 __all__ = ["Format", "ScalarCodebookFormat", "Q4_0", "Int4", "IntAsym", "IntSym", "IQ4_NL", "Q8_0", "formats", "get_format", "register_format",
            "format_from_json", "PaletteFormat", "NUQ", "VQ", "TCQ", "HalfTCQ", "GroupCodebook", "GeneralVQ", "KQuantFormat"]

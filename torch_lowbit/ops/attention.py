@@ -1,6 +1,8 @@
 """The attention ops: gqa_attention (grouped-query attention of compiled generation over a float
-cache; CPU only: csrc/attention.cpp) and kv_attention (the same over a group-wise quantized KV cache,
-codes dequantized in registers; CPU: csrc/kv_attention.cpp, CUDA: triton_kernels/kv_attention.py).
+cache; CPU only: csrc/attention.cpp), kv_attention (the same over a group-wise quantized KV cache,
+codes dequantized in registers; CPU: csrc/kv_attention.cpp, CUDA: triton_kernels/kv_attention.py) and
+kv_vq_attention (over a vector-quantized CQ cache, read through query tables and a value histogram;
+CPU: csrc/kv_vq_attention.cpp).
 Typed wrappers, fakes, the CUDA binding, the attention reference the kernels are tested against, and
 the CPU references that stand in for the C++ kernels where the extension is absent."""
 from __future__ import annotations
@@ -29,6 +31,13 @@ def kv_attention(q: Tensor, k_codes: Tensor, k_scale: Tensor, k_min: Tensor, v_c
     recent_end) when given. [B, S, H, D] out in q's dtype."""
     return route("kv_attention", "kv_attention", backend, q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, mask,
                  scale, bits, k_recent, v_recent, recent_end)
+
+
+def kv_vq_attention(q: Tensor, k_codes: Tensor, k_planes: Tensor, v_codes: Tensor, v_planes: Tensor,
+                    mask: Optional[Tensor], scale: float, *, backend: Backend = "auto") -> Tensor:
+    """gqa_attention with k and v read from CQ codes uint8 [B, Hkv, L, groups] (one byte per group of
+    vec channels) and fp16 codebook planes [Hkv, groups, vec, entries]. [B, S, H, D] out in q's dtype."""
+    return route("kv_vq_attention", None, backend, q, k_codes, k_planes, v_codes, v_planes, mask, scale)
 
 
 def attention_reference(q: Tensor, keys: Tensor, values: Tensor, mask: Optional[Tensor], scale: float,
@@ -75,6 +84,16 @@ def _kv_attention_fake(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, mask
     return _attention_out("kv_attention", q, k_codes)
 
 
+@torch.library.register_fake("torch_lowbit::kv_vq_attention")
+def _kv_vq_attention_fake(q, k_codes, k_planes, v_codes, v_planes, mask, scale):
+    check(q.dim() == 4 and k_codes.dim() == 4 and k_planes.dim() == 4,
+          "kv_vq_attention: q, k_codes and k_planes must be 4-D")
+    check(k_planes.shape[1] * k_planes.shape[2] == q.shape[3] and k_codes.shape[3] == k_planes.shape[1],
+          "kv_vq_attention: codebook planes [Hkv, groups, vec, entries] must cover the head dimension, one code "
+          "per group")
+    return _attention_out("kv_vq_attention", q, k_codes)
+
+
 def _gqa_attention_reference(q, k, v, mask, scale):
     _gqa_attention_fake(q, k, v, mask, scale)
     return attention_reference(q, k, v, mask, scale).to(q.dtype).contiguous()
@@ -93,6 +112,17 @@ def register_kv_reference_cpu_impl(dequantize: Callable) -> None:
         return attention_reference(q, keys, values, mask, scale).to(q.dtype).contiguous()
 
     register_reference_cpu_impl("kv_attention", reference)
+
+
+def register_kv_vq_reference_cpu_impl(dequantize: Callable) -> None:
+    """Where the extension is absent, kv_vq_attention's CPU reference: the cache decoded by
+    dequantize(codes, planes) -> fp32 [..., D] (formats/kv_vq.py) and attention_reference."""
+    def reference(q, k_codes, k_planes, v_codes, v_planes, mask, scale):
+        _kv_vq_attention_fake(q, k_codes, k_planes, v_codes, v_planes, mask, scale)
+        keys, values = dequantize(k_codes, k_planes), dequantize(v_codes, v_planes)
+        return attention_reference(q, keys, values, mask, scale).to(q.dtype).contiguous()
+
+    register_reference_cpu_impl("kv_vq_attention", reference)
 
 
 register_reference_cpu_impl("gqa_attention", _gqa_attention_reference)

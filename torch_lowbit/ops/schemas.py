@@ -75,12 +75,17 @@ SCHEMAS: dict[str, str] = {
     "kv_attention": "kv_attention(Tensor q, Tensor k_codes, Tensor k_scale, Tensor k_min, Tensor v_codes, "
                     "Tensor v_scale, Tensor v_min, Tensor? mask, float scale, int bits, Tensor? k_recent=None, "
                     "Tensor? v_recent=None, Tensor? recent_end=None) -> Tensor",
+    # the same over a vector-quantized (CQ) KV cache (formats/kv_vq.py): one byte per channel group,
+    # fp16 codebook planes [Hkv, groups, vec, entries]
+    "kv_vq_attention": "kv_vq_attention(Tensor q, Tensor k_codes, Tensor k_planes, Tensor v_codes, Tensor v_planes, "
+                       "Tensor? mask, float scale) -> Tensor",
 }
 
 # The ops the C++ extension binds a CPU kernel to (csrc/ops.cpp, hadamard.cpp, tcq_viterbi.cpp): where
 # it is absent, each gets the pure-torch reference of its family module instead.
 CPU_KERNEL_OPS = ("lut4_linear", "lut4_dequantize", "lut_i8_linear", "q4x_linear", "codebook_linear",
-                  "codebook_dequantize", "tcq_linear", "tcq_dequantize", "gvq_linear", "gvq_dequantize", "gqa_attention", "kv_attention",
+                  "codebook_dequantize", "tcq_linear", "tcq_dequantize", "gvq_linear", "gvq_dequantize",
+                  "gqa_attention", "kv_attention", "kv_vq_attention",
                   "hadamard_transform", "tcq_viterbi")
 
 _LIBRARY = torch.library.Library(NAMESPACE, "DEF")  # the definitions live as long as this object
