@@ -93,6 +93,16 @@ def _kv_cache_factory(model, ctx: int):
     return (lambda: kv_cache_for(model, ctx)) if kv_cache_config(model) else None
 
 
+def _vq_kv_cache_factory(model, tok, args):
+    """Fresh CQ caches (VQKVCache) for perplexity windows, their codebooks learned on --calib windows."""
+    from .eval.assets import calibration_batches
+    from .kv_cache import VQKVCache, learn_kv_codebooks_on
+    n = min(args.calib or 8, 8)
+    print(f"learning {args.kv_vq} KV codebooks on {n} calibration windows of {args.ctx} tokens...", flush=True)
+    books = learn_kv_codebooks_on(model, calibration_batches(tok, n=n, ctx=args.ctx), args.kv_vq)
+    return lambda: VQKVCache(model.config, args.ctx, books)
+
+
 def _format_label(args) -> str:
     if getattr(args, "msq", False):
         return f"MSQ over {'+'.join(args.mix) if args.mix else 'the palette'} @ {_budget_label(args, ' + ', 'bpw')}"
@@ -321,9 +331,11 @@ def cmd_eval(args) -> None:
     from . import use_backend
     from .quarot import kv_cache_config
     kv = _kv_cache_factory(model, args.ctx)
+    kv_note = f", KV cache {kv_cache_config(model)['bits']}-bit" if kv else ""
+    if getattr(args, "kv_vq", None):
+        kv, kv_note = _vq_kv_cache_factory(model, tok, args), f", KV cache {args.kv_vq}"
     with use_backend(args.backend):
         ppl = perplexity(model, tok, wiki_text(400), ctx=args.ctx, max_tokens=args.tokens, kv_cache=kv)
-    kv_note = f", KV cache {kv_cache_config(model)['bits']}-bit" if kv else ""
     print(f"perplexity ({args.tokens} tokens, ctx {args.ctx}, backend {args.backend}{kv_note}): {ppl:.3f}")
 
 
@@ -469,6 +481,8 @@ def main(argv=None) -> None:
     sp.add_argument("--backend", default="auto", choices=["auto", "reference"],
                     help="reference: fp32 activations times the dequantized weight (weights-only quality, any format)")
     sp.add_argument("--tokens", type=int, default=4096)
+    sp.add_argument("--kv-vq", choices=["cq2", "cq4"], help="score through a vector-quantized KV cache (CQ: one "
+                    "k-means codebook per channel group and layer, learned on min(--calib, 8) calibration windows)")
     sp.add_argument("--lm-eval", action="store_true", help="run the lm-eval `lowbit` model on the local task")
     sp.add_argument("--docs", type=int, default=64, help="documents in the local lm-eval task")
     sp.add_argument("--limit", type=int, default=None)

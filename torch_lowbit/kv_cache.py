@@ -172,3 +172,123 @@ class QuantizedKVCache(Cache):
     def bytes_per_token(self, num_kv_heads: int) -> float:
         """Rounded storage per token over all layers (without the recent ring): the memory a long cache costs."""
         return 2 * len(self.layers) * num_kv_heads * kv_bytes_per_token_head(self.head_dim, self.bits, self.group)
+
+
+class VQKVLayer(StaticLayer):
+    """One attention layer's vector-quantized (CQ) cache: one code byte per channel group of every
+    cached key and value (formats/kv_vq.py), with this layer's fp16 codebook planes. update() returns
+    the decoded cache (the reference); attention() reads the codes through kv_vq_attention."""
+
+    def __init__(self, max_cache_len: int, k_planes: Tensor, v_planes: Tensor, **kwargs):
+        super().__init__(max_cache_len=max_cache_len)
+        if k_planes.shape != v_planes.shape:
+            raise ValueError(f"VQ KV cache: key and value codebooks differ in shape: {tuple(k_planes.shape)} vs "
+                             f"{tuple(v_planes.shape)}")
+        self.k_planes, self.v_planes = k_planes, v_planes
+        self.defer_read = False
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        from .formats.kv_vq import check_planes
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.batch_size, self.num_heads = key_states.shape[:2]
+        d = key_states.shape[-1]
+        check_planes(self.k_planes, d)
+        if self.k_planes.shape[0] != self.num_heads or value_states.shape[-1] != d:
+            raise ValueError(f"VQ KV cache: codebooks for {self.k_planes.shape[0]} KV heads of dimension "
+                             f"{self.k_planes.shape[1] * self.k_planes.shape[2]}, the model has {self.num_heads} of "
+                             f"{d} (keys) / {value_states.shape[-1]} (values): learn them on this model")
+        self.k_planes, self.v_planes = self.k_planes.to(self.device), self.v_planes.to(self.device)
+        shape = (self.batch_size, self.num_heads, self.max_cache_len, self.k_planes.shape[1])
+        self.k_codes = torch.zeros(shape, dtype=torch.uint8, device=self.device)
+        self.v_codes = torch.zeros(shape, dtype=torch.uint8, device=self.device)
+        self.keys = self.values = None
+        self.cumulative_length = self.cumulative_length.to(self.device)
+        self.is_initialized = True
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        from .formats.kv_vq import quantize_kv_vq
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        pos = torch.arange(key_states.shape[-2], device=self.device) + self.cumulative_length
+        self.cumulative_length.add_(key_states.shape[-2])
+        self.k_codes.index_copy_(2, pos, quantize_kv_vq(key_states, self.k_planes))
+        self.v_codes.index_copy_(2, pos, quantize_kv_vq(value_states, self.v_planes))
+        if self.defer_read:
+            return key_states, value_states
+        return self.read()
+
+    def read(self) -> tuple[Tensor, Tensor]:
+        """The whole cache decoded, [B, Hkv, max_cache_len, D] in the model's dtype."""
+        from .formats.kv_vq import dequantize_kv_vq
+        return (dequantize_kv_vq(self.k_codes, self.k_planes).to(self.dtype),
+                dequantize_kv_vq(self.v_codes, self.v_planes).to(self.dtype))
+
+    def attention(self, query: Tensor, mask: Optional[Tensor] = None, scale: Optional[float] = None) -> Tensor:
+        """softmax(q kᵀ · scale + mask) v over the codes (kv_vq_attention): query [B, H, S, D], mask
+        broadcastable to [B, H, S, max_cache_len] (unfilled positions must be masked); [B, S, H, D] out."""
+        if not self.is_initialized:
+            raise RuntimeError("VQKVLayer.attention: the cache is empty; update() it first")
+        from .ops.attention import kv_vq_attention
+        scale = query.shape[-1] ** -0.5 if scale is None else scale
+        return kv_vq_attention(query, self.k_codes, self.k_planes, self.v_codes, self.v_planes, mask, scale)
+
+    def reset(self) -> None:
+        if self.is_initialized:
+            self.k_codes.zero_()
+            self.v_codes.zero_()
+        self.cumulative_length.zero_()
+
+    def nbytes(self) -> int:
+        """Bytes of the codes and this layer's codebooks."""
+        if not self.is_initialized:
+            return 0
+        return sum(t.numel() * t.element_size() for t in (self.k_codes, self.v_codes, self.k_planes, self.v_planes))
+
+    def reorder_cache(self, beam_idx: Tensor) -> None:
+        for t in (self.k_codes, self.v_codes):
+            t.copy_(t.index_select(0, beam_idx.to(t.device)))
+
+
+class VQKVCache(Cache):
+    """A transformers Cache of VQKVLayer's (full-attention models only), with the per-layer codebook
+    planes `codebooks` [(k_planes, v_planes), ...] that learn_kv_codebooks_on(model, ...) learns."""
+
+    def __init__(self, config, max_cache_len: int, codebooks: list[tuple[Tensor, Tensor]]):
+        text = config.get_text_config(decoder=True)
+        layer_types, _ = get_layer_types_and_kwargs(text)
+        other = sorted(set(layer_types) - {"full_attention"})
+        if other:
+            raise ValueError(f"VQKVCache supports full-attention layers only; this model has {other} layers")
+        if len(codebooks) != len(layer_types):
+            raise ValueError(f"VQKVCache: {len(codebooks)} codebook pairs for {len(layer_types)} layers; learn them "
+                             "on this model (learn_kv_codebooks_on)")
+        if max_cache_len < 1:
+            raise ValueError(f"max_cache_len must be >= 1, got {max_cache_len}")
+        super().__init__(layers=[VQKVLayer(max_cache_len, k, v) for k, v in codebooks])
+
+    def nbytes(self) -> int:
+        return sum(layer.nbytes() for layer in self.layers)
+
+
+@torch.no_grad()
+def learn_kv_codebooks_on(model, batches, name: str, iters: int = 12) -> list[tuple[Tensor, Tensor]]:
+    """Per decoder layer, the (key, value) codebook planes of the KV quantization `name` (cq2, cq4),
+    learned by k-means on the keys (after RoPE) and values the model caches for the token batches."""
+    from transformers import DynamicCache
+
+    from .formats.kv_vq import learn_kv_codebooks
+    keys, values = None, None
+    for ids in batches:
+        cache = DynamicCache()
+        model(ids, past_key_values=cache, use_cache=True)
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        if keys is None:
+            keys, values = [[k] for k, _ in layers], [[v] for _, v in layers]
+        else:
+            for i, (k, v) in enumerate(layers):
+                keys[i].append(k)
+                values[i].append(v)
+    if keys is None:
+        raise ValueError("learn_kv_codebooks_on: no calibration batches")
+    return [(learn_kv_codebooks(torch.cat(k, 2), name, iters), learn_kv_codebooks(torch.cat(v, 2), name, iters))
+            for k, v in zip(keys, values)]

@@ -73,3 +73,28 @@ def test_kv_vq_rejects_bad_input():
         kv_vq_attention(torch.randn(1, 4, 1, 32), kc, kp, vc, vp, None, 0.25)
     with pytest.raises(RuntimeError, match="v_planes must match"):
         kv_vq_attention(q, kc, kp, vc, vp[:, :2].contiguous(), None, 0.25)
+
+
+def test_vq_kv_cache_on_a_model():
+    from conftest import tiny_llama
+    from torch_lowbit.kv_cache import VQKVCache, learn_kv_codebooks_on
+    model = tiny_llama()
+    batches = [torch.randint(0, 256, (1, 64)) for _ in range(2)]
+    books = learn_kv_codebooks_on(model, batches, "cq4", iters=4)
+    assert len(books) == model.config.num_hidden_layers
+    ids = torch.randint(0, 256, (1, 24))
+    with torch.no_grad():
+        ref = model(ids).logits
+        cache = VQKVCache(model.config, 32, books)
+        y = model(ids, past_key_values=cache, use_cache=True).logits
+    assert (y - ref).norm() / ref.norm() < 0.2  # 4 bits per channel on keys and values
+    layer = cache.layers[0]
+    assert layer.nbytes() > 0 and layer.k_codes.shape[-1] == layer.k_planes.shape[1]
+    # attention() over the codes equals attention over the decoded cache
+    q = torch.randn(1, model.config.num_attention_heads, 1, layer.k_planes.shape[1] * layer.k_planes.shape[2])
+    mask = (torch.arange(32) < 24).view(1, 1, 1, 32)
+    keys, values = layer.read()
+    torch.testing.assert_close(layer.attention(q, mask), attention_reference(q, keys, values, mask, q.shape[-1] ** -0.5),
+                               rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="codebook pairs"):
+        VQKVCache(model.config, 32, books[:1])
