@@ -6,6 +6,7 @@
 
 #include "common/gvq.h"
 #include "common/scratch.h"
+#include "x86/sums_avx2.h"
 
 #define TLB_AVX2 __attribute__((target("avx2,f16c,fma")))
 
@@ -34,11 +35,6 @@ TLB_AVX2 void build_tables(const GvqWeights& w, const float* x, int64_t c, int64
   }
 }
 
-TLB_AVX2 inline float hsum(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 h = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
-}
 
 template <int Bits>
 TLB_AVX2 inline __m256i load_codes(const uint8_t* row, int64_t i) {
@@ -58,6 +54,33 @@ TLB_AVX2 void gemv(const GvqWeights& w, const float* x, int64_t M, int64_t c0, i
     for (int64_t rt = 0; rt < w.row_tiles(); ++rt) {
       const int64_t r0 = w.tile_rows ? rt * w.tile_rows : 0, r1 = w.tile_rows ? std::min(w.N, r0 + w.tile_rows) : w.N;
       for (int64_t m = 0; m < M; ++m) build_tables(w, x + m * w.K, c, rt, lut + m * per_token);
+      if (M == 1) {  // a decode step: 8 rows at a time, their sums reduced together (sums8)
+        int64_t n = r0;
+        for (; n + 8 <= r1; n += 8) {
+          __m256 sum[8];
+          float tail[8] = {};
+          for (int r = 0; r < 8; ++r) {
+            const uint8_t* row = block + (n + r) * rb;
+            _mm_prefetch(reinterpret_cast<const char*>(row + 16 * rb), _MM_HINT_T0);
+            sum[r] = _mm256_setzero_ps();
+            for (int64_t i = 0; i < whole; i += 8)
+              sum[r] = _mm256_add_ps(sum[r], _mm256_i32gather_ps(lut + i * E, _mm256_add_epi32(load_codes<Bits>(row, i), lane_base), 4));
+            for (int64_t i = whole; i < width; ++i) tail[r] += lut[i * E + gvq_field(row, i, Bits, rb)];
+          }
+          const __m256 total = _mm256_add_ps(sums8(sum), _mm256_loadu_ps(tail));
+          _mm256_storeu_ps(acc + n, _mm256_add_ps(_mm256_loadu_ps(acc + n), total));
+        }
+        for (; n < r1; ++n) {
+          const uint8_t* row = block + n * rb;
+          __m256 sum = _mm256_setzero_ps();
+          for (int64_t i = 0; i < whole; i += 8)
+            sum = _mm256_add_ps(sum, _mm256_i32gather_ps(lut + i * E, _mm256_add_epi32(load_codes<Bits>(row, i), lane_base), 4));
+          float s = hsum(sum);
+          for (int64_t i = whole; i < width; ++i) s += lut[i * E + gvq_field(row, i, Bits, rb)];
+          acc[n] += s;
+        }
+        continue;
+      }
       for (int64_t n = r0; n < r1; ++n) {
         const uint8_t* row = block + n * rb;
         if (n + 1 < r1) _mm_prefetch(reinterpret_cast<const char*>(row + 8 * rb), _MM_HINT_T0);

@@ -23,13 +23,6 @@
 namespace torch_lowbit {
 namespace {
 
-TLB_AVX2 inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 TLB_AVX2 inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
 
 TLB_AVX2 void avx2_dequant_row(const uint8_t* codes, const uint16_t* scale, const uint16_t* mn, int64_t D, int64_t group,
@@ -53,12 +46,6 @@ TLB_AVX2 void avx2_dequant_row(const uint8_t* codes, const uint16_t* scale, cons
   }
 }
 
-// The 8 sums of a0..a7 (lane k: the sum of a_k's lanes).
-TLB_AVX2 inline __m256 sums8(const __m256* a) {
-  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
 
 // One task (common/kv_attention_scalar.cpp's passes) in blocks of 8 keys: per query and block, the 8
 // scores are 8 accumulators over D (a query vector and 8 key rows per step) summed into one vector,

@@ -41,7 +41,7 @@ TLB_AVX2 void kv_vq_task_avx2(const KvVqTask& t) {
       const __m256i idx = _mm256_add_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + g))), step);
       acc = _mm256_add_ps(acc, _mm256_i32gather_ps(lut + g * E, idx, 4));
     }
-    float s = softmax_hsum(acc) + (t.mask ? t.mask[j * t.mask_key_stride] : 0.f);
+    float s = hsum(acc) + (t.mask ? t.mask[j * t.mask_key_stride] : 0.f);
     for (int64_t g = whole; g < G; ++g) s += lut[g * E + codes[g]];
     scores[j] = s;
     mx = std::max(mx, s);
@@ -67,7 +67,7 @@ TLB_AVX2 void kv_vq_task_avx2(const KvVqTask& t) {
         const __m256 c = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vp + (g * vec + d) * E + e)));
         acc = _mm256_fmadd_ps(_mm256_loadu_ps(hist + g * E + e), c, acc);
       }
-      t.out[g * vec + d] = softmax_hsum(acc) * inv;
+      t.out[g * vec + d] = hsum(acc) * inv;
     }
 }
 

@@ -7,14 +7,9 @@
 #include <cmath>
 #include <cstdint>
 
-namespace torch_lowbit {
+#include "x86/sums_avx2.h"
 
-__attribute__((target("avx2,fma"))) inline float softmax_hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+namespace torch_lowbit {
 
 // e^x for 8 lanes (Cephes' expf: range reduction by ln 2 in two parts, degree-5 polynomial; relative
 // error ~2e-7 on [-88, 88]); lanes below -88.38 (where e^x < FLT_MIN: masked keys, -inf or
@@ -51,7 +46,7 @@ __attribute__((target("avx2,fma"))) inline float avx2_numerators(float* s, int64
     s[j] = s[j] - mx < -88.3762626647949f ? 0.f : std::exp(s[j] - mx);  // as exp256
     tail += s[j];
   }
-  return softmax_hsum(acc) + tail;
+  return hsum(acc) + tail;
 }
 
 }  // namespace torch_lowbit
