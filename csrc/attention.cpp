@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/attention_mask.h"
 #include "common/decoder_rows.h"
 #include "common/parallel.h"
 
@@ -30,15 +31,7 @@ at::Tensor gqa_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at:
   auto qf = q.to(at::kFloat).contiguous();
   auto kf = k.to(at::kFloat).contiguous();
   auto vf = v.to(at::kFloat).contiguous();
-  at::Tensor mf;  // additive fp32 mask [B, H, S, L] (a view: broadcast dimensions have stride 0)
-  if (mask.has_value()) {
-    const at::Tensor& m = *mask;
-    TORCH_CHECK(m.dim() == 4, "gqa_attention: mask must be 4-D, broadcastable to [B, heads, S, L]");
-    mf = (m.scalar_type() == at::kBool
-              ? at::where(m, 0.0f, -std::numeric_limits<float>::infinity())
-              : m.to(at::kFloat))
-             .expand({B, H, S, L});
-  }
+  const at::Tensor mf = additive_mask("gqa_attention", mask, B, H, S, L);  // additive fp32 [B, H, S, L] or undefined
   auto out = at::empty({B, S, H, D}, qf.options());
   const float* qp = qf.data_ptr<float>();
   const float* kp = kf.data_ptr<float>();

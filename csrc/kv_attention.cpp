@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/attention_mask.h"
 #include "common/dispatch.h"
 #include "common/kv_attention.h"
 #include "common/parallel.h"
@@ -46,14 +47,7 @@ at::Tensor kv_attention_cpu(const at::Tensor& q, const at::Tensor& k_codes, cons
   auto qf = q.to(at::kFloat).contiguous();
   auto kc = k_codes.contiguous(), vc = v_codes.contiguous();
   auto ks = k_scale.contiguous(), km = k_min.contiguous(), vs = v_scale.contiguous(), vm = v_min.contiguous();
-  at::Tensor mf;  // additive fp32 mask [B, H, S, L] (broadcast dimensions keep stride 0)
-  if (mask.has_value()) {
-    const at::Tensor& m = *mask;
-    TORCH_CHECK(m.dim() == 4, "kv_attention: mask must be 4-D, broadcastable to [B, heads, S, L]");
-    mf = (m.scalar_type() == at::kBool ? at::where(m, 0.0f, -std::numeric_limits<float>::infinity())
-                                       : m.to(at::kFloat))
-             .expand({B, H, S, L});
-  }
+  const at::Tensor mf = additive_mask("kv_attention", mask, B, H, S, L);  // additive fp32 [B, H, S, L] or undefined
   // exact recent tokens: rings [B, Hkv, R, D] holding positions [end - R, end) at slot position % R
   at::Tensor kr, vr;
   int64_t R = 0, recent_lo = 0, recent_hi = 0;

@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/attention_mask.h"
 #include "common/dispatch.h"
 #include "common/kv_vq.h"
 #include "common/parallel.h"
@@ -35,14 +36,7 @@ at::Tensor kv_vq_attention_cpu(const at::Tensor& q, const at::Tensor& k_codes, c
   const int64_t L = k_codes.size(2), per_kv = H / Hkv;
   auto qf = q.to(at::kFloat).contiguous();
   auto kc = k_codes.contiguous(), vc = v_codes.contiguous(), kb = k_planes.contiguous(), vb = v_planes.contiguous();
-  at::Tensor mf;  // additive fp32 mask [B, H, S, L] (broadcast dimensions keep stride 0)
-  if (mask.has_value()) {
-    const at::Tensor& m = *mask;
-    TORCH_CHECK(m.dim() == 4, op, ": mask must be 4-D, broadcastable to [B, heads, S, L]");
-    mf = (m.scalar_type() == at::kBool ? at::where(m, 0.0f, -std::numeric_limits<float>::infinity())
-                                       : m.to(at::kFloat))
-             .expand({B, H, S, L});
-  }
+  const at::Tensor mf = additive_mask("kv_vq_attention", mask, B, H, S, L);  // additive fp32 [B, H, S, L] or undefined
   auto out = at::empty({B, S, H, D}, qf.options());
   auto task_fn = kv_vq_task_scalar;
 #if defined(TORCH_LOWBIT_X86)

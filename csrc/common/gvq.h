@@ -66,6 +66,18 @@ inline uint32_t gvq_field(const uint8_t* row, int64_t i, int bits, int64_t row_b
   return (v >> (bit & 7)) & ((1u << bits) - 1);
 }
 
+// The loop every table GEMV runs over its chunks [c0, c1): per chunk and row tile, tables(c, rt) builds
+// the tables, then rows(c, r0, r1) looks rows [r0, r1) up in them.
+template <typename Tables, typename Rows>
+inline void gvq_for_chunks(const GvqWeights& w, int64_t c0, int64_t c1, Tables&& tables, Rows&& rows) {
+  for (int64_t c = c0; c < c1; ++c)
+    for (int64_t rt = 0; rt < w.row_tiles(); ++rt) {
+      tables(c, rt);
+      const int64_t r0 = w.tile_rows ? rt * w.tile_rows : 0;
+      rows(c, r0, w.tile_rows ? std::min(w.N, r0 + w.tile_rows) : w.N);
+    }
+}
+
 // acc[m * N + n] += sum over the fields of chunks [c0, c1) of row n's table entries for token m (no
 // scale): every row, the chunk range one thread's share. x is [M, K] fp32.
 using GvqGemvFn = void (*)(const GvqWeights&, const float* x, int64_t M, int64_t c0, int64_t c1, float* acc);

@@ -24,23 +24,23 @@ void gvq_build_tables_scalar(const GvqWeights& w, const float* x, int64_t c, int
 void gvq_gemv_scalar(const GvqWeights& w, const float* x, int64_t M, int64_t c0, int64_t c1, float* acc) {
   const int64_t E = w.entries, per_token = w.chunk_fields * E;
   float* lut = reinterpret_cast<float*>(thread_scratch<GvqScalarTables>(M * per_token * sizeof(float)));
-  for (int64_t c = c0; c < c1; ++c) {
-    const int64_t width = w.chunk_width(c), rb = w.chunk_row_bytes(c);
-    const uint8_t* block = w.chunk_codes(c);
-    for (int64_t rt = 0; rt < w.row_tiles(); ++rt) {
-      const int64_t r0 = w.tile_rows ? rt * w.tile_rows : 0, r1 = w.tile_rows ? std::min(w.N, r0 + w.tile_rows) : w.N;
-      for (int64_t m = 0; m < M; ++m) gvq_build_tables_scalar(w, x + m * w.K, c, rt, lut + m * per_token);
-      for (int64_t n = r0; n < r1; ++n) {
-        const uint8_t* row = block + n * rb;
-        for (int64_t m = 0; m < M; ++m) {
-          const float* t = lut + m * per_token;
-          float s = 0.f;
-          for (int64_t i = 0; i < width; ++i) s += t[i * E + gvq_field(row, i, w.bits, rb)];
-          acc[m * w.N + n] += s;
+  gvq_for_chunks(
+      w, c0, c1,
+      [&](int64_t c, int64_t rt) {
+        for (int64_t m = 0; m < M; ++m) gvq_build_tables_scalar(w, x + m * w.K, c, rt, lut + m * per_token);
+      },
+      [&](int64_t c, int64_t r0, int64_t r1) {
+        const int64_t width = w.chunk_width(c), rb = w.chunk_row_bytes(c);
+        for (int64_t n = r0; n < r1; ++n) {
+          const uint8_t* row = w.chunk_codes(c) + n * rb;
+          for (int64_t m = 0; m < M; ++m) {
+            const float* t = lut + m * per_token;
+            float s = 0.f;
+            for (int64_t i = 0; i < width; ++i) s += t[i * E + gvq_field(row, i, w.bits, rb)];
+            acc[m * w.N + n] += s;
+          }
         }
-      }
-    }
-  }
+      });
 }
 
 void gvq_direct_scalar(const GvqWeights& w, const float* entries, const int32_t* field_base, const float* x,

@@ -8,6 +8,10 @@
 #include "common/scratch.h"
 #include "x86/sums_avx2.h"
 
+// The rest of the file is this ISA's code (the lambdas of gvq_for_chunks too).
+#pragma GCC push_options
+#pragma GCC target("avx2,f16c,fma")
+
 #define TLB_AVX2 __attribute__((target("avx2,f16c,fma")))
 
 namespace torch_lowbit {
@@ -48,57 +52,58 @@ TLB_AVX2 void gemv(const GvqWeights& w, const float* x, int64_t M, int64_t c0, i
   float* lut = reinterpret_cast<float*>(thread_scratch<GvqAvx2Tables>(M * per_token * sizeof(float)));
   const __m256i lane_base = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                                _mm256_set1_epi32(static_cast<int>(E)));
-  for (int64_t c = c0; c < c1; ++c) {
-    const int64_t width = w.chunk_width(c), rb = w.chunk_row_bytes(c), whole = width / 8 * 8;
-    const uint8_t* block = w.chunk_codes(c);
-    for (int64_t rt = 0; rt < w.row_tiles(); ++rt) {
-      const int64_t r0 = w.tile_rows ? rt * w.tile_rows : 0, r1 = w.tile_rows ? std::min(w.N, r0 + w.tile_rows) : w.N;
-      for (int64_t m = 0; m < M; ++m) build_tables(w, x + m * w.K, c, rt, lut + m * per_token);
-      if (M == 1) {  // a decode step: 8 rows at a time, their sums reduced together (sums8)
-        int64_t n = r0;
-        for (; n + 8 <= r1; n += 8) {
-          __m256 sum[8];
-          float tail[8] = {};
-          for (int r = 0; r < 8; ++r) {
-            const uint8_t* row = block + (n + r) * rb;
-            _mm_prefetch(reinterpret_cast<const char*>(row + 16 * rb), _MM_HINT_T0);
-            sum[r] = _mm256_setzero_ps();
-            for (int64_t i = 0; i < whole; i += 8)
-              sum[r] = _mm256_add_ps(sum[r], _mm256_i32gather_ps(lut + i * E, _mm256_add_epi32(load_codes<Bits>(row, i), lane_base), 4));
-            for (int64_t i = whole; i < width; ++i) tail[r] += lut[i * E + gvq_field(row, i, Bits, rb)];
+  gvq_for_chunks(
+      w, c0, c1,
+      [&](int64_t c, int64_t rt) {
+        for (int64_t m = 0; m < M; ++m) build_tables(w, x + m * w.K, c, rt, lut + m * per_token);
+      },
+      [&](int64_t c, int64_t r0, int64_t r1) {
+        const int64_t width = w.chunk_width(c), rb = w.chunk_row_bytes(c), whole = width / 8 * 8;
+        const uint8_t* block = w.chunk_codes(c);
+        if (M == 1) {  // a decode step: 8 rows at a time, their sums reduced together (sums8)
+          int64_t n = r0;
+          for (; n + 8 <= r1; n += 8) {
+            __m256 sum[8];
+            float tail[8] = {};
+            for (int r = 0; r < 8; ++r) {
+              const uint8_t* row = block + (n + r) * rb;
+              _mm_prefetch(reinterpret_cast<const char*>(row + 16 * rb), _MM_HINT_T0);
+              sum[r] = _mm256_setzero_ps();
+              for (int64_t i = 0; i < whole; i += 8)
+                sum[r] = _mm256_add_ps(sum[r], _mm256_i32gather_ps(lut + i * E, _mm256_add_epi32(load_codes<Bits>(row, i), lane_base), 4));
+              for (int64_t i = whole; i < width; ++i) tail[r] += lut[i * E + gvq_field(row, i, Bits, rb)];
+            }
+            const __m256 total = _mm256_add_ps(sums8(sum), _mm256_loadu_ps(tail));
+            _mm256_storeu_ps(acc + n, _mm256_add_ps(_mm256_loadu_ps(acc + n), total));
           }
-          const __m256 total = _mm256_add_ps(sums8(sum), _mm256_loadu_ps(tail));
-          _mm256_storeu_ps(acc + n, _mm256_add_ps(_mm256_loadu_ps(acc + n), total));
+          for (; n < r1; ++n) {
+            const uint8_t* row = block + n * rb;
+            __m256 sum = _mm256_setzero_ps();
+            for (int64_t i = 0; i < whole; i += 8)
+              sum = _mm256_add_ps(sum, _mm256_i32gather_ps(lut + i * E, _mm256_add_epi32(load_codes<Bits>(row, i), lane_base), 4));
+            float s = hsum(sum);
+            for (int64_t i = whole; i < width; ++i) s += lut[i * E + gvq_field(row, i, Bits, rb)];
+            acc[n] += s;
+          }
+          return;
         }
-        for (; n < r1; ++n) {
+        for (int64_t n = r0; n < r1; ++n) {
           const uint8_t* row = block + n * rb;
-          __m256 sum = _mm256_setzero_ps();
-          for (int64_t i = 0; i < whole; i += 8)
-            sum = _mm256_add_ps(sum, _mm256_i32gather_ps(lut + i * E, _mm256_add_epi32(load_codes<Bits>(row, i), lane_base), 4));
-          float s = hsum(sum);
-          for (int64_t i = whole; i < width; ++i) s += lut[i * E + gvq_field(row, i, Bits, rb)];
-          acc[n] += s;
+          if (n + 1 < r1) _mm_prefetch(reinterpret_cast<const char*>(row + 8 * rb), _MM_HINT_T0);
+          __m256 sum[kGvqFusedMaxTokens];
+          for (int64_t m = 0; m < M; ++m) sum[m] = _mm256_setzero_ps();
+          for (int64_t i = 0; i < whole; i += 8) {  // whole groups of 8 fields: never past the row
+            const __m256i idx = _mm256_add_epi32(load_codes<Bits>(row, i), lane_base);
+            for (int64_t m = 0; m < M; ++m)
+              sum[m] = _mm256_add_ps(sum[m], _mm256_i32gather_ps(lut + m * per_token + i * E, idx, 4));
+          }
+          for (int64_t m = 0; m < M; ++m) {
+            float s = hsum(sum[m]);
+            for (int64_t i = whole; i < width; ++i) s += lut[m * per_token + i * E + gvq_field(row, i, Bits, rb)];
+            acc[m * w.N + n] += s;
+          }
         }
-        continue;
-      }
-      for (int64_t n = r0; n < r1; ++n) {
-        const uint8_t* row = block + n * rb;
-        if (n + 1 < r1) _mm_prefetch(reinterpret_cast<const char*>(row + 8 * rb), _MM_HINT_T0);
-        __m256 sum[kGvqFusedMaxTokens];
-        for (int64_t m = 0; m < M; ++m) sum[m] = _mm256_setzero_ps();
-        for (int64_t i = 0; i < whole; i += 8) {  // whole groups of 8 fields: never past the row
-          const __m256i idx = _mm256_add_epi32(load_codes<Bits>(row, i), lane_base);
-          for (int64_t m = 0; m < M; ++m)
-            sum[m] = _mm256_add_ps(sum[m], _mm256_i32gather_ps(lut + m * per_token + i * E, idx, 4));
-        }
-        for (int64_t m = 0; m < M; ++m) {
-          float s = hsum(sum[m]);
-          for (int64_t i = whole; i < width; ++i) s += lut[m * per_token + i * E + gvq_field(row, i, Bits, rb)];
-          acc[m * w.N + n] += s;
-        }
-      }
-    }
-  }
+      });
 }
 
 // The direct kernel (gvq.h, the ablation's "SC"): 8 / vec fields per gather of their entries'
@@ -167,4 +172,6 @@ void gvq_gemv_avx2(const GvqWeights& w, const float* x, int64_t M, int64_t c0, i
 }
 
 }  // namespace torch_lowbit
+
+#pragma GCC pop_options
 #endif

@@ -7,6 +7,10 @@
 #include "common/gvq.h"
 #include "common/scratch.h"
 
+// The rest of the file is this ISA's code (the lambdas of gvq_for_chunks too).
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")
+
 #define TLB_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
 
 namespace torch_lowbit {
@@ -64,48 +68,49 @@ TLB_AVX512 void gemv(const GvqWeights& w, const float* x, int64_t M, int64_t c0,
   // lane l of a 16-field group reads table l of the group: index = code + l E
   const __m512i lane_base = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                _mm512_set1_epi32(static_cast<int>(E)));
-  for (int64_t c = c0; c < c1; ++c) {
-    const int64_t width = w.chunk_width(c), rb = w.chunk_row_bytes(c);
-    const uint8_t* block = w.chunk_codes(c);
-    for (int64_t rt = 0; rt < w.row_tiles(); ++rt) {
-      const int64_t r0 = w.tile_rows ? rt * w.tile_rows : 0, r1 = w.tile_rows ? std::min(w.N, r0 + w.tile_rows) : w.N;
-      for (int64_t m = 0; m < M; ++m) build_tables(w, x + m * w.K, c, rt, lut + m * per_token);
-      if (M == 1) {  // a decode step: 16 rows at a time, their sums reduced together
-        for (int64_t n = r0; n < r1; n += 16) {
-          const int rows = static_cast<int>(std::min<int64_t>(16, r1 - n));
-          __m512 sum[16];
-          for (int r = 0; r < 16; ++r) {
-            sum[r] = _mm512_setzero_ps();
-            if (r >= rows) continue;
-            const uint8_t* row = block + (n + r) * rb;
-            _mm_prefetch(reinterpret_cast<const char*>(row + 16 * rb), _MM_HINT_T0);
-            for (int64_t i = 0; i < width; i += 16) {
-              const __mmask16 live = width - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (width - i)) - 1);
-              const __m512i idx = _mm512_add_epi32(load_codes<Bits>(row, i, live), lane_base);
-              sum[r] = _mm512_add_ps(sum[r], _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, idx, lut + i * E, 4));
+  gvq_for_chunks(
+      w, c0, c1,
+      [&](int64_t c, int64_t rt) {
+        for (int64_t m = 0; m < M; ++m) build_tables(w, x + m * w.K, c, rt, lut + m * per_token);
+      },
+      [&](int64_t c, int64_t r0, int64_t r1) {
+        const int64_t width = w.chunk_width(c), rb = w.chunk_row_bytes(c);
+        const uint8_t* block = w.chunk_codes(c);
+        if (M == 1) {  // a decode step: 16 rows at a time, their sums reduced together
+          for (int64_t n = r0; n < r1; n += 16) {
+            const int rows = static_cast<int>(std::min<int64_t>(16, r1 - n));
+            __m512 sum[16];
+            for (int r = 0; r < 16; ++r) {
+              sum[r] = _mm512_setzero_ps();
+              if (r >= rows) continue;
+              const uint8_t* row = block + (n + r) * rb;
+              _mm_prefetch(reinterpret_cast<const char*>(row + 16 * rb), _MM_HINT_T0);
+              for (int64_t i = 0; i < width; i += 16) {
+                const __mmask16 live = width - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (width - i)) - 1);
+                const __m512i idx = _mm512_add_epi32(load_codes<Bits>(row, i, live), lane_base);
+                sum[r] = _mm512_add_ps(sum[r], _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, idx, lut + i * E, 4));
+              }
             }
+            const __mmask16 out = rows == 16 ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1);
+            _mm512_mask_storeu_ps(acc + n, out, _mm512_add_ps(_mm512_maskz_loadu_ps(out, acc + n), sums16(sum)));
           }
-          const __mmask16 out = rows == 16 ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1);
-          _mm512_mask_storeu_ps(acc + n, out, _mm512_add_ps(_mm512_maskz_loadu_ps(out, acc + n), sums16(sum)));
+          return;
         }
-        continue;
-      }
-      for (int64_t n = r0; n < r1; ++n) {
-        const uint8_t* row = block + n * rb;
-        if (n + 1 < r1) _mm_prefetch(reinterpret_cast<const char*>(row + 8 * rb), _MM_HINT_T0);
-        __m512 sum[kGvqFusedMaxTokens];
-        for (int64_t m = 0; m < M; ++m) sum[m] = _mm512_setzero_ps();
-        for (int64_t i = 0; i < width; i += 16) {
-          const __mmask16 live = width - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (width - i)) - 1);
-          const __m512i idx = _mm512_add_epi32(load_codes<Bits>(row, i, live), lane_base);
-          for (int64_t m = 0; m < M; ++m)
-            sum[m] = _mm512_add_ps(sum[m], _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, idx,
-                                                                    lut + m * per_token + i * E, 4));
+        for (int64_t n = r0; n < r1; ++n) {
+          const uint8_t* row = block + n * rb;
+          if (n + 1 < r1) _mm_prefetch(reinterpret_cast<const char*>(row + 8 * rb), _MM_HINT_T0);
+          __m512 sum[kGvqFusedMaxTokens];
+          for (int64_t m = 0; m < M; ++m) sum[m] = _mm512_setzero_ps();
+          for (int64_t i = 0; i < width; i += 16) {
+            const __mmask16 live = width - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (width - i)) - 1);
+            const __m512i idx = _mm512_add_epi32(load_codes<Bits>(row, i, live), lane_base);
+            for (int64_t m = 0; m < M; ++m)
+              sum[m] = _mm512_add_ps(sum[m], _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, idx,
+                                                                      lut + m * per_token + i * E, 4));
+          }
+          for (int64_t m = 0; m < M; ++m) acc[m * w.N + n] += _mm512_reduce_add_ps(sum[m]);
         }
-        for (int64_t m = 0; m < M; ++m) acc[m * w.N + n] += _mm512_reduce_add_ps(sum[m]);
-      }
-    }
-  }
+      });
 }
 
 // The direct kernel (gvq.h, the ablation's "SC"): 16 / vec fields per gather of their entries'
@@ -172,4 +177,6 @@ void gvq_gemv_avx512(const GvqWeights& w, const float* x, int64_t M, int64_t c0,
 }
 
 }  // namespace torch_lowbit
+
+#pragma GCC pop_options
 #endif
