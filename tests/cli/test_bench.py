@@ -194,11 +194,13 @@ def test_cli_bench_cpu_prefill_on_smollm2():
 
 def test_bench_kv_rows_compare_each_cache_with_fp32():
     from torch_lowbit.bench.kv import KV_HEADERS, bench_kv
-    rows = bench_kv(tokens=64, threads=(1,), bits=(4,), rotate_mib=1, shapes=("smollm2-135m",))
+    rows = bench_kv(tokens=64, threads=(1,), bits=(4,), rotate_mib=1, shapes=("smollm2-135m",), vq=("cq2",))
     assert [r[3] for r in rows] == ["fp32 cache, gqa_attention", "int4 cache, kv_attention",
-                                    "int4 cache, dequantize + gqa_attention"]
+                                    "int4 cache, dequantize + gqa_attention", "cq2 cache, kv_vq_attention"]
     assert all(len(r) == len(KV_HEADERS) for r in rows)
     assert float(rows[1][-1].rstrip("x")) < 0.3  # memory vs the fp32 baseline
+    # the CQ row counts its codebooks too: at 64 tokens they outweigh the fp32 cache
+    assert float(rows[3][-1].rstrip("x")) > 1
 
 
 def test_bench_cpu_times_per_token_activation_variants():
