@@ -86,10 +86,4 @@ def dequantize_kv_vq(codes: Tensor, planes: Tensor) -> Tensor:
     return values.reshape(*codes.shape[:-1], groups * vec)
 
 
-def kv_vq_bytes_per_token_head(head_dim: int, name: str) -> float:
-    """Storage per token and KV head: one byte per channel group (the codebooks are per layer)."""
-    vec, _ = kv_vq_config(name)
-    return head_dim / vec
-
-
 register_kv_vq_reference_cpu_impl(dequantize_kv_vq)
