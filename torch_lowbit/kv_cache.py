@@ -185,7 +185,6 @@ class VQKVLayer(StaticLayer):
             raise ValueError(f"VQ KV cache: key and value codebooks differ in shape: {tuple(k_planes.shape)} vs "
                              f"{tuple(v_planes.shape)}")
         self.k_planes, self.v_planes = k_planes, v_planes
-        self.defer_read = False
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         from .formats.kv_vq import check_planes
@@ -213,8 +212,6 @@ class VQKVLayer(StaticLayer):
         self.cumulative_length.add_(key_states.shape[-2])
         self.k_codes.index_copy_(2, pos, quantize_kv_vq(key_states, self.k_planes))
         self.v_codes.index_copy_(2, pos, quantize_kv_vq(value_states, self.v_planes))
-        if self.defer_read:
-            return key_states, value_states
         return self.read()
 
     def read(self) -> tuple[Tensor, Tensor]:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..ops.attention import register_kv_vq_reference_cpu_impl
-from .gvq import kmeans, nearest
+from .gvq import kmeans
 
 KV_VQ_CONFIGS = {"cq4": (2, 8), "cq2": (4, 8)}  # name -> (channels per group, code bits)
 
@@ -61,19 +61,23 @@ def check_planes(planes: Tensor, head_dim: int) -> None:
 
 
 def quantize_kv_vq(x: Tensor, planes: Tensor) -> Tensor:
-    """x [..., Hkv, T, D] -> codes uint8 [..., Hkv, T, D / vec]: each group's nearest entry."""
+    """x [..., Hkv, T, D] -> codes uint8 [..., Hkv, T, D / vec]: each group's nearest entry, every head
+    and group searched at once (a cache update runs this per layer and step)."""
     check_planes(planes, x.shape[-1])
-    hkv, groups, vec, _ = planes.shape
+    hkv, groups, vec, entries = planes.shape
     if x.shape[-3] != hkv:
         raise ValueError(f"KV codebooks are for {hkv} KV heads, the cache has {x.shape[-3]}")
-    xf = x.detach().float()
-    codes = torch.empty(*x.shape[:-1], groups, dtype=torch.uint8, device=x.device)
-    for h in range(hkv):
-        for g in range(groups):
-            samples = xf[..., h, :, g * vec:(g + 1) * vec].reshape(-1, vec)
-            book = planes[h, g].float().T  # [entries, vec]
-            codes[..., h, :, g] = nearest(samples, None, book).reshape(codes[..., h, :, g].shape).to(torch.uint8)
-    return codes
+    lead, t = x.shape[:-3], x.shape[-2]
+    # [Hkv, G, M, vec] samples against [Hkv, G, vec, E] planes: |c|^2 - 2 x.c, argmin over E
+    xs = x.detach().float().movedim(-3, 0).reshape(hkv, -1, groups, vec).transpose(1, 2)
+    books = planes.float()
+    norms = (books * books).sum(2, keepdim=True)  # [Hkv, G, 1, E]
+    codes = torch.empty(xs.shape[:3], dtype=torch.uint8, device=x.device)
+    step = max(1, (1 << 24) // (hkv * groups * entries))
+    for s in range(0, xs.shape[2], step):
+        codes[:, :, s:s + step] = (norms - 2 * xs[:, :, s:s + step] @ books).argmin(-1).to(torch.uint8)
+    # [Hkv, G, M] -> [..., Hkv, T, G]
+    return codes.transpose(1, 2).reshape(hkv, *lead, t, groups).movedim(0, -3).contiguous()
 
 
 def dequantize_kv_vq(codes: Tensor, planes: Tensor) -> Tensor:
